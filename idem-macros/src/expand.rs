@@ -1,0 +1,59 @@
+//! Code generation. The expansion keeps the signature and wraps the body: it
+//! builds the key and fingerprint from the parameters and calls the runtime
+//! (`Guard::dedup`, then `Ticket::complete`). All logic lives in idem-runtime.
+
+use proc_macro2::TokenStream;
+use quote::{ToTokens, quote, quote_spanned};
+use syn::ItemFn;
+use syn::spanned::Spanned;
+
+use crate::validate::{Plan, Strategy};
+
+pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
+    let fn_name = func.sig.ident.to_string();
+    let block = &func.block;
+    let Plan { strategy, key, scope, fingerprint, retention_ms, tx, ret } = plan;
+
+    let scope = match scope {
+        Some(s) => quote!(#s),
+        None => quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
+    };
+    let key_source = &key.source;
+    // Each part is spanned at its own expression, so a part that is no key type
+    // is reported there (with the message of `IdempotencyKey`).
+    let key_parts = key.parts.iter().map(|part| quote_spanned!(part.span()=> .key(&(#part))));
+    let fingerprint = fingerprint.map(|fp| quote_spanned!(fp.span()=> .fingerprint(&(#fp))));
+    // Conversions into the function's error type are spanned at its return
+    // type: that is where `From<idem::Error>` is missing if it is.
+    let settle = quote_spanned!(ret.span()=> ::idem::__private::settle);
+    let complete = quote_spanned!(ret.span()=> complete);
+
+    let claim = match strategy {
+        Strategy::Dedup => quote!(dedup(&mut *#tx)),
+    };
+
+    let body = quote! {
+        {
+            static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
+                scope: #scope,
+                key_source: #key_source,
+                retention: ::idem::__private::Duration::from_millis(#retention_ms),
+            };
+            let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
+                #(#key_parts)*
+                #fingerprint
+                .#claim
+                .await
+            {
+                ::core::result::Result::Ok(::idem::__private::Claim::Run(ticket)) => ticket,
+                replay_or_error => return #settle(replay_or_error),
+            };
+            let __idem_result: #ret = async #block.await;
+            __idem_ticket.#complete(&mut *#tx, __idem_result).await
+        }
+    };
+    // Only the body changes: name, generics, lifetimes, attributes and
+    // visibility stay exactly as written.
+    func.block = Box::new(syn::parse2(body).expect("generated body parses"));
+    func.into_token_stream()
+}

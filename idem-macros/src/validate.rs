@@ -1,0 +1,376 @@
+//! Every compile-time rule of `#[idempotent]`, each error at the offending
+//! token with a message that says what to do. Errors accumulate, so one build
+//! shows all of them.
+
+use proc_macro2::Span;
+use quote::ToTokens;
+use syn::spanned::Spanned;
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Type};
+
+use crate::args::{KeyArg, RawArgs};
+
+/// Every strategy DESIGN.md names, with whether this version implements it.
+const STRATEGIES: &[(&str, bool)] = &[
+    ("dedup", true),
+    ("state", false),
+    ("dedup+state", false),
+    ("token", false),
+    ("token+dedup", false),
+    ("lock+dedup", false),
+    ("lock+state", false),
+    ("lease", false),
+    ("lock", false),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    Dedup,
+}
+
+/// A validated attribute: everything the expansion needs.
+pub struct Plan {
+    pub strategy: Strategy,
+    pub key: KeyArg,
+    pub scope: Option<String>,
+    pub fingerprint: Option<Expr>,
+    pub retention_ms: u64,
+    pub tx: Ident,
+    pub ret: Type,
+}
+
+/// Parameters marked `#[idem(...)]`, found (and stripped) before validation so
+/// that the function can be emitted unchanged even when validation fails.
+pub struct Marks {
+    pub tx: Vec<(Ident, Span)>,
+    pub errors: Vec<syn::Error>,
+}
+
+/// Remove `#[idem(...)]` from the parameters, remembering what they marked.
+pub fn strip_marks(func: &mut ItemFn) -> Marks {
+    let mut marks = Marks { tx: Vec::new(), errors: Vec::new() };
+    for input in func.sig.inputs.iter_mut() {
+        let FnArg::Typed(pt) = input else { continue };
+        let mut kept = Vec::new();
+        for attr in pt.attrs.drain(..) {
+            if !attr.path().is_ident("idem") {
+                kept.push(attr);
+                continue;
+            }
+            let parsed = attr.parse_args::<Ident>();
+            match parsed {
+                Ok(word) if word == "tx" => match &*pt.pat {
+                    Pat::Ident(pi) => marks.tx.push((pi.ident.clone(), attr.span())),
+                    other => marks.errors.push(syn::Error::new_spanned(
+                        other,
+                        "name the transaction parameter (e.g. `tx`): the guard passes it to the store",
+                    )),
+                },
+                Ok(word) => marks.errors.push(syn::Error::new_spanned(
+                    &word,
+                    format!("unknown parameter marker `{word}`; `#[idem(tx)]` marks the transaction the record is written in"),
+                )),
+                Err(_) => marks.errors.push(syn::Error::new_spanned(
+                    &attr,
+                    "expected `#[idem(tx)]`, marking the transaction the record is written in",
+                )),
+            }
+        }
+        pt.attrs = kept;
+    }
+    marks
+}
+
+pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> Result<Plan, syn::Error> {
+    let mut errors = marks.errors;
+    let sig = &func.sig;
+    let fn_name = &sig.ident;
+
+    if sig.asyncness.is_none() {
+        errors.push(syn::Error::new_spanned(
+            sig.fn_token,
+            "#[idempotent] needs an `async fn`: the guard awaits its store; write `async fn`",
+        ));
+    }
+
+    let ret = match &sig.output {
+        ReturnType::Type(_, ty) if is_result(ty) => Some((**ty).clone()),
+        ReturnType::Type(_, ty) => {
+            errors.push(syn::Error::new_spanned(
+                ty,
+                "#[idempotent] functions must return `Result<T, E>`: repeats replay the first `Ok(T)`, \
+                 and guard failures reach the caller as `E` (through `From<idem::Error>`)",
+            ));
+            None
+        }
+        ReturnType::Default => {
+            errors.push(syn::Error::new(
+                sig.paren_token.span.close(),
+                "#[idempotent] functions must return `Result<T, E>`: add e.g. `-> Result<(), AppError>`; \
+                 repeats replay the first `Ok(T)` and guard failures reach the caller as `E`",
+            ));
+            None
+        }
+    };
+
+    let strategy = match &raw.strategy {
+        None => Some(Strategy::Dedup),
+        Some(s) => parse_strategy(s.as_str(), s.span()).map_err(|e| errors.push(e)).ok(),
+    };
+
+    // Arguments that belong to other strategies.
+    let foreign: [(&str, Option<Span>); 6] = [
+        ("transition", raw.transition.as_ref().map(|v| v.span())),
+        ("ttl", raw.ttl.as_ref().map(|v| v.span())),
+        ("lease", raw.lease.as_ref().map(|v| v.span())),
+        ("store", raw.store.as_ref().map(|v| v.span())),
+        ("precheck", raw.precheck.as_ref().map(|v| v.span())),
+        ("concurrency_only", raw.concurrency_only.as_ref().map(|v| v.span())),
+    ];
+    if strategy == Some(Strategy::Dedup) {
+        for (name, span) in foreign {
+            let Some(span) = span else { continue };
+            let hint = match name {
+                "lease" => {
+                    "`dedup` writes its record in your transaction, so it needs no lease; `lease` is for work \
+                     outside a transaction (strategy = \"lease\"). Remove one of them"
+                }
+                _ => "remove it, or choose the strategy it belongs to",
+            };
+            errors.push(syn::Error::new(span, format!("`{name}` has no meaning for strategy `dedup`: {hint}")));
+        }
+    }
+
+    if let Some(source) = &raw.source
+        && !["frontend", "callback", "mq", "rpc"].contains(&source.as_str())
+    {
+        errors.push(syn::Error::new(
+            source.span(),
+            format!("unknown source `{}`; expected \"frontend\", \"callback\", \"mq\" or \"rpc\"", source.as_str()),
+        ));
+    }
+
+    let params = param_names(func);
+    let key = match raw.key {
+        None => {
+            errors.push(syn::Error::new(
+                attr_span,
+                "missing `key`: name the business identifier that repeats share, e.g. `key = \"event.trade_no\"`",
+            ));
+            None
+        }
+        Some(key) if key.parts.is_empty() => {
+            errors.push(syn::Error::new(
+                key.span,
+                "the key is empty: name the business identifier that repeats share, e.g. `key = \"event.trade_no\"`",
+            ));
+            None
+        }
+        Some(key) => {
+            for part in &key.parts {
+                check_rooted(part, &params, fn_name, "key part", &mut errors);
+            }
+            Some(key)
+        }
+    };
+    if let Some(fp) = &raw.fingerprint {
+        check_rooted(fp, &params, fn_name, "fingerprint", &mut errors);
+    }
+
+    let retention_ms = match &raw.retention {
+        None => None,
+        Some(r) => parse_duration("retention", r.as_str(), r.span()).map_err(|e| errors.push(e)).ok(),
+    };
+    if let Some(scope) = &raw.scope
+        && scope.trim().is_empty()
+    {
+        errors.push(syn::Error::new(
+            scope.span(),
+            "`scope` is empty: give the guard a stable name, e.g. \"payments.on_pay\"",
+        ));
+    }
+
+    let tx = find_tx(func, &marks.tx).map_err(|e| errors.push(e)).ok();
+
+    let mut all = errors.into_iter();
+    if let Some(mut first) = all.next() {
+        for e in all {
+            first.combine(e);
+        }
+        return Err(first);
+    }
+    Ok(Plan {
+        strategy: strategy.expect("no error means a strategy"),
+        key: key.expect("no error means a key"),
+        scope: raw.scope.map(|s| s.as_str().to_owned()),
+        fingerprint: raw.fingerprint,
+        retention_ms: retention_ms.unwrap_or(7 * 24 * 3600 * 1000),
+        tx: tx.expect("no error means a transaction"),
+        ret: ret.expect("no error means a return type"),
+    })
+}
+
+fn is_result(ty: &Type) -> bool {
+    match ty {
+        Type::Path(p) => p.qself.is_none() && p.path.segments.last().is_some_and(|s| s.ident == "Result"),
+        Type::Group(g) => is_result(&g.elem),
+        Type::Paren(p) => is_result(&p.elem),
+        _ => false,
+    }
+}
+
+fn parse_strategy(name: &str, span: Span) -> Result<Strategy, syn::Error> {
+    let normalized: String = name.chars().filter(|c| !c.is_whitespace()).collect();
+    match STRATEGIES.iter().find(|(n, _)| *n == normalized) {
+        Some((_, true)) => Ok(Strategy::Dedup),
+        Some((n, false)) => {
+            Err(syn::Error::new(span, format!("strategy `{n}` is not available in this version of idem; `dedup` is")))
+        }
+        None if normalized.contains("dedup") && normalized.contains("lease") => Err(syn::Error::new(
+            span,
+            "`dedup` and `lease` contradict each other: `dedup` writes its record in your transaction \
+             (work inside one database), `lease` guards work outside a transaction (an external API call). \
+             Choose one",
+        )),
+        None => {
+            let best = STRATEGIES
+                .iter()
+                .map(|(n, _)| (strsim::damerau_levenshtein(&normalized, n), *n))
+                .min()
+                .filter(|(d, _)| *d <= 3);
+            let all = STRATEGIES.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+            let hint = best.map(|(_, n)| format!("did you mean `{n}`? ")).unwrap_or_default();
+            Err(syn::Error::new(span, format!("unknown strategy `{name}`; {hint}strategies are {all}")))
+        }
+    }
+}
+
+/// A duration argument such as `"30s"` or `"7d"`, refusing zero.
+pub fn parse_duration(arg: &str, text: &str, span: Span) -> Result<u64, syn::Error> {
+    let d = humantime::parse_duration(text).map_err(|e| {
+        syn::Error::new(
+            span,
+            format!("`{arg} = \"{text}\"` is not a duration ({e}); write e.g. \"30s\", \"15m\", \"24h\", \"7d\""),
+        )
+    })?;
+    if d.is_zero() {
+        return Err(syn::Error::new(span, format!("`{arg}` must be longer than zero")));
+    }
+    u64::try_from(d.as_millis()).map_err(|_| syn::Error::new(span, format!("`{arg}` is too long")))
+}
+
+fn param_names(func: &ItemFn) -> Vec<String> {
+    func.sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            FnArg::Receiver(_) => Some("self".to_owned()),
+            FnArg::Typed(pt) => match &*pt.pat {
+                Pat::Ident(pi) => Some(pi.ident.to_string()),
+                _ => None,
+            },
+        })
+        .collect()
+}
+
+/// The parameter an expression is reached from: `event` in `event.trade_no`,
+/// `req` in `req.id().to_string()`.
+fn root(expr: &Expr) -> Result<(String, Span), Span> {
+    match expr {
+        Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+            let seg = &p.path.segments[0];
+            Ok((seg.ident.to_string(), seg.ident.span()))
+        }
+        Expr::Field(f) => root(&f.base),
+        Expr::MethodCall(m) => root(&m.receiver),
+        Expr::Index(i) => root(&i.expr),
+        Expr::Reference(r) => root(&r.expr),
+        Expr::Paren(p) => root(&p.expr),
+        Expr::Group(g) => root(&g.expr),
+        Expr::Unary(u) => root(&u.expr),
+        Expr::Cast(c) => root(&c.expr),
+        Expr::Try(t) => root(&t.expr),
+        other => Err(other.span()),
+    }
+}
+
+fn check_rooted(expr: &Expr, params: &[String], fn_name: &Ident, what: &str, errors: &mut Vec<syn::Error>) {
+    let listed = params.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ");
+    match root(expr) {
+        Ok((name, _)) if params.contains(&name) => {}
+        Ok((name, span)) => errors.push(syn::Error::new(
+            span,
+            format!(
+                "`{name}` is not a parameter of `{fn_name}`: a {what} must come from the call's own arguments \
+                 ({listed}), so that every repeat of one request computes the same value"
+            ),
+        )),
+        Err(span) => errors.push(syn::Error::new(
+            span,
+            format!(
+                "a {what} must be a parameter or reached from one (`event.trade_no`, `req.id()`), not `{}`; \
+                 the parameters are {listed}",
+                expr.to_token_stream()
+            ),
+        )),
+    }
+}
+
+/// The parameter the record is written through.
+fn find_tx(func: &ItemFn, marked: &[(Ident, Span)]) -> Result<Ident, syn::Error> {
+    let sig = &func.sig;
+    if marked.len() > 1 {
+        return Err(syn::Error::new(marked[1].1, "only one parameter can be `#[idem(tx)]`"));
+    }
+    let mut by_type = Vec::new();
+    for input in &sig.inputs {
+        let FnArg::Typed(pt) = input else { continue };
+        let Pat::Ident(pi) = &*pt.pat else { continue };
+        if let Some((ident, _)) = marked.first() {
+            if *ident == pi.ident {
+                return require_mut_ref(&pt.ty).map(|()| pi.ident.clone());
+            }
+            continue;
+        }
+        if names_transaction(&pt.ty) {
+            by_type.push((pi.ident.clone(), &pt.ty));
+        }
+    }
+    match by_type.as_slice() {
+        [(ident, ty)] => require_mut_ref(ty).map(|()| ident.clone()),
+        [] => Err(syn::Error::new(
+            sig.ident.span(),
+            format!(
+                "strategy `dedup` writes its record in your transaction, but `{}` takes none: add a parameter \
+                 `tx: &mut sqlx::Transaction<'_, DB>` (or mark yours with `#[idem(tx)]`) so the record commits \
+                 or rolls back with your change",
+                sig.ident
+            ),
+        )),
+        [_, (second, _), ..] => Err(syn::Error::new(
+            second.span(),
+            "several transaction parameters: mark the one the dedup record belongs in with `#[idem(tx)]`",
+        )),
+    }
+}
+
+fn names_transaction(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(r) => names_transaction(&r.elem),
+        Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Transaction"),
+        Type::Group(g) => names_transaction(&g.elem),
+        Type::Paren(p) => names_transaction(&p.elem),
+        _ => false,
+    }
+}
+
+fn require_mut_ref(ty: &Type) -> Result<(), syn::Error> {
+    match ty {
+        Type::Reference(r) if r.mutability.is_some() => Ok(()),
+        Type::Group(g) => require_mut_ref(&g.elem),
+        _ => Err(syn::Error::new_spanned(
+            ty,
+            "take the transaction as `&mut`: the guard writes the record before your body and its response \
+             after it, in this same transaction (e.g. `tx: &mut sqlx::Transaction<'_, Postgres>`)",
+        )),
+    }
+}

@@ -1,0 +1,140 @@
+//! The one error type every guard returns.
+
+use std::time::Duration;
+
+/// What can go wrong in a guard, other than the guarded function's own error.
+///
+/// A guarded function's error type converts from this one (`impl From<idem::Error>
+/// for AppError`), so every guard failure reaches the caller through the
+/// function's own `Result`.
+///
+/// A **duplicate is never an error**: a repeat of a completed call replays the
+/// first answer as `Ok`. The variants below are what a caller has to act on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key was first used with a different payload (its fingerprint differs).
+    /// A retry must send the same request; a new request needs a new key.
+    #[error(
+        "idempotency key {key_hash} in scope `{scope}` was first used with a different payload; \
+         a retry must repeat the same request, a new request needs a new key"
+    )]
+    KeyMismatch {
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the key (keys can carry personal data, so they are not printed).
+        key_hash: String,
+    },
+
+    /// Another call with the same key is still running (or was cut off before it
+    /// finished). Retry later; `retry_after` is a hint when the store knows one.
+    #[error("a call with idempotency key {key_hash} in scope `{scope}` is still in progress; retry later")]
+    InProgress {
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the key.
+        key_hash: String,
+        /// When a retry may succeed, if known.
+        retry_after: Option<Duration>,
+    },
+
+    /// A state change the entity's state machine does not allow from its current
+    /// state. Distinct from a repeat (which is a silent success).
+    #[error("illegal state transition {from} -> {to}: the entity is in state {current}")]
+    IllegalTransition {
+        /// The source state(s) the guard expected.
+        from: String,
+        /// The target state.
+        to: String,
+        /// The state the entity is actually in.
+        current: String,
+    },
+
+    /// The entity a state guard should move does not exist.
+    #[error("no entity with key {key_hash} in scope `{scope}`")]
+    NotFound {
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the key.
+        key_hash: String,
+    },
+
+    /// A one-time token was already used, has expired, or was never issued.
+    /// Show the user "please do not submit twice".
+    #[error("the request token was already used or has expired; please do not submit twice")]
+    TokenRejected,
+
+    /// Another holder has the lock.
+    #[error("the lock `{name}` is held by another caller; retry later")]
+    LockBusy {
+        /// Lock name.
+        name: String,
+        /// When the current holder's lease ends, if known.
+        retry_after: Option<Duration>,
+    },
+
+    /// This worker's lease was taken over by another worker; its completion was
+    /// not written.
+    #[error("the lease on key {key_hash} in scope `{scope}` was lost to another worker; nothing was overwritten")]
+    LeaseLost {
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the key.
+        key_hash: String,
+    },
+
+    /// The idempotency key cannot be used (empty, missing, or malformed).
+    #[error("invalid idempotency key in scope `{scope}`: {reason}")]
+    InvalidKey {
+        /// Scope of the guard.
+        scope: String,
+        /// What is wrong, naming the key part.
+        reason: String,
+    },
+
+    /// The guarded function's `Ok` value could not be stored, or a stored one no
+    /// longer decodes into the function's type (it changed since the first call).
+    #[error("response of scope `{scope}` could not be {action}: {source}")]
+    Response {
+        /// Scope of the guard.
+        scope: String,
+        /// `stored` or `replayed`.
+        action: &'static str,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The record table does not exist: `idem::migrate` was not run.
+    #[error(
+        "the idem record table is missing on {backend}; run `idem::migrate(&pool).await` at start-up \
+         or apply the SQL in idem-runtime/migrations/{backend}/ ({source})"
+    )]
+    NotMigrated {
+        /// `postgres`, `mysql` or `sqlite`.
+        backend: &'static str,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// Any other database error. Never a duplicate: only a unique-key violation on
+    /// the record is treated as one.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl Error {
+    /// True for errors where retrying the same request later can succeed
+    /// (`InProgress`, `LockBusy`, and transient database failures).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::InProgress { .. } | Error::LockBusy { .. } => true,
+            Error::Database(e) => matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed),
+            _ => false,
+        }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,118 @@
+//! The entry point generated code calls: a [`Guard`] collects the key and the
+//! fingerprint, then a strategy method (`dedup`, ...) claims the key.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use crate::key::{Fingerprint, Fingerprintable, IdempotencyKey, KeyBuilder};
+use crate::{Error, Key};
+
+/// Records are kept this long unless the attribute says `retention = "..."`.
+/// Payment gateways retry callbacks for a day or more; a week covers them.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What `#[idempotent]` knows at compile time about one guarded function.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct GuardSpec {
+    /// Records of different scopes never collide.
+    pub scope: &'static str,
+    /// The key as written in the attribute, for error messages.
+    pub key_source: &'static str,
+    /// How long records are kept.
+    pub retention: Duration,
+}
+
+/// One guarded call in the making. Generated code builds it with one
+/// [`Guard::key`] call per key part, an optional [`Guard::fingerprint`], and
+/// one strategy call.
+#[doc(hidden)]
+pub struct Guard {
+    pub(crate) spec: &'static GuardSpec,
+    key: KeyBuilder,
+    fingerprint: Option<Result<Fingerprint, String>>,
+}
+
+impl Guard {
+    pub fn new(spec: &'static GuardSpec) -> Guard {
+        Guard { spec, key: KeyBuilder::new(spec.scope, spec.key_source), fingerprint: None }
+    }
+
+    /// Add one key part.
+    pub fn key<K: IdempotencyKey + ?Sized>(mut self, part: &K) -> Guard {
+        self.key = self.key.part(part);
+        self
+    }
+
+    /// Hash the request payload, to detect a key reused for another request.
+    pub fn fingerprint<F: Fingerprintable + ?Sized>(mut self, payload: &F) -> Guard {
+        self.fingerprint = Some(Fingerprint::of(payload).map_err(|e| e.to_string()));
+        self
+    }
+
+    /// Validate the key and fingerprint.
+    pub(crate) fn prepare(self) -> Result<Prepared, Error> {
+        let key = self.key.finish()?;
+        let fingerprint = match self.fingerprint {
+            None => None,
+            Some(Ok(f)) => Some(f),
+            Some(Err(reason)) => {
+                return Err(Error::InvalidKey {
+                    scope: self.spec.scope.to_owned(),
+                    reason: format!("the fingerprint payload could not be serialised: {reason}"),
+                });
+            }
+        };
+        let key_hash = key.hash();
+        Ok(Prepared { spec: self.spec, stored_scope: stored_scope(self.spec.scope), key, key_hash, fingerprint })
+    }
+}
+
+/// A validated call: key, fingerprint, and the scope as stored.
+pub(crate) struct Prepared {
+    pub spec: &'static GuardSpec,
+    pub stored_scope: Cow<'static, str>,
+    pub key: Key,
+    pub key_hash: String,
+    pub fingerprint: Option<Fingerprint>,
+}
+
+impl Prepared {
+    pub fn mismatch(&self) -> Error {
+        Error::KeyMismatch { scope: self.spec.scope.to_owned(), key_hash: self.key_hash.clone() }
+    }
+
+    pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {
+        Error::InProgress { scope: self.spec.scope.to_owned(), key_hash: self.key_hash.clone(), retry_after }
+    }
+
+    /// The fingerprint is checked before anything else about a record: a
+    /// mismatch is a mismatch even while the first call still runs. A record
+    /// written without a fingerprint (before one was declared) cannot be
+    /// compared and passes.
+    pub fn check_fingerprint(&self, stored: Option<&str>) -> Result<(), Error> {
+        match (&self.fingerprint, stored) {
+            (Some(ours), Some(theirs)) if ours.as_str() != theirs => Err(self.mismatch()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Scopes longer than a key column are stored hashed, like long keys.
+fn stored_scope(scope: &'static str) -> Cow<'static, str> {
+    if scope.len() > crate::key::MAX_PLAIN_KEY_LEN {
+        Cow::Owned(Key::from_stored(scope.to_owned()).as_str().to_owned())
+    } else {
+        Cow::Borrowed(scope)
+    }
+}
+
+/// Error types a guarded function can return: anything with
+/// `From<idem::Error>`.
+#[diagnostic::on_unimplemented(
+    message = "the error type `{Self}` cannot carry idem's guard errors",
+    label = "this error type needs `impl From<idem::Error>`",
+    note = "add `impl From<idem::Error> for {Self}` (or a `#[from] idem::Error` variant with thiserror), so a key mismatch or a database failure in the guard reaches your caller"
+)]
+pub trait GuardError: From<Error> {}
+impl<E: From<Error>> GuardError for E {}

@@ -1,0 +1,252 @@
+//! Idempotency keys: what may be a key part, how parts combine, and how long
+//! keys are stored.
+
+use std::fmt::Write as _;
+
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+
+/// Keys longer than this many bytes are stored as `sha256:<hex>`, so every key
+/// fits the indexed column on every backend.
+pub const MAX_PLAIN_KEY_LEN: usize = 128;
+
+/// A type that can be part of an idempotency key.
+///
+/// Implemented for strings, integers, `char`, `bool`, UUIDs (feature `uuid`),
+/// references to these, and `Option` of these (`None` is rejected at run time
+/// with [`Error::InvalidKey`]). Floats are deliberately not keys: `0.1 + 0.2 !=
+/// 0.3`, and `NaN` never equals itself, so two copies of one request could get
+/// two different keys.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key",
+    label = "not a key type",
+    note = "key parts must be strings, integers, UUIDs (or `Option` of these); floats and structs are never keys",
+    note = "use the business identifier inside it, e.g. `key = \"order.id\"`, or several parts: `key = \"req.user_id, req.request_id\"`"
+)]
+pub trait IdempotencyKey {
+    /// Append this part's text form to `out`. Return `Err(reason)` when the
+    /// value cannot be a key (e.g. empty).
+    fn write_key(&self, out: &mut String) -> Result<(), &'static str>;
+}
+
+impl<T: IdempotencyKey + ?Sized> IdempotencyKey for &T {
+    fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+        (**self).write_key(out)
+    }
+}
+
+impl IdempotencyKey for str {
+    fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+        if self.is_empty() {
+            return Err("is an empty string");
+        }
+        // Escape the part separator so ("a:b", "c") and ("a", "b:c") differ.
+        for c in self.chars() {
+            if c == ':' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        Ok(())
+    }
+}
+
+impl IdempotencyKey for String {
+    fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+        self.as_str().write_key(out)
+    }
+}
+
+impl IdempotencyKey for std::borrow::Cow<'_, str> {
+    fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+        self.as_ref().write_key(out)
+    }
+}
+
+impl<T: IdempotencyKey> IdempotencyKey for Option<T> {
+    fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+        match self {
+            Some(v) => v.write_key(out),
+            None => Err("is None"),
+        }
+    }
+}
+
+macro_rules! display_keys {
+    ($($t:ty),*) => {$(
+        impl IdempotencyKey for $t {
+            fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+                let _ = write!(out, "{self}");
+                Ok(())
+            }
+        }
+    )*};
+}
+display_keys!(i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize, bool, char);
+
+#[cfg(feature = "uuid")]
+display_keys!(uuid::Uuid);
+
+/// A finished key: the text stored in the record and a short hash for logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key {
+    stored: String,
+}
+
+impl Key {
+    /// Build a key from text already in key form (one part, or parts joined by
+    /// `:` with `:` and `\` escaped). Long keys are hashed.
+    pub fn from_stored(text: String) -> Key {
+        if text.len() > MAX_PLAIN_KEY_LEN {
+            Key { stored: format!("sha256:{}", hex(&Sha256::digest(text.as_bytes()))) }
+        } else {
+            Key { stored: text }
+        }
+    }
+
+    /// Build a key from one value, exactly as a guard with `key = "value"` does.
+    pub fn new(value: &(impl IdempotencyKey + ?Sized)) -> Result<Key, Error> {
+        KeyBuilder::new("", "key").part(value).finish()
+    }
+
+    /// The text stored in the record's key column.
+    pub fn as_str(&self) -> &str {
+        &self.stored
+    }
+
+    /// A short hash of the key, safe to log (keys may carry personal data).
+    pub fn hash(&self) -> String {
+        short_hash(&self.stored)
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key itself: it may be an e-mail address or a card token.
+        write!(f, "Key({})", self.hash())
+    }
+}
+
+/// First 16 hex digits of the SHA-256 of `text`.
+pub(crate) fn short_hash(text: &str) -> String {
+    let mut h = hex(&Sha256::digest(text.as_bytes()));
+    h.truncate(16);
+    h
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Collects the parts of a composite key; used by the code `#[idempotent]`
+/// generates, one `part` call per comma-separated key expression.
+#[doc(hidden)]
+pub struct KeyBuilder {
+    scope: &'static str,
+    sources: &'static str,
+    text: String,
+    index: usize,
+    error: Option<String>,
+}
+
+impl KeyBuilder {
+    /// `sources` is the key as written in the attribute, for error messages.
+    pub fn new(scope: &'static str, sources: &'static str) -> KeyBuilder {
+        KeyBuilder { scope, sources, text: String::new(), index: 0, error: None }
+    }
+
+    /// Append one part.
+    pub fn part<T: IdempotencyKey + ?Sized>(mut self, value: &T) -> KeyBuilder {
+        if self.error.is_none() {
+            if self.index > 0 {
+                self.text.push(':');
+            }
+            if let Err(reason) = value.write_key(&mut self.text) {
+                let source = self.sources.split(',').nth(self.index).unwrap_or(self.sources).trim();
+                self.error = Some(format!("key part `{source}` {reason}"));
+            }
+        }
+        self.index += 1;
+        self
+    }
+
+    /// The finished key, or [`Error::InvalidKey`] naming the bad part.
+    pub fn finish(self) -> Result<Key, Error> {
+        if let Some(reason) = self.error {
+            return Err(Error::InvalidKey { scope: self.scope.to_owned(), reason });
+        }
+        Ok(Key::from_stored(self.text))
+    }
+}
+
+/// A hash of the request payload, stored with the record to detect a key reused
+/// for a different request ([`Error::KeyMismatch`]).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    /// SHA-256 over the JSON form of `value`. JSON of structs, vectors and
+    /// `BTreeMap`s is stable; a `HashMap` iterates in random order, so do not
+    /// fingerprint one directly.
+    pub fn of<T: Fingerprintable + ?Sized>(value: &T) -> Result<Fingerprint, serde_json::Error> {
+        let json = serde_json::to_vec(value)?;
+        Ok(Fingerprint(hex(&Sha256::digest(&json))))
+    }
+
+    /// The stored hex text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A value `fingerprint = "..."` can hash: anything `serde::Serialize`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted: it does not implement `serde::Serialize`",
+    label = "fingerprint expression must be serializable",
+    note = "derive `serde::Serialize` on it, or fingerprint the fields that identify the request"
+)]
+pub trait Fingerprintable: serde::Serialize {}
+impl<T: serde::Serialize + ?Sized> Fingerprintable for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn composite_parts_cannot_collide() {
+        let a = KeyBuilder::new("s", "a, b").part("x:y").part("z").finish().unwrap();
+        let b = KeyBuilder::new("s", "a, b").part("x").part("y:z").finish().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str(), "x\\:y:z");
+    }
+
+    #[test]
+    fn long_keys_are_hashed_short_ones_kept() {
+        assert_eq!(Key::new("T100").unwrap().as_str(), "T100");
+        let long = "x".repeat(500);
+        let k = Key::new(&long).unwrap();
+        assert!(k.as_str().starts_with("sha256:"));
+        assert_eq!(k.as_str().len(), 7 + 64);
+    }
+
+    #[test]
+    fn empty_and_none_parts_are_named_in_the_error() {
+        let e = KeyBuilder::new("pay", "event.trade_no, event.user").part("T1").part(&None::<i64>).finish();
+        match e {
+            Err(Error::InvalidKey { reason, .. }) => assert_eq!(reason, "key part `event.user` is None"),
+            other => panic!("{other:?}"),
+        }
+        assert!(Key::new("").is_err());
+    }
+
+    #[test]
+    fn fingerprint_is_stable_and_distinguishes_payloads() {
+        assert_eq!(Fingerprint::of(&(1, "a")).unwrap(), Fingerprint::of(&(1, "a")).unwrap());
+        assert_ne!(Fingerprint::of(&(1, "a")).unwrap(), Fingerprint::of(&(2, "a")).unwrap());
+    }
+}

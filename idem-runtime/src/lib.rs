@@ -1,0 +1,49 @@
+//! Runtime of [idem](https://docs.rs/idem): guards, dedup records and their
+//! stores. Applications use it through the `idem` crate, which re-exports
+//! everything public here next to the `#[idempotent]` attribute.
+//!
+//! Module map:
+//! - [`error`]: the one error type, [`Error`];
+//! - [`key`]: what may be a key part ([`IdempotencyKey`]), composite and long keys, fingerprints;
+//! - [`record`]: the stored record and whether a call ran or replayed ([`observe`]);
+//! - [`sql`]: dedup records in PostgreSQL, MySQL/MariaDB and SQLite (one file each);
+//! - `strategy`: one module per strategy, entered through the hidden `Guard`.
+
+#![warn(missing_docs)]
+
+pub mod error;
+mod guard;
+pub mod key;
+pub mod record;
+pub mod sql;
+mod strategy;
+
+pub use error::{Error, Result};
+pub use guard::{DEFAULT_RETENTION, GuardError};
+pub use key::{Fingerprint, IdempotencyKey, Key};
+pub use record::{DedupRecord, Outcome, RecordStatus, observe};
+pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, purge_expired};
+
+/// The `Ok` type of a guarded function: stored after the first call and
+/// returned to every repeat, so it must survive a JSON round trip. `()`, `0`,
+/// `false`, `""`, empty collections and `None` all replay exactly. The first
+/// call checks that its answer decodes back, so a value JSON cannot carry
+/// (`f64::NAN`) fails that call instead of every repeat. One shape JSON cannot
+/// tell apart: `Some(None)` of an `Option<Option<T>>` replays as `None`; use an
+/// enum of your own for three-valued answers.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be replayed to a repeated call",
+    label = "the first call's answer is stored and returned to every repeat",
+    note = "derive `serde::Serialize` and `serde::Deserialize` on `{Self}`"
+)]
+pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
+
+/// Not a stable API: the items generated code names. Reach them only through
+/// `#[idempotent]`.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::guard::{Guard, GuardSpec};
+    pub use crate::strategy::dedup::{Claim, Ticket, settle};
+    pub use std::time::Duration;
+}

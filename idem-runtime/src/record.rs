@@ -1,0 +1,116 @@
+//! What a record holds, and how a caller learns whether a call ran or replayed.
+
+use std::cell::Cell;
+use std::future::Future;
+
+/// Lifecycle of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// Claimed; the guarded work has not finished (or its worker died).
+    Processing,
+    /// Finished; the record holds the response to replay.
+    Done,
+    /// The work failed in a way that allows a retry (lease strategy).
+    Failed,
+}
+
+impl RecordStatus {
+    /// The text stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordStatus::Processing => "PROCESSING",
+            RecordStatus::Done => "DONE",
+            RecordStatus::Failed => "FAILED",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<RecordStatus> {
+        match s {
+            "PROCESSING" => Some(RecordStatus::Processing),
+            "DONE" => Some(RecordStatus::Done),
+            "FAILED" => Some(RecordStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// A stored record, as [`crate::find_record`] returns it.
+///
+/// Timestamps are the store's clock in milliseconds since the Unix epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DedupRecord {
+    /// Scope of the guard that wrote it.
+    pub scope: String,
+    /// The stored key (keys over [`crate::key::MAX_PLAIN_KEY_LEN`] bytes are hashed).
+    pub key: String,
+    /// Lifecycle state.
+    pub status: RecordStatus,
+    /// Hex SHA-256 of the request payload, when the guard declares a fingerprint.
+    pub fingerprint: Option<String>,
+    /// JSON of the first call's `Ok` value, once `Done`.
+    pub response: Option<String>,
+    /// Worker that holds the lease (lease strategy).
+    pub owner: Option<String>,
+    /// Fencing counter: incremented on every reclaim.
+    pub fence: i64,
+    /// End of the current lease (lease strategy).
+    pub lease_until_ms: Option<i64>,
+    /// When the record was written.
+    pub created_at_ms: i64,
+    /// Last change.
+    pub updated_at_ms: i64,
+    /// When it may be purged.
+    pub expires_at_ms: i64,
+}
+
+/// Whether a guarded call ran its body or replayed a stored answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// First call for this key: the body ran.
+    Executed,
+    /// A repeat: the body did not run; the first call's answer was returned.
+    Replayed,
+}
+
+impl Outcome {
+    /// `executed` or `replayed`, as in the tracing events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Executed => "executed",
+            Outcome::Replayed => "replayed",
+        }
+    }
+}
+
+tokio::task_local! {
+    static OBSERVED: Cell<Option<Outcome>>;
+}
+
+/// Run `fut` and report whether the last guard inside it ran or replayed.
+///
+/// The guarded function keeps its signature, so the answer comes alongside:
+///
+/// ```
+/// # async fn demo() {
+/// let (result, outcome) = idem_runtime::observe(async { 42 }).await;
+/// assert_eq!(result, 42);
+/// assert_eq!(outcome, None); // no guard ran inside
+/// # }
+/// ```
+///
+/// Use it to set an `Idempotent-Replayed: true` response header or to count
+/// replays. Every guard also emits a `tracing` event (target `idem`) with the
+/// scope, a short key hash and the outcome.
+pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
+    OBSERVED
+        .scope(Cell::new(None), async move {
+            let out = fut.await;
+            (out, OBSERVED.with(|c| c.get()))
+        })
+        .await
+}
+
+pub(crate) fn report(scope: &str, key_hash: &str, outcome: Outcome) {
+    let _ = OBSERVED.try_with(|c| c.set(Some(outcome)));
+    tracing::info!(target: "idem", scope, key = key_hash, outcome = outcome.as_str(), "idempotent call {}", outcome.as_str());
+}

@@ -1,0 +1,279 @@
+//! Dedup records in SQL databases, written in the caller's own transaction.
+//!
+//! One file per backend implements [`SqlBackend`]: the claim statement that is
+//! right for that database, completion, removal, migration and purging.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{DedupRecord, Error, Key};
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// Name of the record table on every backend.
+pub const RECORD_TABLE: &str = "idem_records";
+
+/// What a claim statement found.
+#[derive(Debug)]
+#[doc(hidden)]
+pub enum ClaimResult {
+    /// This call inserted the record: it runs the body.
+    Claimed,
+    /// A committed record is there.
+    Existing(ExistingRecord),
+    /// The insert conflicted with a record committed while it waited, which the
+    /// statement's snapshot cannot show (PostgreSQL, READ COMMITTED): read again.
+    ReadAgain,
+}
+
+/// The parts of an existing record a guard needs to judge a repeat.
+#[derive(Debug)]
+#[doc(hidden)]
+pub struct ExistingRecord {
+    pub status: String,
+    pub fingerprint: Option<String>,
+    pub response: Option<String>,
+    pub expired: bool,
+}
+
+/// A record to insert.
+#[doc(hidden)]
+pub struct NewRecord<'a> {
+    pub scope: &'a str,
+    pub key: &'a str,
+    pub fingerprint: Option<&'a str>,
+    pub retention: Duration,
+}
+
+/// A database idem can keep dedup records in: PostgreSQL, MySQL/MariaDB, SQLite.
+///
+/// Implemented for [`sqlx::Postgres`], [`sqlx::MySql`] and [`sqlx::Sqlite`]
+/// (each behind its cargo feature). The methods are the building blocks of the
+/// guards; applications call [`migrate`], [`purge_expired`] and
+/// [`find_record`] instead.
+#[diagnostic::on_unimplemented(
+    message = "idem cannot keep dedup records in `{Self}`",
+    note = "supported databases: sqlx::Postgres, sqlx::MySql (MySQL and MariaDB) and sqlx::Sqlite, each behind the idem feature of the same name"
+)]
+pub trait SqlBackend: sqlx::Database {
+    /// `postgres`, `mysql` or `sqlite`.
+    const BACKEND: &'static str;
+
+    /// The schema, as shipped in `idem-runtime/migrations/<NAME>/`.
+    const SCHEMA: &'static str;
+
+    #[doc(hidden)]
+    fn claim(
+        conn: &mut Self::Connection,
+        record: &NewRecord<'_>,
+    ) -> impl Future<Output = Result<ClaimResult, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    fn read(
+        conn: &mut Self::Connection,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<ExistingRecord>, sqlx::Error>> + Send;
+
+    /// Store the response and mark the record `DONE`; returns rows changed.
+    #[doc(hidden)]
+    fn complete(
+        conn: &mut Self::Connection,
+        scope: &str,
+        key: &str,
+        response: &str,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Remove the record (the body failed); returns rows removed.
+    #[doc(hidden)]
+    fn discard(
+        conn: &mut Self::Connection,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Remove the record only if it has expired; returns rows removed.
+    #[doc(hidden)]
+    fn discard_expired(
+        conn: &mut Self::Connection,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    fn fetch(
+        conn: &mut Self::Connection,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<DedupRecord>, sqlx::Error>> + Send;
+
+    /// Delete at most `batch` expired records in one short statement.
+    #[doc(hidden)]
+    fn purge_batch(conn: &mut Self::Connection, batch: u32) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Create the record table if it is missing (safe to run concurrently).
+    #[doc(hidden)]
+    fn migrate(conn: &mut Self::Connection) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// True when `err` says the record table does not exist.
+    #[doc(hidden)]
+    fn is_missing_table(err: &sqlx::Error) -> bool;
+}
+
+/// A transaction a dedup record can be written in.
+///
+/// Implemented for `sqlx::Transaction<'_, DB>` of every supported database. A
+/// type of your own (a unit-of-work wrapper) can implement it by handing out
+/// the connection of a transaction it holds: the record must commit or roll
+/// back together with the business change, so never hand out a connection
+/// that is not inside a transaction.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a transaction idem can write its dedup record in",
+    label = "not a supported transaction",
+    note = "take `&mut sqlx::Transaction<'_, DB>` with DB = sqlx::Postgres, sqlx::MySql or sqlx::Sqlite (or a type implementing `idem::TxContext`)",
+    note = "a pool or a bare connection would commit the record apart from your business change: begin a transaction and pass it"
+)]
+pub trait TxContext: Send {
+    /// The database.
+    type Db: SqlBackend;
+    /// The connection the open transaction runs on.
+    fn connection(&mut self) -> &mut <Self::Db as sqlx::Database>::Connection;
+}
+
+impl<DB: SqlBackend> TxContext for sqlx::Transaction<'_, DB>
+where
+    DB::Connection: Send,
+{
+    type Db = DB;
+    fn connection(&mut self) -> &mut DB::Connection {
+        self
+    }
+}
+
+pub(crate) fn classify<DB: SqlBackend>(err: sqlx::Error) -> Error {
+    if DB::is_missing_table(&err) {
+        Error::NotMigrated { backend: DB::BACKEND, source: err }
+    } else {
+        Error::Database(err)
+    }
+}
+
+/// Create idem's record table if it does not exist yet.
+///
+/// Idempotent and safe to run from several processes at once; call it at
+/// start-up. If you run your own migrations, apply the SQL in
+/// `idem-runtime/migrations/<backend>/` instead (it is [`SqlBackend::SCHEMA`]).
+pub async fn migrate<DB: SqlBackend>(pool: &sqlx::Pool<DB>) -> Result<(), Error> {
+    let mut conn = pool.acquire().await?;
+    DB::migrate(&mut conn).await?;
+    Ok(())
+}
+
+/// Options for [`purge_expired`].
+#[derive(Clone, Copy, Debug)]
+pub struct PurgeOptions {
+    /// Records deleted per statement. Each batch is its own short statement,
+    /// so no lock is held across batches. Default 1,000.
+    pub batch_size: u32,
+    /// Stop after this many batches (a time budget for one run); `None` goes on
+    /// until no expired record is left. Default `None`.
+    pub max_batches: Option<u32>,
+    /// Pause between batches, to leave room for live traffic. Default 0.
+    pub pause: Duration,
+}
+
+impl Default for PurgeOptions {
+    fn default() -> Self {
+        PurgeOptions { batch_size: 1000, max_batches: None, pause: Duration::ZERO }
+    }
+}
+
+/// What [`purge_expired`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Records deleted.
+    pub deleted: u64,
+    /// Statements run that deleted at least one record.
+    pub batches: u32,
+}
+
+/// Delete records whose retention has passed, in bounded batches.
+///
+/// Expiry is judged by the database's clock. Schedule it (a cron job or a
+/// `tokio::time::interval` task) at least once per retention period; records
+/// not yet purged but expired are already ignored by guards.
+pub async fn purge_expired<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: PurgeOptions) -> Result<PurgeReport, Error> {
+    let batch = options.batch_size.max(1);
+    let mut report = PurgeReport::default();
+    let mut conn = pool.acquire().await?;
+    loop {
+        if options.max_batches.is_some_and(|m| report.batches >= m) {
+            break;
+        }
+        let n = DB::purge_batch(&mut conn, batch).await.map_err(classify::<DB>)?;
+        if n == 0 {
+            break;
+        }
+        report.deleted += n;
+        report.batches += 1;
+        if n < u64::from(batch) {
+            break;
+        }
+        if !options.pause.is_zero() {
+            tokio::time::sleep(options.pause).await;
+        }
+    }
+    Ok(report)
+}
+
+/// Read one record, e.g. to check in a test or an admin tool what a guard stored.
+///
+/// `scope` is the guard's scope (its `scope = "..."` argument, or
+/// `module_path::fn_name` by default).
+pub async fn find_record<DB: SqlBackend>(
+    pool: &sqlx::Pool<DB>,
+    scope: &str,
+    key: &Key,
+) -> Result<Option<DedupRecord>, Error> {
+    let mut conn = pool.acquire().await?;
+    DB::fetch(&mut conn, scope, key.as_str()).await.map_err(classify::<DB>)
+}
+
+pub(crate) fn retention_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Decode the columns of the backends' FETCH statements, in that order: scope,
+/// key, status, fingerprint, response, owner, fence, lease_until, created_at,
+/// updated_at, expires_at (timestamps as epoch milliseconds).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_record<R>(row: &R) -> Result<DedupRecord, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let status: String = row.try_get(2)?;
+    Ok(DedupRecord {
+        scope: row.try_get(0)?,
+        key: row.try_get(1)?,
+        status: crate::RecordStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
+            index: "status".into(),
+            source: format!("unknown record status {status:?}").into(),
+        })?,
+        fingerprint: row.try_get(3)?,
+        response: row.try_get(4)?,
+        owner: row.try_get(5)?,
+        fence: row.try_get(6)?,
+        lease_until_ms: row.try_get(7)?,
+        created_at_ms: row.try_get(8)?,
+        updated_at_ms: row.try_get(9)?,
+        expires_at_ms: row.try_get(10)?,
+    })
+}

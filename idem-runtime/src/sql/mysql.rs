@@ -1,0 +1,126 @@
+//! MySQL and MariaDB: a duplicate-key error fails only its statement.
+//!
+//! InnoDB rolls back just the failing INSERT and keeps the transaction, so the
+//! claim is a plain INSERT whose duplicate-key error (1062) is the duplicate
+//! signal. Not `INSERT IGNORE` (it also turns truncation and NOT NULL errors
+//! into warnings) and not `ON DUPLICATE KEY UPDATE` (its affected-rows count is
+//! 1 or 2 or 0 depending on the client flags, an ambiguity that has granted
+//! coupons twice).
+
+use sqlx::mysql::{MySqlConnection, MySqlRow};
+use sqlx::{MySql, Row};
+
+use super::{ClaimResult, ExistingRecord, NewRecord, SqlBackend};
+use crate::DedupRecord;
+
+const CLAIM: &str = "INSERT INTO idem_records \
+    (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
+    VALUES (?, ?, 'PROCESSING', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+
+// A locking read: under REPEATABLE READ a plain SELECT would use the snapshot of
+// the transaction's first read and could miss a record committed since; a
+// locking read sees the latest committed version.
+const READ: &str = "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
+    FROM idem_records WHERE scope = ? AND idem_key = ? LOCK IN SHARE MODE";
+
+const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owner, fence, \
+    TIMESTAMPDIFF(MICROSECOND, '1970-01-01', lease_until) DIV 1000, \
+    TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000, \
+    TIMESTAMPDIFF(MICROSECOND, '1970-01-01', updated_at) DIV 1000, \
+    TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at) DIV 1000 \
+    FROM idem_records WHERE scope = ? AND idem_key = ?";
+
+fn is_duplicate_key(err: &sqlx::Error) -> bool {
+    // Only a unique-key violation is a duplicate; everything else surfaces.
+    err.as_database_error().is_some_and(|e| e.is_unique_violation())
+}
+
+impl SqlBackend for MySql {
+    const BACKEND: &'static str = "mysql";
+    const SCHEMA: &'static str = include_str!("../../migrations/mysql/0001_idem_records.sql");
+
+    async fn claim(conn: &mut MySqlConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
+        let micros = super::retention_ms(r.retention).saturating_mul(1000);
+        let inserted =
+            sqlx::query(CLAIM).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(micros).execute(&mut *conn).await;
+        match inserted {
+            Ok(_) => Ok(ClaimResult::Claimed),
+            Err(e) if is_duplicate_key(&e) => Ok(match Self::read(conn, r.scope, r.key).await? {
+                Some(existing) => ClaimResult::Existing(existing),
+                None => ClaimResult::ReadAgain,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn read(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        let row: Option<MySqlRow> = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
+        row.map(|row| {
+            Ok(ExistingRecord {
+                status: row.try_get(0)?,
+                fingerprint: row.try_get(1)?,
+                response: row.try_get(2)?,
+                expired: row.try_get::<i64, _>(3)? != 0,
+            })
+        })
+        .transpose()
+    }
+
+    async fn complete(conn: &mut MySqlConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE idem_records SET status = 'DONE', response = ?, updated_at = UTC_TIMESTAMP(6) \
+             WHERE scope = ? AND idem_key = ?",
+        )
+        .bind(response)
+        .bind(scope)
+        .bind(key)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn discard(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
+        let gone = sqlx::query("DELETE FROM idem_records WHERE scope = ? AND idem_key = ?")
+            .bind(scope)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn discard_expired(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
+        let gone =
+            sqlx::query("DELETE FROM idem_records WHERE scope = ? AND idem_key = ? AND expires_at <= UTC_TIMESTAMP(6)")
+                .bind(scope)
+                .bind(key)
+                .execute(conn)
+                .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn fetch(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<Option<DedupRecord>, sqlx::Error> {
+        let row = sqlx::query(FETCH).bind(scope).bind(key).fetch_optional(conn).await?;
+        row.map(|row| super::decode_record(&row)).transpose()
+    }
+
+    async fn purge_batch(conn: &mut MySqlConnection, batch: u32) -> Result<u64, sqlx::Error> {
+        let gone =
+            sqlx::query("DELETE FROM idem_records WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?")
+                .bind(batch)
+                .execute(conn)
+                .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn migrate(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+        // DDL commits implicitly in MySQL; CREATE TABLE IF NOT EXISTS is safe to
+        // race under the server's metadata lock.
+        sqlx::raw_sql(Self::SCHEMA).execute(conn).await?;
+        Ok(())
+    }
+
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        // 42S02 / ER_NO_SUCH_TABLE (1146)
+        err.as_database_error().and_then(|e| e.code()).is_some_and(|c| c == "42S02" || c == "1146")
+    }
+}

@@ -1,0 +1,139 @@
+//! PostgreSQL: claims never fail inside the caller's transaction.
+//!
+//! A unique violation in PostgreSQL aborts the whole transaction, so the claim
+//! is `INSERT ... ON CONFLICT DO NOTHING`, never a bare INSERT that may fail.
+//! The same statement returns the existing record when one is committed, so a
+//! replay costs one round trip.
+
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{Postgres, Row};
+
+use super::{ClaimResult, ExistingRecord, NewRecord, SqlBackend};
+use crate::DedupRecord;
+
+// When a concurrent transaction holds the key, the INSERT waits for it. If that
+// transaction commits, ON CONFLICT does nothing, and the SELECT branch cannot
+// see the row either: in READ COMMITTED the statement's snapshot predates the
+// other commit. No row at all therefore means "read again" (a fresh statement
+// gets a fresh snapshot).
+const CLAIM: &str = "\
+WITH ins AS (
+    INSERT INTO idem_records (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at)
+    VALUES ($1, $2, 'PROCESSING', $3, now(), now(), now() + make_interval(secs => $4::float8 / 1000.0))
+    ON CONFLICT (scope, idem_key) DO NOTHING
+    RETURNING 1
+)
+SELECT true AS claimed, NULL::text AS status, NULL::text AS fingerprint, NULL::text AS response, false AS expired
+FROM ins
+UNION ALL
+SELECT false, r.status, r.fingerprint, r.response, r.expires_at <= now()
+FROM idem_records r
+WHERE r.scope = $1 AND r.idem_key = $2 AND NOT EXISTS (SELECT 1 FROM ins)";
+
+const READ: &str = "SELECT status, fingerprint, response, expires_at <= now() AS expired \
+                    FROM idem_records WHERE scope = $1 AND idem_key = $2";
+
+const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owner, fence, \
+    (extract(epoch FROM lease_until) * 1000)::int8, (extract(epoch FROM created_at) * 1000)::int8, \
+    (extract(epoch FROM updated_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8 \
+    FROM idem_records WHERE scope = $1 AND idem_key = $2";
+
+fn existing(row: &PgRow, offset: usize) -> Result<ExistingRecord, sqlx::Error> {
+    Ok(ExistingRecord {
+        status: row.try_get(offset)?,
+        fingerprint: row.try_get(offset + 1)?,
+        response: row.try_get(offset + 2)?,
+        expired: row.try_get(offset + 3)?,
+    })
+}
+
+impl SqlBackend for Postgres {
+    const BACKEND: &'static str = "postgres";
+    const SCHEMA: &'static str = include_str!("../../migrations/postgres/0001_idem_records.sql");
+
+    async fn claim(conn: &mut PgConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
+        let row = sqlx::query(CLAIM)
+            .bind(r.scope)
+            .bind(r.key)
+            .bind(r.fingerprint)
+            .bind(super::retention_ms(r.retention))
+            .fetch_optional(conn)
+            .await?;
+        Ok(match row {
+            None => ClaimResult::ReadAgain,
+            Some(row) if row.try_get::<bool, _>(0)? => ClaimResult::Claimed,
+            Some(row) => ClaimResult::Existing(existing(&row, 1)?),
+        })
+    }
+
+    async fn read(conn: &mut PgConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        let row = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
+        row.map(|row| existing(&row, 0)).transpose()
+    }
+
+    async fn complete(conn: &mut PgConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE idem_records SET status = 'DONE', response = $3, updated_at = now() \
+             WHERE scope = $1 AND idem_key = $2",
+        )
+        .bind(scope)
+        .bind(key)
+        .bind(response)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn discard(conn: &mut PgConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
+        let gone = sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND idem_key = $2")
+            .bind(scope)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn discard_expired(conn: &mut PgConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
+        let gone = sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND idem_key = $2 AND expires_at <= now()")
+            .bind(scope)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn fetch(conn: &mut PgConnection, scope: &str, key: &str) -> Result<Option<DedupRecord>, sqlx::Error> {
+        let row = sqlx::query(FETCH).bind(scope).bind(key).fetch_optional(conn).await?;
+        row.map(|row| super::decode_record(&row)).transpose()
+    }
+
+    async fn purge_batch(conn: &mut PgConnection, batch: u32) -> Result<u64, sqlx::Error> {
+        // SKIP LOCKED: a purge never waits behind (or blocks) a live transaction
+        // that is replaying one of these records.
+        let gone = sqlx::query(
+            "DELETE FROM idem_records WHERE (scope, idem_key) IN (\
+                SELECT scope, idem_key FROM idem_records WHERE expires_at <= now() \
+                LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(i64::from(batch))
+        .execute(conn)
+        .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        use sqlx::Connection;
+        // Two processes running CREATE TABLE IF NOT EXISTS at the same moment can
+        // both pass the check and one fails on pg_type's unique index; the
+        // advisory lock makes start-up migrations take turns.
+        let mut tx = conn.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7236012365449411584)").execute(&mut *tx).await?;
+        sqlx::raw_sql(Self::SCHEMA).execute(&mut *tx).await?;
+        tx.commit().await
+    }
+
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        // 42P01: undefined_table
+        err.as_database_error().and_then(|e| e.code()).is_some_and(|c| c == "42P01")
+    }
+}

@@ -1,0 +1,144 @@
+//! SQLite, the embedded default: one writer at a time.
+//!
+//! SQLite keeps the transaction after a constraint error, but
+//! `ON CONFLICT DO NOTHING` says "duplicate" without raising anything, and a
+//! NOT NULL or CHECK failure still raises. Writers are serialised by the
+//! database lock, so a duplicate waits (busy timeout) until the first
+//! transaction commits or rolls back, then reads the committed record.
+//!
+//! Begin transactions with `BEGIN IMMEDIATE` if the caller reads before the
+//! guard: a deferred transaction that read first and then writes can fail with
+//! SQLITE_BUSY instead of waiting.
+
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::{Row, Sqlite};
+
+use super::{ClaimResult, ExistingRecord, NewRecord, SqlBackend};
+use crate::DedupRecord;
+
+/// The store's clock, as epoch milliseconds.
+macro_rules! now_ms {
+    () => {
+        "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+    };
+}
+
+const CLAIM: &str = concat!(
+    "INSERT INTO idem_records (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
+     VALUES (?1, ?2, 'PROCESSING', ?3, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + ?4) ON CONFLICT (scope, idem_key) DO NOTHING"
+);
+
+const READ: &str = concat!(
+    "SELECT status, fingerprint, response, expires_at <= ",
+    now_ms!(),
+    " FROM idem_records WHERE scope = ?1 AND idem_key = ?2"
+);
+
+impl SqlBackend for Sqlite {
+    const BACKEND: &'static str = "sqlite";
+    const SCHEMA: &'static str = include_str!("../../migrations/sqlite/0001_idem_records.sql");
+
+    async fn claim(conn: &mut SqliteConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
+        let inserted = sqlx::query(CLAIM)
+            .bind(r.scope)
+            .bind(r.key)
+            .bind(r.fingerprint)
+            .bind(super::retention_ms(r.retention))
+            .execute(&mut *conn)
+            .await?;
+        if inserted.rows_affected() == 1 {
+            return Ok(ClaimResult::Claimed);
+        }
+        Ok(match Self::read(conn, r.scope, r.key).await? {
+            Some(existing) => ClaimResult::Existing(existing),
+            None => ClaimResult::ReadAgain,
+        })
+    }
+
+    async fn read(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        let row: Option<SqliteRow> = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
+        row.map(|row| {
+            Ok(ExistingRecord {
+                status: row.try_get(0)?,
+                fingerprint: row.try_get(1)?,
+                response: row.try_get(2)?,
+                expired: row.try_get::<i64, _>(3)? != 0,
+            })
+        })
+        .transpose()
+    }
+
+    async fn complete(conn: &mut SqliteConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "UPDATE idem_records SET status = 'DONE', response = ?3, updated_at = ",
+            now_ms!(),
+            " WHERE scope = ?1 AND idem_key = ?2"
+        ))
+        .bind(scope)
+        .bind(key)
+        .bind(response)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn discard(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
+        let gone = sqlx::query("DELETE FROM idem_records WHERE scope = ?1 AND idem_key = ?2")
+            .bind(scope)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn discard_expired(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
+        let gone = sqlx::query(concat!(
+            "DELETE FROM idem_records WHERE scope = ?1 AND idem_key = ?2 AND expires_at <= ",
+            now_ms!()
+        ))
+        .bind(scope)
+        .bind(key)
+        .execute(conn)
+        .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn fetch(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<Option<DedupRecord>, sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, \
+             created_at, updated_at, expires_at FROM idem_records WHERE scope = ?1 AND idem_key = ?2",
+        )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(conn)
+        .await?;
+        row.map(|row| super::decode_record(&row)).transpose()
+    }
+
+    async fn purge_batch(conn: &mut SqliteConnection, batch: u32) -> Result<u64, sqlx::Error> {
+        let gone = sqlx::query(concat!(
+            "DELETE FROM idem_records WHERE rowid IN (SELECT rowid FROM idem_records WHERE expires_at <= ",
+            now_ms!(),
+            " LIMIT ?1)"
+        ))
+        .bind(i64::from(batch))
+        .execute(conn)
+        .await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn migrate(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(Self::SCHEMA).execute(conn).await?;
+        Ok(())
+    }
+
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        err.as_database_error().is_some_and(|e| e.message().contains("no such table"))
+    }
+}

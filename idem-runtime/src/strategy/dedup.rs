@@ -1,0 +1,160 @@
+//! `strategy = "dedup"`: a record written in the caller's transaction.
+//!
+//! claim (INSERT, never failing the transaction) -> body -> response stored in
+//! the same transaction. The record commits or rolls back with the business
+//! change; a concurrent duplicate waits on the record's row lock and then
+//! replays (or claims, if the first call rolled back).
+
+use crate::guard::{Guard, GuardError, Prepared};
+use crate::record::{Outcome, RecordStatus, report};
+use crate::sql::{ClaimResult, ExistingRecord, NewRecord, SqlBackend, TxContext, classify};
+use crate::{Error, Replayable};
+
+/// What a claim decided.
+#[doc(hidden)]
+pub enum Claim<T> {
+    /// A repeat of a completed call: return this, do not run the body.
+    Replay(T),
+    /// First call: run the body, then [`Ticket::complete`].
+    Run(Ticket),
+}
+
+/// The right to run the body once; completing it stores the response.
+#[doc(hidden)]
+#[must_use = "a claimed record must be completed with the body's result"]
+pub struct Ticket {
+    prepared: Prepared,
+}
+
+/// Claims can loop when a record disappears between statements (its
+/// transaction rolled back, or it expired and was purged). Bounded.
+const MAX_ATTEMPTS: usize = 5;
+
+impl Guard {
+    /// Claim the key in the caller's transaction.
+    pub async fn dedup<T: Replayable, Tx: TxContext + ?Sized>(self, tx: &mut Tx) -> Result<Claim<T>, Error> {
+        let p = self.prepare()?;
+        let conn = tx.connection();
+        let record = NewRecord {
+            scope: &p.stored_scope,
+            key: p.key.as_str(),
+            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
+            retention: p.spec.retention,
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let existing = match <Tx::Db as SqlBackend>::claim(conn, &record).await.map_err(classify::<Tx::Db>)? {
+                ClaimResult::Claimed => return Ok(Claim::Run(Ticket { prepared: p })),
+                ClaimResult::Existing(e) => e,
+                ClaimResult::ReadAgain => {
+                    match <Tx::Db as SqlBackend>::read(conn, record.scope, record.key)
+                        .await
+                        .map_err(classify::<Tx::Db>)?
+                    {
+                        Some(e) => e,
+                        None => continue, // the holder rolled back: claim again
+                    }
+                }
+            };
+            if existing.expired {
+                // Past retention but not yet purged: the old answer no longer
+                // counts. Remove it (only if still expired) and claim afresh.
+                <Tx::Db as SqlBackend>::discard_expired(conn, record.scope, record.key)
+                    .await
+                    .map_err(classify::<Tx::Db>)?;
+                continue;
+            }
+            return judge(&p, existing).map(Claim::Replay);
+        }
+        Err(p.in_progress(None))
+    }
+}
+
+/// A committed record exists: decide between replay, mismatch and in-progress.
+fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Error> {
+    p.check_fingerprint(existing.fingerprint.as_deref())?;
+    match RecordStatus::parse(&existing.status) {
+        Some(RecordStatus::Done) => {
+            let json = existing.response.as_deref().unwrap_or("null");
+            let value = serde_json::from_str(json).map_err(|source| Error::Response {
+                scope: p.spec.scope.to_owned(),
+                action: "replayed",
+                source,
+            })?;
+            report(p.spec.scope, &p.key_hash, Outcome::Replayed);
+            Ok(value)
+        }
+        // A committed PROCESSING record in dedup mode means the guarded future
+        // was dropped mid-body and the caller committed anyway: whether the
+        // effect happened is unknown, so never run it again silently.
+        _ => Err(p.in_progress(None)),
+    }
+}
+
+impl Ticket {
+    /// Store the body's `Ok` value, or remove the record when the body failed,
+    /// so that no record survives an `Err` even if the caller commits.
+    pub async fn complete<T: Replayable, E: GuardError, Tx: TxContext + ?Sized>(
+        self,
+        tx: &mut Tx,
+        result: Result<T, E>,
+    ) -> Result<T, E> {
+        let p = self.prepared;
+        let conn = tx.connection();
+        let value = match result {
+            Ok(value) => value,
+            Err(e) => {
+                discard::<Tx::Db>(conn, &p).await;
+                return Err(e);
+            }
+        };
+        let json = match stored_response(&value) {
+            Ok(json) => json,
+            Err(source) => {
+                discard::<Tx::Db>(conn, &p).await;
+                return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source }.into());
+            }
+        };
+        match <Tx::Db as SqlBackend>::complete(conn, &p.stored_scope, p.key.as_str(), &json).await {
+            Ok(1) => {
+                report(p.spec.scope, &p.key_hash, Outcome::Executed);
+                Ok(value)
+            }
+            Ok(_) => Err(Error::Database(sqlx::Error::Protocol(format!(
+                "the dedup record of scope `{}` vanished inside its own transaction",
+                p.spec.scope
+            )))
+            .into()),
+            Err(e) => Err(classify::<Tx::Db>(e).into()),
+        }
+    }
+}
+
+/// The JSON to store, after checking it decodes back into `T`: a value JSON
+/// cannot carry (`f64::NAN` becomes `null`) fails the first call, which rolls
+/// back, instead of failing every repeat later.
+fn stored_response<T: Replayable>(value: &T) -> Result<String, serde_json::Error> {
+    let json = serde_json::to_string(value)?;
+    serde_json::from_str::<T>(&json)?;
+    Ok(json)
+}
+
+async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared) {
+    // If this fails the transaction is unusable (PostgreSQL aborts it after a
+    // failed statement; a lost connection cannot commit): the record cannot
+    // be committed either, so the body's error is the one to return.
+    if let Err(e) = DB::discard(conn, &p.stored_scope, p.key.as_str()).await {
+        tracing::debug!(target: "idem", scope = p.spec.scope, key = %p.key_hash, error = %e,
+            "dedup record not removed after the body failed; the transaction cannot commit it");
+    }
+}
+
+/// Turn a claim into the function's own result: a replay is `Ok`, a guard
+/// failure converts into the function's error type.
+#[doc(hidden)]
+pub fn settle<T, E: GuardError>(claim: Result<Claim<T>, Error>) -> Result<T, E> {
+    match claim {
+        Ok(Claim::Replay(value)) => Ok(value),
+        Ok(Claim::Run(_)) => unreachable!("generated code handles Claim::Run before settling"),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,3 @@
+//! One module per strategy.
+
+pub(crate) mod dedup;

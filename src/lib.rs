@@ -1,0 +1,127 @@
+//! # idem: repeated requests, made harmless
+//!
+//! A payment gateway fires the same callback six times, a user double-clicks
+//! "pay", a broker redelivers, an RPC client retries on timeout. With idem the
+//! second and later copies change nothing and get the first answer.
+//!
+//! ```no_run
+//! use idem::idempotent;
+//! use sqlx::{Sqlite, Transaction};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct PayCallback { trade_no: String, amount_cents: i64 }
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum AppError {
+//!     #[error(transparent)] Idem(#[from] idem::Error),
+//!     #[error(transparent)] Db(#[from] sqlx::Error),
+//! }
+//!
+//! #[idempotent(key = "event.trade_no", scope = "payments.on_pay")]
+//! async fn on_pay_callback(tx: &mut Transaction<'_, Sqlite>, event: &PayCallback) -> Result<u64, AppError> {
+//!     // Runs once per trade number; every repeat gets the first call's answer.
+//!     let coupon = sqlx::query("INSERT INTO coupons (trade_no) VALUES (?)")
+//!         .bind(&event.trade_no)
+//!         .execute(&mut **tx)
+//!         .await?;
+//!     Ok(coupon.last_insert_rowid() as u64)
+//! }
+//!
+//! # async fn run(pool: sqlx::SqlitePool, event: PayCallback) -> Result<(), AppError> {
+//! idem::migrate(&pool).await?; // once, at start-up
+//! let mut tx = pool.begin().await?;
+//! let coupon_id = on_pay_callback(&mut tx, &event).await?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## How `strategy = "dedup"` works
+//!
+//! The guarded function takes the caller's transaction. Before the body runs,
+//! the guard inserts a record `(scope, key)` into `idem_records` **in that
+//! transaction**; after the body it stores the `Ok` value in the record. So the
+//! record and the business change commit together or not at all:
+//!
+//! | situation | what happens |
+//! |---|---|
+//! | first call | the body runs; the record is written in your transaction |
+//! | repeat after commit | the stored `Ok` value is returned; the body does not run |
+//! | concurrent repeat | it waits on the record's row lock, then replays (or runs, if the first call rolled back) |
+//! | body returns `Err` | the record is removed, even if the caller commits anyway; a retry runs again |
+//! | same key, different `fingerprint` | `Err(idem::Error::KeyMismatch)`, checked before anything else |
+//! | worker dies mid-way | the transaction rolls back, record included |
+//!
+//! Only a unique-key violation on the record counts as a duplicate: a lock
+//! timeout, a lost connection or a missing table is an error
+//! ([`Error::Database`], [`Error::NotMigrated`]). The claim never aborts a
+//! PostgreSQL transaction (`ON CONFLICT DO NOTHING`, not a failing INSERT).
+//!
+//! Round trips the guard adds to your transaction: one claim statement, one
+//! statement storing the response. A replay costs one statement on
+//! PostgreSQL and two on MySQL/MariaDB and SQLite (the failed insert, then a read).
+//!
+//! ## The attribute
+//!
+//! `#[idempotent(key = ..., strategy = ..., scope = ..., fingerprint = ..., retention = ...)]`
+//!
+//! - **`key`** (required): an expression over the parameters, as a string
+//!   (`key = "event.trade_no"`) or bare (`key = event.trade_no`). Several
+//!   comma-separated parts make a composite key (`key = "req.user_id,
+//!   req.request_id"`). Parts must be strings, integers, `char`, `bool`, UUIDs
+//!   (feature `uuid`) or `Option`s of these ([`IdempotencyKey`]); floats and
+//!   structs are refused at compile time. An empty string or `None` part is
+//!   refused at run time with [`Error::InvalidKey`]. Keys over 128 bytes are
+//!   stored as their SHA-256.
+//! - **`strategy`**: `"dedup"` (the default). DESIGN lists `state`,
+//!   `dedup+state`, `token`, `token+dedup`, `lock+dedup`, `lock+state`,
+//!   `lease` and `lock`; this version refuses them at compile time.
+//! - **`scope`**: the record namespace. Default: `module_path::fn_name`.
+//!   **Set it explicitly in production**: moving or renaming the function
+//!   changes the default, and repeats of calls made before the deploy would
+//!   then run again. Two methods of the same name in one module (of different
+//!   types) also share the default scope.
+//! - **`fingerprint`**: an expression (anything `serde::Serialize`) hashed
+//!   into the record; a repeat whose fingerprint differs is
+//!   [`Error::KeyMismatch`]. Fingerprint structs, vectors and `BTreeMap`s,
+//!   not `HashMap`s (their order is random).
+//! - **`retention`**: how long records are kept (`"24h"`, `"7d"`; default
+//!   7 days). After it, a repeat runs again. [`purge_expired`] deletes expired
+//!   records in bounded batches; schedule it.
+//! - **`source`**: `"frontend" | "callback" | "mq" | "rpc"`, who sends the requests.
+//!
+//! The transaction parameter is found by its type (`&mut
+//! sqlx::Transaction<'_, DB>` for `Postgres`, `MySql`, `Sqlite`), or marked
+//! with `#[idem(tx)]` when it is your own type implementing [`TxContext`].
+//!
+//! The function must be `async` and return `Result<T, E>` where `T` is
+//! [`Replayable`] (serde) and `E: From<idem::Error>`. Its signature does not
+//! change; the expansion is a few lines around one runtime call (see it with
+//! `cargo expand`).
+//!
+//! ## Telling a first run from a replay
+//!
+//! [`observe`] returns whether the guard inside a future ran or replayed, e.g.
+//! to set an `Idempotent-Replayed: true` header. Every guard also emits a
+//! `tracing` event (target `idem`) with the scope, a short hash of the key and
+//! the outcome.
+//!
+//! ## Schema
+//!
+//! [`migrate`] creates `idem_records` (idempotent; run at start-up). For your
+//! own migration tool, the SQL is in `idem-runtime/migrations/<backend>/` and
+//! in [`SqlBackend::SCHEMA`].
+
+#![warn(missing_docs)]
+
+/// Make an async function idempotent; see the [crate docs](crate) for the arguments.
+pub use idem_macros::idempotent;
+
+pub use idem_runtime::{
+    DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, GuardError, IdempotencyKey, Key, Outcome, PurgeOptions,
+    PurgeReport, RecordStatus, Replayable, Result, SqlBackend, TxContext, find_record, migrate, observe,
+    purge_expired,
+};
+pub use idem_runtime::{error, key, record, sql};
+
+#[doc(hidden)]
+pub use idem_runtime::__private;

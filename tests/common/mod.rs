@@ -1,0 +1,107 @@
+//! Shared set-up of the integration tests: real databases, unique keys.
+//!
+//! PostgreSQL and MySQL/MariaDB come from `IDEM_PG_URL` and `IDEM_MYSQL_URL`
+//! (defaulting to the local servers). An unreachable server skips its tests
+//! with a printed reason, unless `IDEM_REQUIRE_SERVICES=1`, where it fails.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::{MySqlPool, PgPool, SqlitePool};
+
+pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// A value no other test or earlier run has used, so tests share tables
+/// without seeing each other's rows.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{nanos}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+fn required() -> bool {
+    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
+}
+
+fn unavailable(service: &str, url: &str, err: &dyn std::fmt::Display) {
+    if required() {
+        panic!("{service} at {url} is required (IDEM_REQUIRE_SERVICES=1) but unreachable: {err}");
+    }
+    eprintln!("SKIPPED: {service} at {url} is unreachable ({err}); set IDEM_REQUIRE_SERVICES=1 to make this a failure");
+}
+
+pub async fn postgres() -> Option<PgPool> {
+    let url = std::env::var("IDEM_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_owned());
+    let pool = match sqlx::postgres::PgPoolOptions::new().max_connections(20).connect(&url).await {
+        Ok(p) => p,
+        Err(e) => {
+            unavailable("PostgreSQL", &url, &e);
+            return None;
+        }
+    };
+    idem::migrate(&pool).await.expect("migrate postgres");
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idem_test_coupons (id BIGSERIAL PRIMARY KEY, trade_no VARCHAR(191) NOT NULL);
+         CREATE INDEX IF NOT EXISTS idem_test_coupons_trade_no ON idem_test_coupons (trade_no);",
+    )
+    .execute(&pool)
+    .await
+    .ok();
+    Some(pool)
+}
+
+pub async fn mysql() -> Option<MySqlPool> {
+    let url = std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_owned());
+    let pool = match sqlx::mysql::MySqlPoolOptions::new().max_connections(20).connect(&url).await {
+        Ok(p) => p,
+        Err(e) => {
+            unavailable("MySQL/MariaDB", &url, &e);
+            return None;
+        }
+    };
+    idem::migrate(&pool).await.expect("migrate mysql");
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idem_test_coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+         trade_no VARCHAR(191) NOT NULL, INDEX (trade_no)) ENGINE = InnoDB",
+    )
+    .execute(&pool)
+    .await
+    .ok();
+    Some(pool)
+}
+
+/// A fresh SQLite file (an in-memory database would be one database per
+/// pooled connection).
+pub async fn sqlite() -> Option<SqlitePool> {
+    let dir = std::env::temp_dir().join("idem-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{}.db", unique("t")));
+    let opts = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_secs(30));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(8).connect_with(opts).await.unwrap();
+    idem::migrate(&pool).await.expect("migrate sqlite");
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idem_test_coupons (id INTEGER PRIMARY KEY AUTOINCREMENT, trade_no TEXT NOT NULL);
+         CREATE INDEX IF NOT EXISTS idem_test_coupons_trade_no ON idem_test_coupons (trade_no);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    Some(pool)
+}
+
+/// The application error of the test services.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    #[error("business rule: {0}")]
+    Rule(String),
+}

@@ -1,0 +1,448 @@
+//! `strategy = "dedup"` against real SQLite, PostgreSQL and MySQL/MariaDB.
+//!
+//! One suite, stamped out per backend: every scenario runs on all three.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use common::{AppError, unique};
+use idem::{Key, Outcome, PurgeOptions, RecordStatus, idempotent};
+use serde::{Deserialize, Serialize};
+use sqlx::Transaction;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct PayCallback {
+    trade_no: String,
+    amount_cents: i64,
+}
+
+macro_rules! dedup_suite {
+    (
+        mod $m:ident;
+        db = $DB:ty;
+        pool = $pool:path;
+        insert_coupon = $insert:literal;
+        count_coupons = $count:literal;
+        short_lock_wait = $short_wait:literal;
+        unmigrated = $unmigrated:path;
+    ) => {
+        mod $m {
+            use super::*;
+
+            type Db = $DB;
+
+            macro_rules! pool {
+                () => {
+                    match $pool().await {
+                        Some(pool) => pool,
+                        None => return,
+                    }
+                };
+            }
+
+            /// The seed incident's business change: grant a coupon for a trade.
+            #[idempotent(key = "trade_no", scope = "tests.grant_coupon")]
+            async fn grant_coupon(
+                tx: &mut Transaction<'_, Db>,
+                trade_no: &str,
+                runs: &AtomicUsize,
+            ) -> Result<u64, AppError> {
+                runs.fetch_add(1, SeqCst);
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                Ok(42)
+            }
+
+            /// Fails after its business write, when told to.
+            #[idempotent(key = "trade_no", scope = "tests.may_fail")]
+            async fn may_fail(
+                tx: &mut Transaction<'_, Db>,
+                trade_no: &str,
+                fail: bool,
+                runs: &AtomicUsize,
+            ) -> Result<String, AppError> {
+                runs.fetch_add(1, SeqCst);
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                if fail {
+                    return Err(AppError::Rule("gateway amount does not match the order".into()));
+                }
+                Ok(format!("receipt for {trade_no}"))
+            }
+
+            #[idempotent(key = "event.trade_no", fingerprint = "event", scope = "tests.fingerprinted")]
+            async fn on_callback(
+                tx: &mut Transaction<'_, Db>,
+                event: &PayCallback,
+                runs: &AtomicUsize,
+            ) -> Result<i64, AppError> {
+                runs.fetch_add(1, SeqCst);
+                sqlx::query($insert).bind(&event.trade_no).execute(&mut **tx).await?;
+                Ok(event.amount_cents)
+            }
+
+            /// Returns whatever it is given: for exact replay of every value.
+            #[idempotent(key = "key", scope = "tests.echo")]
+            async fn echo<T>(
+                tx: &mut Transaction<'_, Db>,
+                key: &str,
+                value: T,
+                runs: &AtomicUsize,
+            ) -> Result<T, AppError>
+            where
+                T: Serialize + serde::de::DeserializeOwned + Send,
+            {
+                let _ = &tx;
+                runs.fetch_add(1, SeqCst);
+                Ok(value)
+            }
+
+            #[idempotent(key = "key", scope = "tests.short_lived", retention = "300ms")]
+            async fn short_lived(tx: &mut Transaction<'_, Db>, key: &str, runs: &AtomicUsize) -> Result<(), AppError> {
+                let _ = &tx;
+                runs.fetch_add(1, SeqCst);
+                Ok(())
+            }
+
+            #[idempotent(key = "user_id, request_id", scope = "tests.composite")]
+            async fn composite(
+                tx: &mut Transaction<'_, Db>,
+                user_id: i64,
+                request_id: Option<&str>,
+                runs: &AtomicUsize,
+            ) -> Result<(), AppError> {
+                let _ = &tx;
+                runs.fetch_add(1, SeqCst);
+                Ok(())
+            }
+
+            async fn coupons(pool: &sqlx::Pool<Db>, trade_no: &str) -> i64 {
+                sqlx::query_scalar($count).bind(trade_no).fetch_one(pool).await.unwrap()
+            }
+
+            async fn call_once(pool: &sqlx::Pool<Db>, trade_no: &str, runs: &AtomicUsize) -> (u64, Option<Outcome>) {
+                let mut tx = pool.begin().await.unwrap();
+                let (result, outcome) = idem::observe(grant_coupon(&mut tx, trade_no, runs)).await;
+                tx.commit().await.unwrap();
+                (result.unwrap(), outcome)
+            }
+
+            #[tokio::test]
+            async fn six_gateway_retries_grant_one_coupon() {
+                let pool = pool!();
+                let trade = unique("six");
+                let runs = AtomicUsize::new(0);
+                let mut outcomes = Vec::new();
+                for _ in 0..6 {
+                    outcomes.push(call_once(&pool, &trade, &runs).await);
+                }
+                assert_eq!(runs.load(SeqCst), 1);
+                assert_eq!(coupons(&pool, &trade).await, 1);
+                assert_eq!(outcomes[0], (42, Some(Outcome::Executed)));
+                assert!(outcomes[1..].iter().all(|o| *o == (42, Some(Outcome::Replayed))));
+                let record = idem::find_record(&pool, "tests.grant_coupon", &Key::new(&trade).unwrap())
+                    .await
+                    .unwrap()
+                    .expect("record committed");
+                assert_eq!(record.status, RecordStatus::Done);
+                assert_eq!(record.response.as_deref(), Some("42"));
+                assert!(record.expires_at_ms > record.created_at_ms);
+            }
+
+            #[tokio::test]
+            async fn a_hundred_concurrent_duplicates_run_the_body_once() {
+                let pool = pool!();
+                let trade = Arc::new(unique("race"));
+                let runs = Arc::new(AtomicUsize::new(0));
+                let mut tasks = Vec::new();
+                for _ in 0..100 {
+                    let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
+                    // tokio::spawn also proves the guarded future is Send.
+                    tasks.push(tokio::spawn(async move {
+                        let mut tx = pool.begin().await?;
+                        let (result, outcome) = idem::observe(grant_coupon(&mut tx, &trade, &runs)).await;
+                        let value = result?;
+                        tx.commit().await?;
+                        Ok::<_, AppError>((value, outcome.unwrap()))
+                    }));
+                }
+                let mut replayed = 0;
+                for t in tasks {
+                    let (value, outcome) = t.await.unwrap().expect("every duplicate succeeds");
+                    assert_eq!(value, 42);
+                    replayed += usize::from(outcome == Outcome::Replayed);
+                }
+                assert_eq!(runs.load(SeqCst), 1, "the body ran more than once");
+                assert_eq!(replayed, 99);
+                assert_eq!(coupons(&pool, &trade).await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_failed_body_leaves_no_record_and_a_retry_runs_again() {
+                let pool = pool!();
+                let trade = unique("fail");
+                let runs = AtomicUsize::new(0);
+
+                let mut tx = pool.begin().await.unwrap();
+                let err = may_fail(&mut tx, &trade, true, &runs).await.unwrap_err();
+                assert!(matches!(err, AppError::Rule(_)), "{err:?}");
+                tx.rollback().await.unwrap();
+                assert_eq!(idem::find_record(&pool, "tests.may_fail", &Key::new(&trade).unwrap()).await.unwrap(), None);
+
+                let mut tx = pool.begin().await.unwrap();
+                let ok = may_fail(&mut tx, &trade, false, &runs).await.unwrap();
+                tx.commit().await.unwrap();
+                assert_eq!(ok, format!("receipt for {trade}"));
+                assert_eq!(runs.load(SeqCst), 2);
+                assert_eq!(coupons(&pool, &trade).await, 1);
+            }
+
+            #[tokio::test]
+            async fn committing_after_an_err_still_leaves_no_record() {
+                let pool = pool!();
+                let trade = unique("commit-after-err");
+                let runs = AtomicUsize::new(0);
+                let mut tx = pool.begin().await.unwrap();
+                assert!(may_fail(&mut tx, &trade, true, &runs).await.is_err());
+                tx.commit().await.unwrap(); // the caller's mistake, but no record survives it
+                assert_eq!(idem::find_record(&pool, "tests.may_fail", &Key::new(&trade).unwrap()).await.unwrap(), None);
+
+                // ... so the next delivery is a first call, not a replay of nothing.
+                let mut tx = pool.begin().await.unwrap();
+                let (result, outcome) = idem::observe(may_fail(&mut tx, &trade, false, &runs)).await;
+                tx.commit().await.unwrap();
+                assert!(result.is_ok());
+                assert_eq!(outcome, Some(Outcome::Executed));
+            }
+
+            #[tokio::test]
+            async fn a_duplicate_waits_for_a_first_call_that_rolls_back_then_runs() {
+                let pool = pool!();
+                let trade = unique("rollback");
+                let runs = Arc::new(AtomicUsize::new(0));
+                let mut first = pool.begin().await.unwrap();
+                grant_coupon(&mut first, &trade, &runs).await.unwrap();
+
+                let second = {
+                    let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
+                    tokio::spawn(async move {
+                        let mut tx = pool.begin().await.unwrap();
+                        let (r, o) = idem::observe(grant_coupon(&mut tx, &trade, &runs)).await;
+                        tx.commit().await.unwrap();
+                        (r.unwrap(), o)
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                assert!(!second.is_finished(), "the duplicate must wait for the first transaction");
+                first.rollback().await.unwrap();
+                assert_eq!(second.await.unwrap(), (42, Some(Outcome::Executed)));
+                assert_eq!(runs.load(SeqCst), 2);
+                assert_eq!(coupons(&pool, &trade).await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_lock_timeout_is_an_error_not_a_duplicate() {
+                let pool = pool!();
+                let trade = unique("lock-timeout");
+                let runs = AtomicUsize::new(0);
+                let mut first = pool.begin().await.unwrap();
+                grant_coupon(&mut first, &trade, &runs).await.unwrap();
+
+                let mut second = pool.begin().await.unwrap();
+                sqlx::raw_sql($short_wait).execute(&mut *second).await.unwrap();
+                let err = grant_coupon(&mut second, &trade, &runs).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::Database(_))), "{err:?}");
+                drop(second);
+                first.commit().await.unwrap();
+                assert_eq!(runs.load(SeqCst), 1);
+                assert_eq!(coupons(&pool, &trade).await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_missing_record_table_is_reported_not_taken_for_a_duplicate() {
+                let pool = pool!();
+                let mut tx = $unmigrated(&pool).await;
+                let runs = AtomicUsize::new(0);
+                let err = grant_coupon(&mut tx, &unique("unmigrated"), &runs).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::NotMigrated { .. })), "{err:?}");
+                assert!(err.to_string().contains("idem::migrate"), "{err}");
+                assert_eq!(runs.load(SeqCst), 0);
+            }
+
+            #[tokio::test]
+            async fn the_same_key_with_another_payload_is_a_key_mismatch() {
+                let pool = pool!();
+                let runs = AtomicUsize::new(0);
+                let event = PayCallback { trade_no: unique("fp"), amount_cents: 1999 };
+                let tampered = PayCallback { amount_cents: 1, ..event.clone() };
+                for _ in 0..2 {
+                    // an identical retry always passes
+                    let mut tx = pool.begin().await.unwrap();
+                    assert_eq!(on_callback(&mut tx, &event, &runs).await.unwrap(), 1999);
+                    tx.commit().await.unwrap();
+                }
+                let mut tx = pool.begin().await.unwrap();
+                let err = on_callback(&mut tx, &tampered, &runs).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::KeyMismatch { .. })), "{err:?}");
+                drop(tx);
+                assert_eq!(runs.load(SeqCst), 1);
+                assert_eq!(coupons(&pool, &event.trade_no).await, 1);
+            }
+
+            async fn replays_exactly<T>(pool: &sqlx::Pool<Db>, first: T, other: T)
+            where
+                T: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug + Clone + Send,
+            {
+                let key = unique("falsy");
+                let runs = AtomicUsize::new(0);
+                for value in [first.clone(), other] {
+                    let mut tx = pool.begin().await.unwrap();
+                    let got = echo(&mut tx, &key, value, &runs).await.unwrap();
+                    tx.commit().await.unwrap();
+                    assert_eq!(got, first);
+                }
+                assert_eq!(runs.load(SeqCst), 1, "{first:?} was not replayed");
+            }
+
+            #[tokio::test]
+            async fn falsy_and_unit_values_replay_exactly() {
+                let pool = pool!();
+                replays_exactly(&pool, (), ()).await;
+                replays_exactly(&pool, 0_i64, 7).await;
+                replays_exactly(&pool, false, true).await;
+                replays_exactly(&pool, String::new(), "x".to_owned()).await;
+                replays_exactly(&pool, Vec::<u8>::new(), vec![1]).await;
+                replays_exactly(&pool, BTreeMap::<String, i32>::new(), BTreeMap::from([("a".into(), 1)])).await;
+                replays_exactly(&pool, None::<u32>, Some(3)).await;
+                replays_exactly(&pool, Some(0_u32), None).await;
+            }
+
+            /// Ok(f64::NAN) would be stored as JSON `null` and could never be
+            /// replayed: the first call fails instead, and nothing is kept.
+            #[tokio::test]
+            async fn a_response_that_cannot_replay_fails_the_first_call() {
+                let pool = pool!();
+                let key = unique("nan");
+                let runs = AtomicUsize::new(0);
+                let mut tx = pool.begin().await.unwrap();
+                let err = echo(&mut tx, &key, f64::NAN, &runs).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::Response { action: "stored", .. })), "{err:?}");
+                tx.commit().await.unwrap();
+                assert_eq!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap(), None);
+            }
+
+            #[tokio::test]
+            async fn composite_keys_and_missing_parts() {
+                let pool = pool!();
+                let runs = AtomicUsize::new(0);
+                let request = unique("req");
+                for user in [1, 1, 2] {
+                    let mut tx = pool.begin().await.unwrap();
+                    composite(&mut tx, user, Some(&request), &runs).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(runs.load(SeqCst), 2, "user 2's request is another request");
+
+                let mut tx = pool.begin().await.unwrap();
+                let err = composite(&mut tx, 1, None, &runs).await.unwrap_err();
+                match err {
+                    AppError::Idem(idem::Error::InvalidKey { reason, .. }) => {
+                        assert_eq!(reason, "key part `request_id` is None")
+                    }
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(runs.load(SeqCst), 2);
+            }
+
+            #[tokio::test]
+            async fn an_expired_record_no_longer_replays_and_purge_removes_only_expired_ones() {
+                let pool = pool!();
+                let runs = AtomicUsize::new(0);
+                let expired: Vec<String> = (0..5).map(|_| unique("expired")).collect();
+                let kept = unique("kept");
+                for key in &expired {
+                    let mut tx = pool.begin().await.unwrap();
+                    short_lived(&mut tx, key, &runs).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+                call_once(&pool, &kept, &runs).await;
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+
+                // Past retention: a new call runs again instead of replaying.
+                let mut tx = pool.begin().await.unwrap();
+                let (_, outcome) = idem::observe(short_lived(&mut tx, &expired[0], &runs)).await;
+                tx.commit().await.unwrap();
+                assert_eq!(outcome, Some(Outcome::Executed));
+
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                let one = idem::purge_expired(
+                    &pool,
+                    PurgeOptions { batch_size: 2, max_batches: Some(1), ..Default::default() },
+                )
+                .await
+                .unwrap();
+                assert_eq!((one.deleted, one.batches), (2, 1), "max_batches bounds one run");
+                let rest =
+                    idem::purge_expired(&pool, PurgeOptions { batch_size: 2, ..Default::default() }).await.unwrap();
+                assert!(rest.deleted >= 3 && rest.batches >= 2, "{rest:?}");
+                for key in &expired {
+                    let found = idem::find_record(&pool, "tests.short_lived", &Key::new(key).unwrap()).await.unwrap();
+                    assert_eq!(found, None);
+                }
+                let still = idem::find_record(&pool, "tests.grant_coupon", &Key::new(&kept).unwrap()).await.unwrap();
+                assert!(still.is_some(), "a live record was purged");
+            }
+        }
+    };
+}
+
+async fn pg_unmigrated(pool: &sqlx::PgPool) -> Transaction<'static, sqlx::Postgres> {
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS idem_unmigrated").execute(pool).await.ok();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL search_path TO idem_unmigrated").execute(&mut *tx).await.unwrap();
+    tx
+}
+
+async fn mysql_unmigrated(pool: &sqlx::MySqlPool) -> Transaction<'static, sqlx::MySql> {
+    sqlx::query("CREATE DATABASE IF NOT EXISTS idem_unmigrated").execute(pool).await.unwrap();
+    let opts: sqlx::mysql::MySqlConnectOptions = pool.connect_options().as_ref().clone().database("idem_unmigrated");
+    let other = sqlx::mysql::MySqlPoolOptions::new().max_connections(1).connect_with(opts).await.unwrap();
+    other.begin().await.unwrap()
+}
+
+async fn sqlite_unmigrated(_: &sqlx::SqlitePool) -> Transaction<'static, sqlx::Sqlite> {
+    let empty = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await.unwrap();
+    empty.begin().await.unwrap()
+}
+
+dedup_suite! {
+    mod sqlite;
+    db = sqlx::Sqlite;
+    pool = common::sqlite;
+    insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES (?)";
+    count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
+    short_lock_wait = "PRAGMA busy_timeout = 100";
+    unmigrated = sqlite_unmigrated;
+}
+
+dedup_suite! {
+    mod postgres;
+    db = sqlx::Postgres;
+    pool = common::postgres;
+    insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES ($1)";
+    count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = $1";
+    short_lock_wait = "SET LOCAL lock_timeout = '200ms'";
+    unmigrated = pg_unmigrated;
+}
+
+dedup_suite! {
+    mod mysql;
+    db = sqlx::MySql;
+    pool = common::mysql;
+    insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES (?)";
+    count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
+    short_lock_wait = "SET SESSION innodb_lock_wait_timeout = 1";
+    unmigrated = mysql_unmigrated;
+}

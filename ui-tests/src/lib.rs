@@ -1,0 +1,1 @@
+//! trybuild and macrotest cases for idem's macros; see tests/.
