@@ -118,8 +118,7 @@ pub use idem_macros::idempotent;
 
 pub use idem_runtime::{
     DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, GuardError, IdempotencyKey, Key, Outcome, PurgeOptions,
-    PurgeReport, RecordStatus, Replayable, Result, SqlBackend, TxContext, find_record, migrate, observe,
-    purge_expired,
+    PurgeReport, RecordStatus, Replayable, Result, SqlBackend, TxContext, find_record, migrate, observe, purge_expired,
 };
 pub use idem_runtime::{error, key, record, sql};
 

@@ -12,7 +12,7 @@ use crate::validate::{Plan, Strategy};
 pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let fn_name = func.sig.ident.to_string();
     let block = &func.block;
-    let Plan { strategy, key, scope, fingerprint, retention_ms, tx, ret } = plan;
+    let Plan { strategy, key, scope, fingerprint, retention_ms, tx, tx_ty, ret } = plan;
 
     let scope = match scope {
         Some(s) => quote!(#s),
@@ -25,13 +25,19 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let fingerprint = fingerprint.map(|fp| quote_spanned!(fp.span()=> .fingerprint(&(#fp))));
     // Conversions into the function's error type are spanned at its return
     // type: that is where `From<idem::Error>` is missing if it is.
-    let settle = quote_spanned!(ret.span()=> ::idem::__private::settle);
-    let complete = quote_spanned!(ret.span()=> complete);
-
+    let ret_span = ret.span();
+    let settle = quote_spanned!(ret_span=> ::idem::__private::settle(replay_or_error));
+    // Likewise the transaction is taken at its parameter's type: that is where
+    // a pool or an unsupported database is reported, once (every token of the
+    // call carries that span, so both uses yield the same diagnostic).
+    let tx_span = tx_ty.span();
+    let tx_at_type = syn::Ident::new(&tx.to_string(), tx_span);
+    let conn = quote_spanned!(tx_span=> ::idem::__private::connection(&mut *#tx_at_type));
     let claim = match strategy {
-        Strategy::Dedup => quote!(dedup(&mut *#tx)),
+        Strategy::Dedup => quote_spanned!(ret_span=> dedup(#conn)),
     };
-
+    let completed = syn::Ident::new("__idem_completed", ret_span);
+    let finish = quote_spanned!(ret_span=> ::idem::__private::finish(#completed));
     let body = quote! {
         {
             static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
@@ -46,10 +52,18 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                 .await
             {
                 ::core::result::Result::Ok(::idem::__private::Claim::Run(ticket)) => ticket,
-                replay_or_error => return #settle(replay_or_error),
+                replay_or_error => return #settle,
             };
-            let __idem_result: #ret = async #block.await;
-            __idem_ticket.#complete(&mut *#tx, __idem_result).await
+            let __idem_result: #ret = async {
+                // The body may move its transaction handle; it gets a reborrow,
+                // so the record can still be completed after it.
+                #[allow(unused_variables)]
+                let #tx = &mut *#tx;
+                #block
+            }
+            .await;
+            let #completed = __idem_ticket.complete(#conn, __idem_result).await;
+            #finish
         }
     };
     // Only the body changes: name, generics, lifetimes, attributes and

@@ -35,6 +35,8 @@ pub struct Plan {
     pub fingerprint: Option<Expr>,
     pub retention_ms: u64,
     pub tx: Ident,
+    /// The transaction parameter's type, where errors about it point.
+    pub tx_ty: Type,
     pub ret: Type,
 }
 
@@ -204,7 +206,8 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         scope: raw.scope.map(|s| s.as_str().to_owned()),
         fingerprint: raw.fingerprint,
         retention_ms: retention_ms.unwrap_or(7 * 24 * 3600 * 1000),
-        tx: tx.expect("no error means a transaction"),
+        tx: tx.as_ref().expect("no error means a transaction").0.clone(),
+        tx_ty: tx.expect("no error means a transaction").1,
         ret: ret.expect("no error means a return type"),
     })
 }
@@ -316,7 +319,7 @@ fn check_rooted(expr: &Expr, params: &[String], fn_name: &Ident, what: &str, err
 }
 
 /// The parameter the record is written through.
-fn find_tx(func: &ItemFn, marked: &[(Ident, Span)]) -> Result<Ident, syn::Error> {
+fn find_tx(func: &ItemFn, marked: &[(Ident, Span)]) -> Result<(Ident, Type), syn::Error> {
     let sig = &func.sig;
     if marked.len() > 1 {
         return Err(syn::Error::new(marked[1].1, "only one parameter can be `#[idem(tx)]`"));
@@ -327,7 +330,7 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)]) -> Result<Ident, syn::Error>
         let Pat::Ident(pi) = &*pt.pat else { continue };
         if let Some((ident, _)) = marked.first() {
             if *ident == pi.ident {
-                return require_mut_ref(&pt.ty).map(|()| pi.ident.clone());
+                return require_mut_ref(&pt.ty).map(|()| (pi.ident.clone(), referent(&pt.ty)));
             }
             continue;
         }
@@ -336,7 +339,7 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)]) -> Result<Ident, syn::Error>
         }
     }
     match by_type.as_slice() {
-        [(ident, ty)] => require_mut_ref(ty).map(|()| ident.clone()),
+        [(ident, ty)] => require_mut_ref(ty).map(|()| (ident.clone(), referent(ty))),
         [] => Err(syn::Error::new(
             sig.ident.span(),
             format!(
@@ -350,6 +353,14 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)]) -> Result<Ident, syn::Error>
             second.span(),
             "several transaction parameters: mark the one the dedup record belongs in with `#[idem(tx)]`",
         )),
+    }
+}
+
+/// `T` of `&mut T`: where errors about the transaction's type point.
+fn referent(ty: &Type) -> Type {
+    match ty {
+        Type::Reference(r) => (*r.elem).clone(),
+        other => other.clone(),
     }
 }
 

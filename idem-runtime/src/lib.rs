@@ -44,6 +44,7 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 #[doc(hidden)]
 pub mod __private {
     pub use crate::guard::{Guard, GuardSpec};
-    pub use crate::strategy::dedup::{Claim, Ticket, settle};
+    pub use crate::sql::connection;
+    pub use crate::strategy::dedup::{Claim, Ticket, finish, settle};
     pub use std::time::Duration;
 }

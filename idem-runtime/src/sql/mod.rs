@@ -155,6 +155,17 @@ where
     }
 }
 
+/// The connection of a caller's transaction, typed by its database. Taken
+/// once per store access by generated code (`__private::connection`), so a
+/// parameter that is no transaction is reported once, at its type.
+#[doc(hidden)]
+pub struct Conn<'a, DB: SqlBackend>(pub(crate) &'a mut DB::Connection);
+
+#[doc(hidden)]
+pub fn connection<T: TxContext + ?Sized>(tx: &mut T) -> Conn<'_, T::Db> {
+    Conn(tx.connection())
+}
+
 pub(crate) fn classify<DB: SqlBackend>(err: sqlx::Error) -> Error {
     if DB::is_missing_table(&err) {
         Error::NotMigrated { backend: DB::BACKEND, source: err }

@@ -7,7 +7,7 @@
 
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::record::{Outcome, RecordStatus, report};
-use crate::sql::{ClaimResult, ExistingRecord, NewRecord, SqlBackend, TxContext, classify};
+use crate::sql::{ClaimResult, Conn, ExistingRecord, NewRecord, SqlBackend, classify};
 use crate::{Error, Replayable};
 
 /// What a claim decided.
@@ -32,9 +32,9 @@ const MAX_ATTEMPTS: usize = 5;
 
 impl Guard {
     /// Claim the key in the caller's transaction.
-    pub async fn dedup<T: Replayable, Tx: TxContext + ?Sized>(self, tx: &mut Tx) -> Result<Claim<T>, Error> {
+    pub async fn dedup<T: Replayable, DB: SqlBackend>(self, conn: Conn<'_, DB>) -> Result<Claim<T>, Error> {
         let p = self.prepare()?;
-        let conn = tx.connection();
+        let conn = conn.0;
         let record = NewRecord {
             scope: &p.stored_scope,
             key: p.key.as_str(),
@@ -42,14 +42,11 @@ impl Guard {
             retention: p.spec.retention,
         };
         for _ in 0..MAX_ATTEMPTS {
-            let existing = match <Tx::Db as SqlBackend>::claim(conn, &record).await.map_err(classify::<Tx::Db>)? {
+            let existing = match DB::claim(conn, &record).await.map_err(classify::<DB>)? {
                 ClaimResult::Claimed => return Ok(Claim::Run(Ticket { prepared: p })),
                 ClaimResult::Existing(e) => e,
                 ClaimResult::ReadAgain => {
-                    match <Tx::Db as SqlBackend>::read(conn, record.scope, record.key)
-                        .await
-                        .map_err(classify::<Tx::Db>)?
-                    {
+                    match DB::read(conn, record.scope, record.key).await.map_err(classify::<DB>)? {
                         Some(e) => e,
                         None => continue, // the holder rolled back: claim again
                     }
@@ -58,9 +55,7 @@ impl Guard {
             if existing.expired {
                 // Past retention but not yet purged: the old answer no longer
                 // counts. Remove it (only if still expired) and claim afresh.
-                <Tx::Db as SqlBackend>::discard_expired(conn, record.scope, record.key)
-                    .await
-                    .map_err(classify::<Tx::Db>)?;
+                DB::discard_expired(conn, record.scope, record.key).await.map_err(classify::<DB>)?;
                 continue;
             }
             return judge(&p, existing).map(Claim::Replay);
@@ -92,39 +87,40 @@ fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Err
 
 impl Ticket {
     /// Store the body's `Ok` value, or remove the record when the body failed,
-    /// so that no record survives an `Err` even if the caller commits.
-    pub async fn complete<T: Replayable, E: GuardError, Tx: TxContext + ?Sized>(
+    /// so that no record survives an `Err` even if the caller commits. The
+    /// outer `Err` is a guard failure; [`finish`] turns both into the
+    /// function's result.
+    pub async fn complete<T: Replayable, E, DB: SqlBackend>(
         self,
-        tx: &mut Tx,
+        conn: Conn<'_, DB>,
         result: Result<T, E>,
-    ) -> Result<T, E> {
+    ) -> Result<Result<T, E>, Error> {
         let p = self.prepared;
-        let conn = tx.connection();
+        let conn = conn.0;
         let value = match result {
             Ok(value) => value,
             Err(e) => {
-                discard::<Tx::Db>(conn, &p).await;
-                return Err(e);
+                discard::<DB>(conn, &p).await;
+                return Ok(Err(e));
             }
         };
         let json = match stored_response(&value) {
             Ok(json) => json,
             Err(source) => {
-                discard::<Tx::Db>(conn, &p).await;
-                return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source }.into());
+                discard::<DB>(conn, &p).await;
+                return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source });
             }
         };
-        match <Tx::Db as SqlBackend>::complete(conn, &p.stored_scope, p.key.as_str(), &json).await {
+        match DB::complete(conn, &p.stored_scope, p.key.as_str(), &json).await {
             Ok(1) => {
                 report(p.spec.scope, &p.key_hash, Outcome::Executed);
-                Ok(value)
+                Ok(Ok(value))
             }
             Ok(_) => Err(Error::Database(sqlx::Error::Protocol(format!(
                 "the dedup record of scope `{}` vanished inside its own transaction",
                 p.spec.scope
-            )))
-            .into()),
-            Err(e) => Err(classify::<Tx::Db>(e).into()),
+            )))),
+            Err(e) => Err(classify::<DB>(e)),
         }
     }
 }
@@ -157,4 +153,10 @@ pub fn settle<T, E: GuardError>(claim: Result<Claim<T>, Error>) -> Result<T, E> 
         Ok(Claim::Run(_)) => unreachable!("generated code handles Claim::Run before settling"),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Turn a completion into the function's own result.
+#[doc(hidden)]
+pub fn finish<T, E: GuardError>(completed: Result<Result<T, E>, Error>) -> Result<T, E> {
+    completed.unwrap_or_else(|e| Err(e.into()))
 }
