@@ -1,0 +1,301 @@
+//! Benchmark driver: what the guard costs a real business transaction.
+//!
+//! Scenario `dedup`: N clients run "insert a coupon + bump one of 1,000 users'
+//! counters" in a transaction, three ways, alternating in short slices so
+//! that all three see the same server conditions:
+//! - `unguarded`: the business transaction alone;
+//! - `guarded`: the same under `#[idempotent(strategy = "dedup")]`;
+//! - `handwritten`: the same guard written by hand in raw sqlx (claim
+//!   INSERT, business, UPDATE with the response): the floor idem competes with.
+//!
+//! ```text
+//! cargo run --release --example loadgen -- --scenario dedup --database-url postgres://postgres@127.0.0.1/test --clients 16 --seconds 30
+//! ```
+//! The last line is machine-readable; BENCHMARKS.md records the results.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use common::{AppError, BoxError, Shop, Store};
+use idem::idempotent;
+use sqlx::{MySql, Postgres, Sqlite, Transaction};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    Dedup,
+}
+
+#[derive(Parser)]
+#[command(about = "Throughput of guarded vs unguarded vs hand-written business transactions")]
+struct Args {
+    #[arg(long, value_enum, default_value = "dedup")]
+    scenario: Scenario,
+    /// postgres://..., mysql://... or sqlite:PATH; default: SQLite in a temporary file.
+    #[arg(long)]
+    database_url: Option<String>,
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Total measuring time, shared by the three modes.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// How many times the three modes take turns.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Unguarded,
+    Guarded,
+    Handwritten,
+}
+
+/// The business change, shared by the three modes.
+async fn business<DB: Shop>(conn: &mut DB::Connection, trade_no: &str, user_id: i64) -> Result<i64, sqlx::Error> {
+    let coupon = DB::insert_coupon(conn, trade_no, user_id).await?;
+    DB::bump_user(conn, user_id).await?;
+    Ok(coupon)
+}
+
+#[idempotent(key = "trade_no", scope = "loadgen.dedup", retention = "1h")]
+async fn guarded<DB: Shop>(tx: &mut Transaction<'_, DB>, trade_no: &str, user_id: i64) -> Result<i64, AppError>
+where
+    DB::Connection: Send,
+{
+    Ok(business::<DB>(tx, trade_no, user_id).await?)
+}
+
+/// The guard as a careful engineer writes it by hand for each database.
+trait Handwritten: Shop {
+    fn hand_claim(conn: &mut Self::Connection, key: &str) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    fn hand_store(
+        conn: &mut Self::Connection,
+        key: &str,
+        response: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+impl Handwritten for Postgres {
+    async fn hand_claim(conn: &mut sqlx::PgConnection, key: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "INSERT INTO idem_records (scope, idem_key, status, created_at, updated_at, expires_at) \
+             VALUES ('loadgen.hand', $1, 'PROCESSING', now(), now(), now() + interval '1 hour') ON CONFLICT DO NOTHING",
+        )
+        .bind(key)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+    async fn hand_store(conn: &mut sqlx::PgConnection, key: &str, response: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE idem_records SET status = 'DONE', response = $2 WHERE scope = 'loadgen.hand' AND idem_key = $1",
+        )
+        .bind(key)
+        .bind(response)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+}
+
+impl Handwritten for MySql {
+    async fn hand_claim(conn: &mut sqlx::MySqlConnection, key: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "INSERT INTO idem_records (scope, idem_key, status, created_at, updated_at, expires_at) \
+             VALUES ('loadgen.hand', ?, 'PROCESSING', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)",
+        )
+        .bind(key)
+        .execute(conn)
+        .await;
+        match done {
+            Ok(_) => Ok(true),
+            Err(e) if e.as_database_error().is_some_and(|d| d.is_unique_violation()) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+    async fn hand_store(conn: &mut sqlx::MySqlConnection, key: &str, response: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE idem_records SET status = 'DONE', response = ? WHERE scope = 'loadgen.hand' AND idem_key = ?",
+        )
+        .bind(response)
+        .bind(key)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+}
+
+impl Handwritten for Sqlite {
+    async fn hand_claim(conn: &mut sqlx::SqliteConnection, key: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "INSERT INTO idem_records (scope, idem_key, status, created_at, updated_at, expires_at) \
+             VALUES ('loadgen.hand', ?, 'PROCESSING', 0, 0, 4102444800000) ON CONFLICT DO NOTHING",
+        )
+        .bind(key)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+    async fn hand_store(conn: &mut sqlx::SqliteConnection, key: &str, response: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE idem_records SET status = 'DONE', response = ? WHERE scope = 'loadgen.hand' AND idem_key = ?",
+        )
+        .bind(response)
+        .bind(key)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+}
+
+async fn one_call<DB: Handwritten>(
+    pool: &sqlx::Pool<DB>,
+    mode: Mode,
+    trade_no: &str,
+    user_id: i64,
+) -> Result<(), AppError>
+where
+    DB::Connection: Send,
+{
+    let mut tx = pool.begin().await?;
+    match mode {
+        Mode::Unguarded => {
+            business::<DB>(&mut tx, trade_no, user_id).await?;
+        }
+        Mode::Guarded => {
+            guarded(&mut tx, trade_no, user_id).await?;
+        }
+        Mode::Handwritten => {
+            if DB::hand_claim(&mut tx, trade_no).await? {
+                let coupon = business::<DB>(&mut tx, trade_no, user_id).await?;
+                DB::hand_store(&mut tx, trade_no, &coupon.to_string()).await?;
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+#[derive(Default)]
+struct Tally {
+    calls: u64,
+    busy: Duration,
+    latencies_us: Vec<u32>,
+    errors: u64,
+}
+
+async fn slice<DB: Handwritten>(
+    pool: &sqlx::Pool<DB>,
+    mode: Mode,
+    clients: usize,
+    length: Duration,
+    run: &str,
+    tally: &mut Tally,
+) where
+    DB::Connection: Send,
+{
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for client in 0..clients {
+        let (pool, stop, run) = (pool.clone(), stop.clone(), run.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let n = SEQ.fetch_add(1, Ordering::Relaxed);
+                let trade_no = format!("L{run}-{n}");
+                let user_id = ((client as u64 * 7919 + n * 104_729) % 1000) as i64;
+                let t = Instant::now();
+                match one_call(&pool, mode, &trade_no, user_id).await {
+                    Ok(()) => lat.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32),
+                    Err(e) => {
+                        errors += 1;
+                        if errors < 3 {
+                            eprintln!("{mode:?}: {e}");
+                        }
+                    }
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    tokio::time::sleep(length).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let (lat, errors) = t.await.expect("client task");
+        tally.calls += lat.len() as u64;
+        tally.latencies_us.extend(lat);
+        tally.errors += errors;
+    }
+    tally.busy += started.elapsed();
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn run<DB: Handwritten>(store: &str, pool: &sqlx::Pool<DB>, args: &Args) -> Result<(), BoxError>
+where
+    DB::Connection: Send,
+{
+    idem::migrate(pool).await?;
+    DB::setup(pool).await?;
+    let run = common::run_id();
+    let modes = [Mode::Unguarded, Mode::Guarded, Mode::Handwritten];
+    let mut tallies: Vec<Tally> = modes.iter().map(|_| Tally::default()).collect();
+    let slice_len = Duration::from_secs_f64(args.seconds as f64 / (3.0 * f64::from(args.rounds.max(1))));
+    // Warm-up: connections open, caches and statement caches filled.
+    let mut warm = Tally::default();
+    for mode in modes {
+        slice(pool, mode, args.clients, Duration::from_millis(500), &run, &mut warm).await;
+    }
+    for round in 0..args.rounds.max(1) {
+        // Rotate the order each round so no mode always follows another.
+        for i in 0..3 {
+            let m = (i + round as usize) % 3;
+            slice(pool, modes[m], args.clients, slice_len, &run, &mut tallies[m]).await;
+        }
+    }
+    let tps: Vec<f64> = tallies.iter().map(|t| t.calls as f64 / t.busy.as_secs_f64()).collect();
+    let (unguarded, guarded, handwritten) = (tps[0], tps[1], tps[2]);
+    let mut lat = std::mem::take(&mut tallies[1].latencies_us);
+    lat.sort_unstable();
+    let errors: u64 = tallies.iter().map(|t| t.errors).sum();
+    println!(
+        "unguarded {unguarded:.0} tx/s, guarded {guarded:.0} tx/s, hand-written guard {handwritten:.0} tx/s ({} clients, {} s)",
+        args.clients, args.seconds
+    );
+    println!(
+        "scenario=dedup store={store} clients={} guarded_tps={guarded:.0} unguarded_tps={unguarded:.0} \
+         handwritten_tps={handwritten:.0} ratio={:.3} vs_handwritten={:.3} p50_us={} p99_us={} errors={errors}",
+        args.clients,
+        guarded / unguarded,
+        guarded / handwritten,
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99),
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    let Scenario::Dedup = args.scenario;
+    let store = Store::connect(args.database_url.as_deref(), args.clients as u32 + 2).await?;
+    match &store {
+        Store::Sqlite(pool, _) => run(store.name(), pool, &args).await?,
+        Store::Postgres(pool) => run(store.name(), pool, &args).await?,
+        Store::MySql(pool) => run(store.name(), pool, &args).await?,
+    }
+    store.close().await;
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! The seed incident: a payment gateway fires the same "paid" callback six
+//! times, then 100 concurrent clients send 1,000 more copies of it, then a
+//! second trade arrives. Every copy gets the first answer; exactly one coupon
+//! is granted per trade number.
+//!
+//! ```text
+//! cargo run --example payment_callback                        # SQLite, no server
+//! cargo run --example payment_callback -- --database-url postgres://postgres@127.0.0.1/test
+//! cargo run --example payment_callback -- --database-url mysql://root@127.0.0.1/test
+//! ```
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use clap::Parser;
+use common::{AppError, BoxError, Shop, Store};
+use idem::{Outcome, idempotent};
+use serde::{Deserialize, Serialize};
+use sqlx::Transaction;
+
+/// What the gateway posts when a payment succeeds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct PayCallback {
+    trade_no: String,
+    user_id: i64,
+    amount_cents: i64,
+}
+
+/// What the handler answers; every repeat gets the first one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    coupon_id: i64,
+}
+
+/// The guarded handler. The dedup record is written in `tx`, next to the
+/// coupon: both commit, or neither does.
+#[idempotent(key = "event.trade_no", fingerprint = "event", scope = "shop.on_pay_callback")]
+async fn on_pay_callback<DB: Shop>(tx: &mut Transaction<'_, DB>, event: &PayCallback) -> Result<Receipt, AppError>
+where
+    DB::Connection: Send,
+{
+    let coupon_id = DB::insert_coupon(tx, &event.trade_no, event.user_id).await?;
+    Ok(Receipt { coupon_id })
+}
+
+/// One delivery: begin, handle, commit.
+async fn deliver<DB: Shop>(pool: &sqlx::Pool<DB>, event: &PayCallback) -> Result<(Receipt, Outcome), AppError>
+where
+    DB::Connection: Send,
+{
+    let mut tx = pool.begin().await?;
+    let (receipt, outcome) = idem::observe(on_pay_callback(&mut tx, event)).await;
+    let receipt = receipt?;
+    tx.commit().await?;
+    Ok((receipt, outcome.expect("a guard ran")))
+}
+
+#[derive(Parser)]
+#[command(about = "A gateway's duplicate pay callbacks grant one coupon")]
+struct Args {
+    /// postgres://..., mysql://... or sqlite:PATH; default: SQLite in a temporary file.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Concurrent clients in the burst.
+    #[arg(long, default_value_t = 100)]
+    clients: usize,
+    /// Duplicates sent by the burst.
+    #[arg(long, default_value_t = 1000)]
+    duplicates: usize,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    let store = Store::connect(args.database_url.as_deref(), 20).await?;
+    let ok = match &store {
+        Store::Sqlite(pool, _) => run(store.name(), pool, &args).await?,
+        Store::Postgres(pool) => run(store.name(), pool, &args).await?,
+        Store::MySql(pool) => run(store.name(), pool, &args).await?,
+    };
+    store.close().await;
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+async fn run<DB: Shop>(store: &str, pool: &sqlx::Pool<DB>, args: &Args) -> Result<bool, BoxError>
+where
+    DB::Connection: Send,
+{
+    idem::migrate(pool).await?;
+    DB::setup(pool).await?;
+    let run = common::run_id();
+    let event = PayCallback { trade_no: format!("T{run}-1"), user_id: 42, amount_cents: 1999 };
+    println!("store={store}: the gateway reports trade {} as paid", event.trade_no);
+
+    let replayed = Arc::new(AtomicUsize::new(0));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let mut callbacks = 0;
+
+    println!("1. it sends the callback 6 times (it did not like our first answers):");
+    let mut first: Option<Receipt> = None;
+    for attempt in 1..=6 {
+        callbacks += 1;
+        match deliver(pool, &event).await {
+            Ok((receipt, outcome)) => {
+                let note = match outcome {
+                    Outcome::Executed => "the handler ran and granted the coupon",
+                    Outcome::Replayed => "replayed the first answer, the handler did not run",
+                };
+                println!("   callback #{attempt}: coupon {} ({note})", receipt.coupon_id);
+                if outcome == Outcome::Replayed {
+                    replayed.fetch_add(1, Ordering::Relaxed);
+                }
+                if first.get_or_insert(receipt.clone()) != &receipt {
+                    println!("   !! a different answer than the first");
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                println!("   callback #{attempt}: error {e}");
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    println!("2. {} concurrent clients send {} more copies:", args.clients, args.duplicates);
+    let replayed_before = replayed.load(Ordering::Relaxed);
+    let errors_before = errors.load(Ordering::Relaxed);
+    let clients = args.clients.max(1);
+    let mut tasks = Vec::new();
+    for client in 0..clients {
+        let share = args.duplicates / clients + usize::from(client < args.duplicates % clients);
+        let (pool, event, replayed, errors) = (pool.clone(), event.clone(), replayed.clone(), errors.clone());
+        let expected = first.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..share {
+                match deliver(&pool, &event).await {
+                    Ok((receipt, Outcome::Replayed)) if Some(&receipt) == expected.as_ref() => {
+                        replayed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok((receipt, outcome)) => {
+                        eprintln!("   !! unexpected {outcome:?} {receipt:?}");
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        eprintln!("   !! error: {e}");
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    callbacks += args.duplicates;
+    println!(
+        "   {} replayed the first answer, {} failed",
+        replayed.load(Ordering::Relaxed) - replayed_before,
+        errors.load(Ordering::Relaxed) - errors_before
+    );
+
+    let other = PayCallback { trade_no: format!("T{run}-2"), user_id: 7, amount_cents: 500 };
+    println!("3. a second trade, {}, arrives:", other.trade_no);
+    callbacks += 1;
+    match deliver(pool, &other).await {
+        Ok((receipt, outcome)) => println!("   coupon {} ({})", receipt.coupon_id, outcome.as_str()),
+        Err(e) => {
+            println!("   error {e}");
+            errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    let granted = DB::coupons_for(pool, &event.trade_no).await?;
+    let other_granted = DB::coupons_for(pool, &other.trade_no).await?;
+    let replayed = replayed.load(Ordering::Relaxed);
+    let errors = errors.load(Ordering::Relaxed);
+    println!(
+        "store={store} callbacks={callbacks} coupons_granted={granted} replayed={replayed} \
+         other_trade_coupons={other_granted} errors={errors}"
+    );
+    Ok(granted == 1 && other_granted == 1 && errors == 0 && replayed == callbacks - 2)
+}
