@@ -26,7 +26,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     // Conversions into the function's error type are spanned at its return
     // type: that is where `From<idem::Error>` is missing if it is.
     let ret_span = ret.span();
-    let settle = quote_spanned!(ret_span=> ::idem::__private::settle(replay_or_error));
+    let settle = quote_spanned!(ret_span=> ::idem::__private::settle(__idem_other));
     // Likewise the transaction is taken at its parameter's type: that is where
     // a pool or an unsupported database is reported, once (every token of the
     // call carries that span, so both uses yield the same diagnostic).
@@ -51,8 +51,8 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                 .#claim
                 .await
             {
-                ::core::result::Result::Ok(::idem::__private::Claim::Run(ticket)) => ticket,
-                replay_or_error => return #settle,
+                ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => __idem_run,
+                __idem_other => return #settle,
             };
             let __idem_result: #ret = async {
                 // The body may move its transaction handle; it gets a reborrow,

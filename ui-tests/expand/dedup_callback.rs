@@ -1,0 +1,26 @@
+use idem::idempotent;
+use sqlx::{Postgres, Transaction};
+
+#[derive(Debug)]
+pub struct AppError;
+impl From<idem::Error> for AppError {
+    fn from(_: idem::Error) -> Self {
+        AppError
+    }
+}
+impl From<sqlx::Error> for AppError {
+    fn from(_: sqlx::Error) -> Self {
+        AppError
+    }
+}
+
+#[idempotent(key = "trade_no", scope = "payments.on_pay")]
+pub async fn on_pay_callback(tx: &mut Transaction<'_, Postgres>, trade_no: &str) -> Result<i64, AppError> {
+    let coupon_id = sqlx::query_scalar("INSERT INTO coupons (trade_no) VALUES ($1) RETURNING id")
+        .bind(trade_no)
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok(coupon_id)
+}
+
+fn main() {}
