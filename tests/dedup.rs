@@ -56,6 +56,41 @@ macro_rules! dedup_suite {
                 Ok(42)
             }
 
+            /// The same, written as record + response in one statement after the body.
+            #[idempotent(key = "trade_no", scope = "tests.grant_after", claim = "after", retention = "1h")]
+            async fn grant_after(
+                tx: &mut Transaction<'_, Db>,
+                trade_no: &str,
+                runs: &AtomicUsize,
+            ) -> Result<u64, AppError> {
+                runs.fetch_add(1, SeqCst);
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                Ok(42)
+            }
+
+            #[idempotent(key = "event.trade_no", fingerprint = "event", scope = "tests.after_fp", claim = "after")]
+            async fn on_callback_after(
+                tx: &mut Transaction<'_, Db>,
+                event: &PayCallback,
+                fail: bool,
+            ) -> Result<i64, AppError> {
+                sqlx::query($insert).bind(&event.trade_no).execute(&mut **tx).await?;
+                if fail {
+                    return Err(AppError::Rule("refused".into()));
+                }
+                Ok(event.amount_cents)
+            }
+
+            #[idempotent(key = "key", scope = "tests.after_short", claim = "after", retention = "300ms")]
+            async fn after_short_lived(
+                tx: &mut Transaction<'_, Db>,
+                key: &str,
+                runs: &AtomicUsize,
+            ) -> Result<u64, AppError> {
+                let _ = &tx;
+                Ok(runs.fetch_add(1, SeqCst) as u64)
+            }
+
             /// Fails after its business write, when told to.
             #[idempotent(key = "trade_no", scope = "tests.may_fail")]
             async fn may_fail(
@@ -317,6 +352,143 @@ macro_rules! dedup_suite {
                 replays_exactly(&pool, BTreeMap::<String, i32>::new(), BTreeMap::from([("a".into(), 1)])).await;
                 replays_exactly(&pool, None::<u32>, Some(3)).await;
                 replays_exactly(&pool, Some(0_u32), None).await;
+            }
+
+            async fn insert_marker(tx: &mut Transaction<'_, Db>, marker: &str) {
+                sqlx::query($insert).bind(marker).execute(&mut **tx).await.unwrap();
+            }
+
+            #[tokio::test]
+            async fn claim_after_replays_repeats_and_keeps_one_coupon() {
+                let pool = pool!();
+                let trade = unique("after-six");
+                let runs = AtomicUsize::new(0);
+                let mut outcomes = Vec::new();
+                for _ in 0..6 {
+                    let mut tx = pool.begin().await.unwrap();
+                    let (r, o) = idem::observe(grant_after(&mut tx, &trade, &runs)).await;
+                    tx.commit().await.unwrap();
+                    outcomes.push((r.unwrap(), o.unwrap()));
+                }
+                assert_eq!(outcomes[0], (42, Outcome::Executed));
+                assert!(outcomes[1..].iter().all(|o| *o == (42, Outcome::Replayed)), "{outcomes:?}");
+                assert_eq!(coupons(&pool, &trade).await, 1);
+                let record =
+                    idem::find_record(&pool, "tests.grant_after", &Key::new(&trade).unwrap()).await.unwrap().unwrap();
+                assert_eq!((record.status, record.response.as_deref()), (RecordStatus::Done, Some("42")));
+            }
+
+            #[tokio::test]
+            async fn claim_after_under_a_hundred_concurrent_duplicates_commits_one_coupon() {
+                let pool = pool!();
+                let trade = Arc::new(unique("after-race"));
+                let runs = Arc::new(AtomicUsize::new(0));
+                let mut tasks = Vec::new();
+                for _ in 0..100 {
+                    let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut tx = pool.begin().await?;
+                        let (result, outcome) = idem::observe(grant_after(&mut tx, &trade, &runs)).await;
+                        let value = result?;
+                        tx.commit().await?;
+                        Ok::<_, AppError>((value, outcome.unwrap()))
+                    }));
+                }
+                let mut executed = 0;
+                for t in tasks {
+                    let (value, outcome) = t.await.unwrap().expect("every duplicate succeeds");
+                    assert_eq!(value, 42);
+                    executed += usize::from(outcome == Outcome::Executed);
+                }
+                assert_eq!(executed, 1);
+                assert_eq!(coupons(&pool, &trade).await, 1, "a discarded body's coupon was committed");
+            }
+
+            #[tokio::test]
+            async fn claim_after_restarts_the_transaction_on_a_duplicate() {
+                let pool = pool!();
+                let trade = unique("after-restart");
+                let runs = AtomicUsize::new(0);
+                let mut tx = pool.begin().await.unwrap();
+                grant_after(&mut tx, &trade, &runs).await.unwrap();
+                tx.commit().await.unwrap();
+
+                // A repeat in a transaction that wrote something first: the
+                // documented price of claim = "after" is that the earlier write
+                // goes too; later writes land in the fresh transaction.
+                let mut tx = pool.begin().await.unwrap();
+                insert_marker(&mut tx, &format!("{trade}-before")).await;
+                assert_eq!(grant_after(&mut tx, &trade, &runs).await.unwrap(), 42);
+                insert_marker(&mut tx, &format!("{trade}-after")).await;
+                tx.commit().await.unwrap();
+                assert_eq!(coupons(&pool, &trade).await, 1);
+                assert_eq!(coupons(&pool, &format!("{trade}-before")).await, 0);
+                assert_eq!(coupons(&pool, &format!("{trade}-after")).await, 1);
+            }
+
+            #[tokio::test]
+            async fn claim_after_inside_a_savepoint_rolls_back_only_the_savepoint() {
+                let pool = pool!();
+                let trade = unique("after-nested");
+                let runs = AtomicUsize::new(0);
+                let mut tx = pool.begin().await.unwrap();
+                grant_after(&mut tx, &trade, &runs).await.unwrap();
+                tx.commit().await.unwrap();
+
+                let mut outer = pool.begin().await.unwrap();
+                insert_marker(&mut outer, &format!("{trade}-outer")).await;
+                let mut nested = sqlx::Connection::begin(&mut *outer).await.unwrap();
+                assert_eq!(grant_after(&mut nested, &trade, &runs).await.unwrap(), 42);
+                nested.commit().await.unwrap();
+                outer.commit().await.unwrap();
+                assert_eq!(coupons(&pool, &trade).await, 1);
+                assert_eq!(coupons(&pool, &format!("{trade}-outer")).await, 1, "the outer transaction's work was lost");
+            }
+
+            #[tokio::test]
+            async fn claim_after_mismatch_and_failure_leave_nothing_behind() {
+                let pool = pool!();
+                let event = PayCallback { trade_no: unique("after-fp"), amount_cents: 500 };
+                let mut tx = pool.begin().await.unwrap();
+                assert!(on_callback_after(&mut tx, &event, true).await.is_err());
+                tx.commit().await.unwrap(); // the caller commits after Err: the body's write is its own
+                assert_eq!(
+                    idem::find_record(&pool, "tests.after_fp", &Key::new(&event.trade_no).unwrap()).await.unwrap(),
+                    None
+                );
+
+                let mut tx = pool.begin().await.unwrap();
+                assert_eq!(on_callback_after(&mut tx, &event, false).await.unwrap(), 500);
+                tx.commit().await.unwrap();
+                let before = coupons(&pool, &event.trade_no).await;
+
+                let tampered = PayCallback { amount_cents: 1, ..event.clone() };
+                let mut tx = pool.begin().await.unwrap();
+                let err = on_callback_after(&mut tx, &tampered, false).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::KeyMismatch { .. })), "{err:?}");
+                tx.commit().await.unwrap(); // even so, the mismatching body's write is gone
+                assert_eq!(coupons(&pool, &event.trade_no).await, before);
+            }
+
+            #[tokio::test]
+            async fn claim_after_takes_over_an_expired_record() {
+                let pool = pool!();
+                let key = unique("after-expired");
+                let runs = AtomicUsize::new(0);
+                let mut answers = Vec::new();
+                for pause in [0, 0, 1200] {
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    let mut tx = pool.begin().await.unwrap();
+                    answers.push(after_short_lived(&mut tx, &key, &runs).await.unwrap());
+                    tx.commit().await.unwrap();
+                }
+                // claim = "after" runs the body of a repeat too, then discards it:
+                // the second answer is the first one replayed, the third is new.
+                assert_eq!(answers[1], answers[0], "a repeat within retention replays");
+                assert_eq!(answers[2], 2, "a call after retention runs and keeps its answer");
+                let record =
+                    idem::find_record(&pool, "tests.after_short", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+                assert_eq!((record.response.as_deref(), record.fence), (Some("2"), 1));
             }
 
             /// Ok(f64::NAN) would be stored as JSON `null` and could never be

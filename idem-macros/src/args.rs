@@ -24,6 +24,8 @@ pub struct RawArgs {
     pub store: Option<Expr>,
     pub precheck: Option<SpannedValue<String>>,
     pub concurrency_only: Option<SpannedValue<bool>>,
+    /// `"before"` (default) or `"after"` the body: when the dedup record is written.
+    pub claim: Option<SpannedValue<String>>,
 }
 
 /// `key = "a.b, c"` (a string holding comma-separated expressions),

@@ -12,7 +12,7 @@ use crate::validate::{Plan, Strategy};
 pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let fn_name = func.sig.ident.to_string();
     let block = &func.block;
-    let Plan { strategy, key, scope, fingerprint, retention_ms, tx, tx_ty, ret } = plan;
+    let Plan { strategy, key, scope, fingerprint, retention_ms, claim_after, tx, tx_ty, ret } = plan;
 
     let scope = match scope {
         Some(s) => quote!(#s),
@@ -44,6 +44,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                 scope: #scope,
                 key_source: #key_source,
                 retention: ::idem::__private::Duration::from_millis(#retention_ms),
+                claim_after: #claim_after,
             };
             let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
                 #(#key_parts)*

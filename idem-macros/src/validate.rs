@@ -34,6 +34,7 @@ pub struct Plan {
     pub scope: Option<String>,
     pub fingerprint: Option<Expr>,
     pub retention_ms: u64,
+    pub claim_after: bool,
     pub tx: Ident,
     /// The transaction parameter's type, where errors about it point.
     pub tx_ty: Type,
@@ -191,6 +192,23 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         ));
     }
 
+    let claim_after = match &raw.claim {
+        None => false,
+        Some(c) if c.as_str() == "before" => false,
+        Some(c) if c.as_str() == "after" => true,
+        Some(c) => {
+            errors.push(syn::Error::new(
+                c.span(),
+                format!(
+                    "`claim = \"{}\"`: expected \"before\" (the default: claim, run the body, store the response) \
+                     or \"after\" (run the body, then write the record with its response in one statement)",
+                    c.as_str()
+                ),
+            ));
+            false
+        }
+    };
+
     let tx = find_tx(func, &marks.tx).map_err(|e| errors.push(e)).ok();
 
     let mut all = errors.into_iter();
@@ -206,6 +224,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         scope: raw.scope.map(|s| s.as_str().to_owned()),
         fingerprint: raw.fingerprint,
         retention_ms: retention_ms.unwrap_or(7 * 24 * 3600 * 1000),
+        claim_after,
         tx: tx.as_ref().expect("no error means a transaction").0.clone(),
         tx_ty: tx.expect("no error means a transaction").1,
         ret: ret.expect("no error means a return type"),

@@ -92,6 +92,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// The transaction handed to a dedup guard is not inside a transaction (a
+    /// `TxContext` of the application's returned a bare connection): the record
+    /// would commit apart from the business change, so nothing was written.
+    #[error(
+        "the connection given to the guard of scope `{scope}` is not inside a transaction; \
+         begin one, so the dedup record commits or rolls back with your change"
+    )]
+    NoTransaction {
+        /// Scope of the guard.
+        scope: String,
+    },
+
     /// The guarded function's `Ok` value could not be stored, or a stored one no
     /// longer decodes into the function's type (it changed since the first call).
     #[error("response of scope `{scope}` could not be {action}: {source}")]

@@ -21,6 +21,9 @@ pub struct GuardSpec {
     pub key_source: &'static str,
     /// How long records are kept.
     pub retention: Duration,
+    /// `claim = "after"`: write the record with its response after the body,
+    /// in one statement (see the crate docs for when that applies).
+    pub claim_after: bool,
 }
 
 /// One guarded call in the making. Generated code builds it with one
@@ -80,6 +83,15 @@ pub(crate) struct Prepared {
 impl Prepared {
     pub fn mismatch(&self) -> Error {
         Error::KeyMismatch { scope: self.spec.scope.to_owned(), key_hash: self.key_hash.clone() }
+    }
+
+    pub fn record(&self) -> crate::sql::NewRecord<'_> {
+        crate::sql::NewRecord {
+            scope: &self.stored_scope,
+            key: self.key.as_str(),
+            fingerprint: self.fingerprint.as_ref().map(|f| f.as_str()),
+            retention: self.spec.retention,
+        }
     }
 
     pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {

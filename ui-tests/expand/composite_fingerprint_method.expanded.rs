@@ -26,6 +26,7 @@ impl Wallet {
             scope: "wallet.transfer",
             key_source: "user_id, request_id",
             retention: ::idem::__private::Duration::from_millis(86400000u64),
+            claim_after: false,
         };
         let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
             .key(&(user_id))

@@ -26,6 +26,7 @@ pub async fn on_pay_callback(
         scope: "payments.on_pay",
         key_source: "trade_no",
         retention: ::idem::__private::Duration::from_millis(604800000u64),
+        claim_after: false,
     };
     let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
         .key(&(trade_no))

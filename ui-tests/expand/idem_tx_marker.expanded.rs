@@ -30,6 +30,7 @@ pub async fn ship<T: Send>(
         scope: "orders.ship",
         key_source: "order_id",
         retention: ::idem::__private::Duration::from_millis(604800000u64),
+        claim_after: false,
     };
     let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
         .key(&(order_id))

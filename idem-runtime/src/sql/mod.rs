@@ -41,6 +41,14 @@ pub struct ExistingRecord {
     pub expired: bool,
 }
 
+/// What [`SqlBackend::insert_done`] found.
+#[derive(Debug)]
+#[doc(hidden)]
+pub enum InsertDone {
+    Written,
+    Conflict(Option<ExistingRecord>),
+}
+
 /// A record to insert.
 #[doc(hidden)]
 pub struct NewRecord<'a> {
@@ -88,6 +96,22 @@ pub trait SqlBackend: sqlx::Database {
         key: &str,
         response: &str,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// `claim = "after"`: write the record `DONE` with its response in one
+    /// statement, taking over an expired record in place. `Written` when this
+    /// call now owns the key; otherwise the live record (when the backend read
+    /// it on the way), and the caller's transaction still holds the body's
+    /// writes.
+    #[doc(hidden)]
+    fn insert_done(
+        conn: &mut Self::Connection,
+        record: &NewRecord<'_>,
+        response: &str,
+    ) -> impl Future<Output = Result<InsertDone, sqlx::Error>> + Send;
+
+    /// Roll the caller's transaction back to its start (see [`restart_sql`]).
+    #[doc(hidden)]
+    fn restart(conn: &mut Self::Connection) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Remove the record (the body failed); returns rows removed.
     #[doc(hidden)]
@@ -164,6 +188,26 @@ pub struct Conn<'a, DB: SqlBackend>(pub(crate) &'a mut DB::Connection);
 #[doc(hidden)]
 pub fn connection<T: TxContext + ?Sized>(tx: &mut T) -> Conn<'_, T::Db> {
     Conn(tx.connection())
+}
+
+/// The statement that throws away everything the caller's transaction did
+/// and continues in a fresh one (`claim = "after"` found a duplicate after
+/// the body ran). Inside a savepoint (a nested `Transaction`), only the
+/// savepoint is rolled back, by the name sqlx gave it.
+pub(crate) fn restart_sql<DB: SqlBackend>(conn: &DB::Connection) -> sqlx::AssertSqlSafe<String> {
+    use sqlx_core::transaction::TransactionManager;
+    let depth = <DB::TransactionManager as TransactionManager>::get_transaction_depth(conn);
+    sqlx::AssertSqlSafe(if depth <= 1 {
+        "ROLLBACK; BEGIN".to_owned()
+    } else {
+        format!("ROLLBACK TO SAVEPOINT _sqlx_savepoint_{}", depth - 1)
+    })
+}
+
+/// True when the connection is inside a transaction (or savepoint).
+pub(crate) fn in_transaction<DB: SqlBackend>(conn: &DB::Connection) -> bool {
+    use sqlx_core::transaction::TransactionManager;
+    <DB::TransactionManager as TransactionManager>::get_transaction_depth(conn) > 0
 }
 
 pub(crate) fn classify<DB: SqlBackend>(err: sqlx::Error) -> Error {

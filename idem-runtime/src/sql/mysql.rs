@@ -10,7 +10,7 @@
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::{MySql, Row};
 
-use super::{ClaimResult, ExistingRecord, NewRecord, SqlBackend};
+use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
 use crate::DedupRecord;
 
 const CLAIM: &str = "INSERT INTO idem_records \
@@ -20,6 +20,16 @@ const CLAIM: &str = "INSERT INTO idem_records \
 // A locking read: under REPEATABLE READ a plain SELECT would use the snapshot of
 // the transaction's first read and could miss a record committed since; a
 // locking read sees the latest committed version.
+const INSERT_DONE: &str = "INSERT INTO idem_records \
+    (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at) \
+    VALUES (?, ?, 'DONE', ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+
+// Taking over an expired record in place, only if it is still expired.
+const TAKE_OVER: &str = "UPDATE idem_records SET status = 'DONE', fingerprint = ?, response = ?, owner = NULL, \
+    fence = fence + 1, lease_until = NULL, created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), \
+    expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+    WHERE scope = ? AND idem_key = ? AND expires_at <= UTC_TIMESTAMP(6)";
+
 const READ: &str = "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
     FROM idem_records WHERE scope = ? AND idem_key = ? LOCK IN SHARE MODE";
 
@@ -77,6 +87,49 @@ impl SqlBackend for MySql {
         .execute(conn)
         .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn insert_done(
+        conn: &mut MySqlConnection,
+        r: &NewRecord<'_>,
+        response: &str,
+    ) -> Result<InsertDone, sqlx::Error> {
+        let micros = super::retention_ms(r.retention).saturating_mul(1000);
+        let inserted = sqlx::query(INSERT_DONE)
+            .bind(r.scope)
+            .bind(r.key)
+            .bind(r.fingerprint)
+            .bind(response)
+            .bind(micros)
+            .execute(&mut *conn)
+            .await;
+        match inserted {
+            Ok(_) => Ok(InsertDone::Written),
+            Err(e) if is_duplicate_key(&e) => {
+                let existing = Self::read(conn, r.scope, r.key).await?;
+                if existing.as_ref().is_some_and(|e| e.expired) {
+                    let taken = sqlx::query(TAKE_OVER)
+                        .bind(r.fingerprint)
+                        .bind(response)
+                        .bind(micros)
+                        .bind(r.scope)
+                        .bind(r.key)
+                        .execute(conn)
+                        .await?;
+                    if taken.rows_affected() == 1 {
+                        return Ok(InsertDone::Written);
+                    }
+                }
+                Ok(InsertDone::Conflict(existing))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn restart(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+        let sql = super::restart_sql::<MySql>(conn);
+        sqlx::raw_sql(sql).execute(conn).await?;
+        Ok(())
     }
 
     async fn discard(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {

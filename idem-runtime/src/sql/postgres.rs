@@ -8,7 +8,7 @@
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Postgres, Row};
 
-use super::{ClaimResult, ExistingRecord, NewRecord, SqlBackend};
+use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
 use crate::DedupRecord;
 
 // When a concurrent transaction holds the key, the INSERT waits for it. If that
@@ -29,6 +29,17 @@ UNION ALL
 SELECT false, r.status, r.fingerprint, r.response, r.expires_at <= now()
 FROM idem_records r
 WHERE r.scope = $1 AND r.idem_key = $2 AND NOT EXISTS (SELECT 1 FROM ins)";
+
+// `claim = "after"`: the record and its response in one statement. A live
+// record makes it a no-op (0 rows); an expired one is taken over in place.
+const INSERT_DONE: &str = "\
+INSERT INTO idem_records (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at)
+VALUES ($1, $2, 'DONE', $3, $5, now(), now(), now() + make_interval(secs => $4::float8 / 1000.0))
+ON CONFLICT (scope, idem_key) DO UPDATE SET
+    status = 'DONE', fingerprint = EXCLUDED.fingerprint, response = EXCLUDED.response, owner = NULL,
+    fence = idem_records.fence + 1, lease_until = NULL, created_at = now(), updated_at = now(),
+    expires_at = EXCLUDED.expires_at
+WHERE idem_records.expires_at <= now()";
 
 const READ: &str = "SELECT status, fingerprint, response, expires_at <= now() AS expired \
                     FROM idem_records WHERE scope = $1 AND idem_key = $2";
@@ -82,6 +93,29 @@ impl SqlBackend for Postgres {
         .execute(conn)
         .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn insert_done(
+        conn: &mut PgConnection,
+        r: &NewRecord<'_>,
+        response: &str,
+    ) -> Result<InsertDone, sqlx::Error> {
+        let done = sqlx::query(INSERT_DONE)
+            .bind(r.scope)
+            .bind(r.key)
+            .bind(r.fingerprint)
+            .bind(super::retention_ms(r.retention))
+            .bind(response)
+            .execute(conn)
+            .await?;
+        Ok(if done.rows_affected() == 1 { InsertDone::Written } else { InsertDone::Conflict(None) })
+    }
+
+    async fn restart(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        // One round trip: the simple-query protocol runs both statements.
+        let sql = super::restart_sql::<Postgres>(conn);
+        sqlx::raw_sql(sql).execute(conn).await?;
+        Ok(())
     }
 
     async fn discard(conn: &mut PgConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {

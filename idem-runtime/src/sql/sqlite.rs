@@ -13,7 +13,7 @@
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::{Row, Sqlite};
 
-use super::{ClaimResult, ExistingRecord, NewRecord, SqlBackend};
+use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
 use crate::DedupRecord;
 
 /// The store's clock, as epoch milliseconds.
@@ -32,6 +32,21 @@ const CLAIM: &str = concat!(
     ", ",
     now_ms!(),
     " + ?4) ON CONFLICT (scope, idem_key) DO NOTHING"
+);
+
+const INSERT_DONE: &str = concat!(
+    "INSERT INTO idem_records (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at) \
+     VALUES (?1, ?2, 'DONE', ?3, ?5, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + ?4) ON CONFLICT (scope, idem_key) DO UPDATE SET status = 'DONE', fingerprint = excluded.fingerprint, \
+     response = excluded.response, owner = NULL, fence = idem_records.fence + 1, lease_until = NULL, \
+     created_at = excluded.created_at, updated_at = excluded.updated_at, expires_at = excluded.expires_at \
+     WHERE idem_records.expires_at <= ",
+    now_ms!()
 );
 
 const READ: &str = concat!(
@@ -86,6 +101,28 @@ impl SqlBackend for Sqlite {
         .execute(conn)
         .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn insert_done(
+        conn: &mut SqliteConnection,
+        r: &NewRecord<'_>,
+        response: &str,
+    ) -> Result<InsertDone, sqlx::Error> {
+        let done = sqlx::query(INSERT_DONE)
+            .bind(r.scope)
+            .bind(r.key)
+            .bind(r.fingerprint)
+            .bind(super::retention_ms(r.retention))
+            .bind(response)
+            .execute(conn)
+            .await?;
+        Ok(if done.rows_affected() == 1 { InsertDone::Written } else { InsertDone::Conflict(None) })
+    }
+
+    async fn restart(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        let sql = super::restart_sql::<Sqlite>(conn);
+        sqlx::raw_sql(sql).execute(conn).await?;
+        Ok(())
     }
 
     async fn discard(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {

@@ -7,7 +7,7 @@
 
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::record::{Outcome, RecordStatus, report};
-use crate::sql::{ClaimResult, Conn, ExistingRecord, NewRecord, SqlBackend, classify};
+use crate::sql::{ClaimResult, Conn, ExistingRecord, InsertDone, SqlBackend, classify, in_transaction};
 use crate::{Error, Replayable};
 
 /// What a claim decided.
@@ -35,12 +35,15 @@ impl Guard {
     pub async fn dedup<T: Replayable, DB: SqlBackend>(self, conn: Conn<'_, DB>) -> Result<Claim<T>, Error> {
         let p = self.prepare()?;
         let conn = conn.0;
-        let record = NewRecord {
-            scope: &p.stored_scope,
-            key: p.key.as_str(),
-            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
-            retention: p.spec.retention,
-        };
+        if !in_transaction::<DB>(conn) {
+            return Err(Error::NoTransaction { scope: p.spec.scope.to_owned() });
+        }
+        if p.spec.claim_after {
+            // Nothing to do before the body: the record is written with its
+            // response in `Ticket::complete`.
+            return Ok(Claim::Run(Ticket { prepared: p }));
+        }
+        let record = p.record();
         for _ in 0..MAX_ATTEMPTS {
             let existing = match DB::claim(conn, &record).await.map_err(classify::<DB>)? {
                 ClaimResult::Claimed => return Ok(Claim::Run(Ticket { prepared: p })),
@@ -100,17 +103,24 @@ impl Ticket {
         let value = match result {
             Ok(value) => value,
             Err(e) => {
-                discard::<DB>(conn, &p).await;
+                if !p.spec.claim_after {
+                    discard::<DB>(conn, &p).await;
+                }
                 return Ok(Err(e));
             }
         };
         let json = match stored_response(&value) {
             Ok(json) => json,
             Err(source) => {
-                discard::<DB>(conn, &p).await;
+                if !p.spec.claim_after {
+                    discard::<DB>(conn, &p).await;
+                }
                 return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source });
             }
         };
+        if p.spec.claim_after {
+            return complete_after::<T, E, DB>(conn, &p, value, &json).await;
+        }
         match DB::complete(conn, &p.stored_scope, p.key.as_str(), &json).await {
             Ok(1) => {
                 report(p.spec.scope, &p.key_hash, Outcome::Executed);
@@ -123,6 +133,36 @@ impl Ticket {
             Err(e) => Err(classify::<DB>(e)),
         }
     }
+}
+
+/// `claim = "after"`: the body already ran in the caller's transaction; write
+/// the record with its response in one statement. If a live record is there,
+/// this call was a repeat: roll the transaction back to its start (the body's
+/// writes go with it), continue in a fresh one, and replay the first answer.
+async fn complete_after<T: Replayable, E, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    value: T,
+    json: &str,
+) -> Result<Result<T, E>, Error> {
+    let existing = match DB::insert_done(conn, &p.record(), json).await.map_err(classify::<DB>)? {
+        InsertDone::Written => {
+            report(p.spec.scope, &p.key_hash, Outcome::Executed);
+            return Ok(Ok(value));
+        }
+        InsertDone::Conflict(existing) => existing,
+    };
+    DB::restart(conn).await.map_err(classify::<DB>)?;
+    let existing = match existing {
+        Some(e) => e,
+        // Read in the fresh transaction: its snapshot shows the record that
+        // conflicted, committed before the insert returned.
+        None => match DB::read(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)? {
+            Some(e) => e,
+            None => return Err(p.in_progress(Some(std::time::Duration::ZERO))),
+        },
+    };
+    judge(p, existing).map(Ok)
 }
 
 /// The JSON to store, after checking it decodes back into `T`: a value JSON

@@ -1,0 +1,61 @@
+//! An application's own unit of work as the guard's transaction (`#[idem(tx)]`).
+
+mod common;
+
+use common::{AppError, unique};
+use idem::idempotent;
+use sqlx::{Sqlite, SqliteConnection, Transaction};
+
+/// A unit of work that owns its transaction.
+struct UnitOfWork<'c> {
+    tx: Transaction<'c, Sqlite>,
+}
+
+impl idem::TxContext for UnitOfWork<'_> {
+    type Db = Sqlite;
+    fn connection(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+/// A broken implementation that hands out a connection outside any transaction.
+struct NotATransaction(sqlx::pool::PoolConnection<Sqlite>);
+
+impl idem::TxContext for NotATransaction {
+    type Db = Sqlite;
+    fn connection(&mut self) -> &mut SqliteConnection {
+        &mut self.0
+    }
+}
+
+#[idempotent(key = "order_id", scope = "tests.uow")]
+async fn ship<W: idem::TxContext<Db = Sqlite>>(#[idem(tx)] work: &mut W, order_id: &str) -> Result<String, AppError> {
+    let _ = work;
+    Ok(format!("shipped {order_id}"))
+}
+
+#[tokio::test]
+async fn a_unit_of_work_carries_the_record() {
+    let pool = common::sqlite().await.unwrap();
+    let order = unique("uow");
+    for _ in 0..2 {
+        let mut work = UnitOfWork { tx: pool.begin().await.unwrap() };
+        let (result, outcome) = idem::observe(ship(&mut work, &order)).await;
+        work.tx.commit().await.unwrap();
+        assert_eq!(result.unwrap(), format!("shipped {order}"));
+        assert!(outcome.is_some());
+    }
+    let record = idem::find_record(&pool, "tests.uow", &idem::Key::new(&order).unwrap()).await.unwrap();
+    assert!(record.is_some());
+}
+
+#[tokio::test]
+async fn a_connection_outside_a_transaction_is_refused() {
+    let pool = common::sqlite().await.unwrap();
+    let order = unique("no-tx");
+    let mut work = NotATransaction(pool.acquire().await.unwrap());
+    let err = ship(&mut work, &order).await.unwrap_err();
+    assert!(matches!(err, AppError::Idem(idem::Error::NoTransaction { .. })), "{err:?}");
+    let record = idem::find_record(&pool, "tests.uow", &idem::Key::new(&order).unwrap()).await.unwrap();
+    assert_eq!(record, None, "nothing may be written outside a transaction");
+}
