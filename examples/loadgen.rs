@@ -2,9 +2,12 @@
 //!
 //! Scenario `dedup`: N clients run "insert a coupon + bump one of 1,000 users'
 //! counters" in a transaction, three ways, alternating in short slices so
-//! that all three see the same server conditions:
+//! that all of them see the same server conditions:
 //! - `unguarded`: the business transaction alone;
-//! - `guarded`: the same under `#[idempotent(strategy = "dedup")]`;
+//! - `guarded`: the same under `#[idempotent(strategy = "dedup")]` (claim,
+//!   body, response: the default);
+//! - `guarded_after`: the same with `claim = "after"` (body, then the record
+//!   with its response in one statement);
 //! - `handwritten`: the same guard written by hand in raw sqlx (claim
 //!   INSERT, business, UPDATE with the response): the floor idem competes with.
 //!
@@ -51,6 +54,7 @@ struct Args {
 enum Mode {
     Unguarded,
     Guarded,
+    GuardedAfter,
     Handwritten,
 }
 
@@ -69,6 +73,14 @@ where
     Ok(business::<DB>(tx, trade_no, user_id).await?)
 }
 
+#[idempotent(key = "trade_no", scope = "loadgen.dedup_after", retention = "1h", claim = "after")]
+async fn guarded_after<DB: Shop>(tx: &mut Transaction<'_, DB>, trade_no: &str, user_id: i64) -> Result<i64, AppError>
+where
+    DB::Connection: Send,
+{
+    Ok(business::<DB>(tx, trade_no, user_id).await?)
+}
+
 /// The guard as a careful engineer writes it by hand for each database.
 trait Handwritten: Shop {
     fn hand_claim(conn: &mut Self::Connection, key: &str) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
@@ -77,9 +89,22 @@ trait Handwritten: Shop {
         key: &str,
         response: &str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Remove earlier runs' rows.
+    fn reset(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 }
 
+const RESET: &str = "DELETE FROM idem_records WHERE scope IN ('loadgen.dedup', 'loadgen.dedup_after', 'loadgen.hand'); \
+                     DELETE FROM shop_coupons WHERE trade_no LIKE 'L%'";
+
 impl Handwritten for Postgres {
+    async fn reset(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(RESET).execute(pool).await?;
+        // One statement each: VACUUM refuses to run inside a multi-statement query.
+        for table in ["VACUUM ANALYZE idem_records", "VACUUM ANALYZE shop_coupons", "VACUUM ANALYZE shop_users"] {
+            sqlx::raw_sql(table).execute(pool).await?;
+        }
+        Ok(())
+    }
     async fn hand_claim(conn: &mut sqlx::PgConnection, key: &str) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "INSERT INTO idem_records (scope, idem_key, status, created_at, updated_at, expires_at) \
@@ -103,6 +128,10 @@ impl Handwritten for Postgres {
 }
 
 impl Handwritten for MySql {
+    async fn reset(pool: &sqlx::MySqlPool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(RESET).execute(pool).await?;
+        Ok(())
+    }
     async fn hand_claim(conn: &mut sqlx::MySqlConnection, key: &str) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "INSERT INTO idem_records (scope, idem_key, status, created_at, updated_at, expires_at) \
@@ -130,6 +159,10 @@ impl Handwritten for MySql {
 }
 
 impl Handwritten for Sqlite {
+    async fn reset(pool: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(RESET).execute(pool).await?;
+        Ok(())
+    }
     async fn hand_claim(conn: &mut sqlx::SqliteConnection, key: &str) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "INSERT INTO idem_records (scope, idem_key, status, created_at, updated_at, expires_at) \
@@ -168,6 +201,9 @@ where
         }
         Mode::Guarded => {
             guarded(&mut tx, trade_no, user_id).await?;
+        }
+        Mode::GuardedAfter => {
+            guarded_after(&mut tx, trade_no, user_id).await?;
         }
         Mode::Handwritten => {
             if DB::hand_claim(&mut tx, trade_no).await? {
@@ -249,39 +285,50 @@ where
 {
     idem::migrate(pool).await?;
     DB::setup(pool).await?;
+    // Start every run from the same table sizes: earlier runs' rows would
+    // slow later ones and blur the comparison.
+    DB::reset(pool).await?;
     let run = common::run_id();
-    let modes = [Mode::Unguarded, Mode::Guarded, Mode::Handwritten];
+    let modes = [Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten];
     let mut tallies: Vec<Tally> = modes.iter().map(|_| Tally::default()).collect();
-    let slice_len = Duration::from_secs_f64(args.seconds as f64 / (3.0 * f64::from(args.rounds.max(1))));
+    let slices = modes.len() as f64 * f64::from(args.rounds.max(1));
+    let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
     // Warm-up: connections open, caches and statement caches filled.
     let mut warm = Tally::default();
     for mode in modes {
         slice(pool, mode, args.clients, Duration::from_millis(500), &run, &mut warm).await;
     }
-    for round in 0..args.rounds.max(1) {
+    for round in 0..args.rounds.max(1) as usize {
         // Rotate the order each round so no mode always follows another.
-        for i in 0..3 {
-            let m = (i + round as usize) % 3;
+        for i in 0..modes.len() {
+            let m = (i + round) % modes.len();
             slice(pool, modes[m], args.clients, slice_len, &run, &mut tallies[m]).await;
         }
     }
     let tps: Vec<f64> = tallies.iter().map(|t| t.calls as f64 / t.busy.as_secs_f64()).collect();
-    let (unguarded, guarded, handwritten) = (tps[0], tps[1], tps[2]);
-    let mut lat = std::mem::take(&mut tallies[1].latencies_us);
-    lat.sort_unstable();
+    let (unguarded, guarded, after, handwritten) = (tps[0], tps[1], tps[2], tps[3]);
+    let percentiles = |tally: &mut Tally| {
+        let mut lat = std::mem::take(&mut tally.latencies_us);
+        lat.sort_unstable();
+        (percentile(&lat, 0.50), percentile(&lat, 0.99))
+    };
+    let (p50, p99) = percentiles(&mut tallies[1]);
+    let (after_p50, after_p99) = percentiles(&mut tallies[2]);
     let errors: u64 = tallies.iter().map(|t| t.errors).sum();
     println!(
-        "unguarded {unguarded:.0} tx/s, guarded {guarded:.0} tx/s, hand-written guard {handwritten:.0} tx/s ({} clients, {} s)",
+        "unguarded {unguarded:.0} tx/s, guarded {guarded:.0} tx/s, guarded claim=after {after:.0} tx/s, \
+         hand-written guard {handwritten:.0} tx/s ({} clients, {} s)",
         args.clients, args.seconds
     );
     println!(
         "scenario=dedup store={store} clients={} guarded_tps={guarded:.0} unguarded_tps={unguarded:.0} \
-         handwritten_tps={handwritten:.0} ratio={:.3} vs_handwritten={:.3} p50_us={} p99_us={} errors={errors}",
+         handwritten_tps={handwritten:.0} ratio={:.3} vs_handwritten={:.3} p50_us={p50} p99_us={p99} \
+         claim_after_tps={after:.0} ratio_claim_after={:.3} claim_after_p50_us={after_p50} \
+         claim_after_p99_us={after_p99} errors={errors}",
         args.clients,
         guarded / unguarded,
         guarded / handwritten,
-        percentile(&lat, 0.50),
-        percentile(&lat, 0.99),
+        after / unguarded,
     );
     Ok(())
 }

@@ -56,13 +56,42 @@
 //! ([`Error::Database`], [`Error::NotMigrated`]). The claim never aborts a
 //! PostgreSQL transaction (`ON CONFLICT DO NOTHING`, not a failing INSERT).
 //!
-//! Round trips the guard adds to your transaction: one claim statement, one
-//! statement storing the response. A replay costs one statement on
-//! PostgreSQL and two on MySQL/MariaDB and SQLite (the failed insert, then a read).
+//! Statements the guard adds to your transaction:
+//!
+//! | | first call | replay |
+//! |---|---|---|
+//! | PostgreSQL | 2 (claim, response) | 1 (the claim returns the committed record) |
+//! | MySQL/MariaDB | 2 (claim, response) | 2 (the failed insert, then a locking read) |
+//! | SQLite | 2 (claim, response) | 2 (insert that does nothing, then a read) |
+//! | any, `claim = "after"` | 1 (record with response) | body + 1 + restart + read (PostgreSQL, SQLite) / + locking read (MySQL) |
+//!
+//! ## `claim = "after"`: one statement per first call
+//!
+//! By default the guard claims the key before the body and stores the
+//! response after it: two statements, and a repeat never runs the body. With
+//! `claim = "after"` the body runs first and the record is written **with its
+//! response in one statement**; if a live record is already there, this call
+//! was a repeat: the guard rolls the transaction back to where it began,
+//! continues in a fresh transaction and returns the first answer.
+//!
+//! It is faster for first calls and slower for repeats, and it applies only
+//! when both hold:
+//! - every effect of the body is inside the transaction (no HTTP call, no
+//!   message published, no write to another database), since the body of a
+//!   repeat runs before it is discarded;
+//! - the guarded call is the first work of its transaction: on a repeat,
+//!   statements the caller ran earlier in the same transaction are rolled back
+//!   too (statements after the call land in the fresh transaction). Inside a
+//!   nested `Transaction` (a savepoint) only the savepoint is rolled back. The
+//!   fresh transaction starts with a plain `BEGIN`, whatever isolation level the
+//!   original one had.
+//!
+//! Use it on hot paths where repeats are rare; keep the default where repeats
+//! are common (gateway retries) or the body has outside effects.
 //!
 //! ## The attribute
 //!
-//! `#[idempotent(key = ..., strategy = ..., scope = ..., fingerprint = ..., retention = ...)]`
+//! `#[idempotent(key = ..., strategy = ..., scope = ..., fingerprint = ..., retention = ..., claim = ...)]`
 //!
 //! - **`key`** (required): an expression over the parameters, as a string
 //!   (`key = "event.trade_no"`) or bare (`key = event.trade_no`). Several
@@ -88,6 +117,7 @@
 //!   7 days). After it, a repeat runs again. [`purge_expired`] deletes expired
 //!   records in bounded batches; schedule it.
 //! - **`source`**: `"frontend" | "callback" | "mq" | "rpc"`, who sends the requests.
+//! - **`claim`**: `"before"` (default) or `"after"`, see below.
 //!
 //! The transaction parameter is found by its type (`&mut
 //! sqlx::Transaction<'_, DB>` for `Postgres`, `MySql`, `Sqlite`), or marked

@@ -66,8 +66,7 @@ impl Guard {
                 });
             }
         };
-        let key_hash = key.hash();
-        Ok(Prepared { spec: self.spec, stored_scope: stored_scope(self.spec.scope), key, key_hash, fingerprint })
+        Ok(Prepared { spec: self.spec, stored_scope: stored_scope(self.spec.scope), key, fingerprint })
     }
 }
 
@@ -76,13 +75,12 @@ pub(crate) struct Prepared {
     pub spec: &'static GuardSpec,
     pub stored_scope: Cow<'static, str>,
     pub key: Key,
-    pub key_hash: String,
     pub fingerprint: Option<Fingerprint>,
 }
 
 impl Prepared {
     pub fn mismatch(&self) -> Error {
-        Error::KeyMismatch { scope: self.spec.scope.to_owned(), key_hash: self.key_hash.clone() }
+        Error::KeyMismatch { scope: self.spec.scope.to_owned(), key_hash: self.key.hash() }
     }
 
     pub fn record(&self) -> crate::sql::NewRecord<'_> {
@@ -95,7 +93,7 @@ impl Prepared {
     }
 
     pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {
-        Error::InProgress { scope: self.spec.scope.to_owned(), key_hash: self.key_hash.clone(), retry_after }
+        Error::InProgress { scope: self.spec.scope.to_owned(), key_hash: self.key.hash(), retry_after }
     }
 
     /// The fingerprint is checked before anything else about a record: a

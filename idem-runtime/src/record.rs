@@ -110,7 +110,10 @@ pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
         .await
 }
 
-pub(crate) fn report(scope: &str, key_hash: &str, outcome: Outcome) {
+pub(crate) fn report(scope: &str, key: &crate::Key, outcome: Outcome) {
     let _ = OBSERVED.try_with(|c| c.set(Some(outcome)));
-    tracing::info!(target: "idem", scope, key = key_hash, outcome = outcome.as_str(), "idempotent call {}", outcome.as_str());
+    // The key hash is only computed when someone listens.
+    if tracing::enabled!(target: "idem", tracing::Level::INFO) {
+        tracing::info!(target: "idem", scope, key = key.hash(), outcome = outcome.as_str(), "idempotent call {}", outcome.as_str());
+    }
 }

@@ -83,15 +83,16 @@ impl SqlBackend for Postgres {
     }
 
     async fn complete(conn: &mut PgConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE idem_records SET status = 'DONE', response = $3, updated_at = now() \
-             WHERE scope = $1 AND idem_key = $2",
-        )
-        .bind(scope)
-        .bind(key)
-        .bind(response)
-        .execute(conn)
-        .await?;
+        // No `updated_at = now()`: the record was claimed in this same
+        // transaction, and PostgreSQL's now() is the transaction's start, so
+        // the claim already wrote that value.
+        let done =
+            sqlx::query("UPDATE idem_records SET status = 'DONE', response = $3 WHERE scope = $1 AND idem_key = $2")
+                .bind(scope)
+                .bind(key)
+                .bind(response)
+                .execute(conn)
+                .await?;
         Ok(done.rows_affected())
     }
 

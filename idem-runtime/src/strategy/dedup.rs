@@ -78,7 +78,7 @@ fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Err
                 action: "replayed",
                 source,
             })?;
-            report(p.spec.scope, &p.key_hash, Outcome::Replayed);
+            report(p.spec.scope, &p.key, Outcome::Replayed);
             Ok(value)
         }
         // A committed PROCESSING record in dedup mode means the guarded future
@@ -123,7 +123,7 @@ impl Ticket {
         }
         match DB::complete(conn, &p.stored_scope, p.key.as_str(), &json).await {
             Ok(1) => {
-                report(p.spec.scope, &p.key_hash, Outcome::Executed);
+                report(p.spec.scope, &p.key, Outcome::Executed);
                 Ok(Ok(value))
             }
             Ok(_) => Err(Error::Database(sqlx::Error::Protocol(format!(
@@ -147,7 +147,7 @@ async fn complete_after<T: Replayable, E, DB: SqlBackend>(
 ) -> Result<Result<T, E>, Error> {
     let existing = match DB::insert_done(conn, &p.record(), json).await.map_err(classify::<DB>)? {
         InsertDone::Written => {
-            report(p.spec.scope, &p.key_hash, Outcome::Executed);
+            report(p.spec.scope, &p.key, Outcome::Executed);
             return Ok(Ok(value));
         }
         InsertDone::Conflict(existing) => existing,
@@ -179,7 +179,7 @@ async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared) {
     // failed statement; a lost connection cannot commit): the record cannot
     // be committed either, so the body's error is the one to return.
     if let Err(e) = DB::discard(conn, &p.stored_scope, p.key.as_str()).await {
-        tracing::debug!(target: "idem", scope = p.spec.scope, key = %p.key_hash, error = %e,
+        tracing::debug!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
             "dedup record not removed after the body failed; the transaction cannot commit it");
     }
 }
