@@ -2,8 +2,6 @@
 //!
 //! A unique violation in PostgreSQL aborts the whole transaction, so the claim
 //! is `INSERT ... ON CONFLICT DO NOTHING`, never a bare INSERT that may fail.
-//! The same statement returns the existing record when one is committed, so a
-//! replay costs one round trip.
 
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Postgres, Row};
@@ -11,35 +9,29 @@ use sqlx::{Postgres, Row};
 use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
 use crate::DedupRecord;
 
-// When a concurrent transaction holds the key, the INSERT waits for it. If that
-// transaction commits, ON CONFLICT does nothing, and the SELECT branch cannot
-// see the row either: in READ COMMITTED the statement's snapshot predates the
-// other commit. No row at all therefore means "read again" (a fresh statement
-// gets a fresh snapshot).
+// The claim is a plain insert that does nothing on a conflict; a repeat then
+// reads the record in a second statement. (A single statement that also
+// returned the existing record, a CTE with the insert and a SELECT, made every
+// first call measurably slower in `loadgen`; first calls are the common case.)
+// The read is a fresh statement with a fresh snapshot, so under READ
+// COMMITTED it also sees a record committed while the insert waited.
 const CLAIM: &str = "\
-WITH ins AS (
-    INSERT INTO idem_records (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at)
-    VALUES ($1, $2, 'PROCESSING', $3, now(), now(), now() + make_interval(secs => $4::float8 / 1000.0))
-    ON CONFLICT (scope, idem_key) DO NOTHING
-    RETURNING 1
-)
-SELECT true AS claimed, NULL::text AS status, NULL::text AS fingerprint, NULL::text AS response, false AS expired
-FROM ins
-UNION ALL
-SELECT false, r.status, r.fingerprint, r.response, r.expires_at <= now()
-FROM idem_records r
-WHERE r.scope = $1 AND r.idem_key = $2 AND NOT EXISTS (SELECT 1 FROM ins)";
+INSERT INTO idem_records (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at)
+VALUES ($1, $2, 'PROCESSING', $3, now(), now(), now() + $4::interval)
+ON CONFLICT (scope, idem_key) DO NOTHING";
 
-// `claim = "after"`: the record and its response in one statement. A live
-// record makes it a no-op (0 rows); an expired one is taken over in place.
+// `claim = "after"`: the record and its response in one statement. A live or
+// expired record makes it a no-op (0 rows); an expired one is then taken over
+// in place by TAKE_OVER (rare, so not worth an upsert on every first call).
 const INSERT_DONE: &str = "\
 INSERT INTO idem_records (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at)
-VALUES ($1, $2, 'DONE', $3, $5, now(), now(), now() + make_interval(secs => $4::float8 / 1000.0))
-ON CONFLICT (scope, idem_key) DO UPDATE SET
-    status = 'DONE', fingerprint = EXCLUDED.fingerprint, response = EXCLUDED.response, owner = NULL,
-    fence = idem_records.fence + 1, lease_until = NULL, created_at = now(), updated_at = now(),
-    expires_at = EXCLUDED.expires_at
-WHERE idem_records.expires_at <= now()";
+VALUES ($1, $2, 'DONE', $3, $5, now(), now(), now() + $4::interval)
+ON CONFLICT (scope, idem_key) DO NOTHING";
+
+const TAKE_OVER: &str = "\
+UPDATE idem_records SET status = 'DONE', fingerprint = $3, response = $5, owner = NULL, fence = fence + 1,
+    lease_until = NULL, created_at = now(), updated_at = now(), expires_at = now() + $4::interval
+WHERE scope = $1 AND idem_key = $2 AND expires_at <= now()";
 
 const READ: &str = "SELECT status, fingerprint, response, expires_at <= now() AS expired \
                     FROM idem_records WHERE scope = $1 AND idem_key = $2";
@@ -63,18 +55,9 @@ impl SqlBackend for Postgres {
     const SCHEMA: &'static str = include_str!("../../migrations/postgres/0001_idem_records.sql");
 
     async fn claim(conn: &mut PgConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
-        let row = sqlx::query(CLAIM)
-            .bind(r.scope)
-            .bind(r.key)
-            .bind(r.fingerprint)
-            .bind(super::retention_ms(r.retention))
-            .fetch_optional(conn)
-            .await?;
-        Ok(match row {
-            None => ClaimResult::ReadAgain,
-            Some(row) if row.try_get::<bool, _>(0)? => ClaimResult::Claimed,
-            Some(row) => ClaimResult::Existing(existing(&row, 1)?),
-        })
+        let done =
+            sqlx::query(CLAIM).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(r.retention).execute(conn).await?;
+        Ok(if done.rows_affected() == 1 { ClaimResult::Claimed } else { ClaimResult::ReadAgain })
     }
 
     async fn read(conn: &mut PgConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
@@ -101,15 +84,18 @@ impl SqlBackend for Postgres {
         r: &NewRecord<'_>,
         response: &str,
     ) -> Result<InsertDone, sqlx::Error> {
-        let done = sqlx::query(INSERT_DONE)
-            .bind(r.scope)
-            .bind(r.key)
-            .bind(r.fingerprint)
-            .bind(super::retention_ms(r.retention))
-            .bind(response)
-            .execute(conn)
-            .await?;
-        Ok(if done.rows_affected() == 1 { InsertDone::Written } else { InsertDone::Conflict(None) })
+        let written =
+            |sql| sqlx::query(sql).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(r.retention).bind(response);
+        if written(INSERT_DONE).execute(&mut *conn).await?.rows_affected() == 1 {
+            return Ok(InsertDone::Written);
+        }
+        let existing = Self::read(conn, r.scope, r.key).await?;
+        if existing.as_ref().is_some_and(|e| e.expired)
+            && written(TAKE_OVER).execute(&mut *conn).await?.rows_affected() == 1
+        {
+            return Ok(InsertDone::Written);
+        }
+        Ok(InsertDone::Conflict(existing))
     }
 
     async fn restart(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
