@@ -111,8 +111,10 @@
 //! - **`scope`**: the record namespace. Default: `module_path::fn_name`.
 //!   **Set it explicitly in production**: moving or renaming the function
 //!   changes the default, and repeats of calls made before the deploy would
-//!   then run again. Two methods of the same name in one module (of different
-//!   types) also share the default scope.
+//!   then run again. Methods (functions with a `self` receiver) must set it:
+//!   two types in one module with a method of the same name would share the
+//!   default. Associated functions without `self` cannot be told apart by the
+//!   macro: give them a scope too.
 //! - **`fingerprint`**: an expression (anything `serde::Serialize`) hashed
 //!   into the record; a repeat whose fingerprint differs is
 //!   [`Error::KeyMismatch`]. Fingerprint structs, vectors and `BTreeMap`s,
@@ -130,7 +132,9 @@
 //! The function must be `async` and return `Result<T, E>` where `T` is
 //! [`Replayable`] (serde) and `E: From<idem::Error>`. Its signature does not
 //! change; the expansion is a few lines around one runtime call (see it with
-//! `cargo expand`).
+//! `cargo expand`). The body's `Result` is held while the response is
+//! stored, so the future is `Send` when `T` and `E` are (use
+//! `Box<dyn Error + Send + Sync>`, not `Box<dyn Error>`, in spawned tasks).
 //!
 //! ## Telling a first run from a replay
 //!

@@ -26,6 +26,7 @@ macro_rules! dedup_suite {
         db = $DB:ty;
         pool = $pool:path;
         insert_coupon = $insert:literal;
+        insert_order = $insert_order:literal;
         count_coupons = $count:literal;
         short_lock_wait = $short_wait:literal;
         unmigrated = $unmigrated:path;
@@ -354,6 +355,58 @@ macro_rules! dedup_suite {
                 replays_exactly(&pool, Some(0_u32), None).await;
             }
 
+            /// An order insert with its own unique key: on a repeat under
+            /// claim = "after" the body fails on it before the guard's record.
+            #[idempotent(key = "trade_no", scope = "tests.create_order", claim = "after")]
+            async fn create_order(tx: &mut Transaction<'_, Db>, trade_no: &str) -> Result<String, AppError> {
+                sqlx::query($insert_order).bind(trade_no).execute(&mut **tx).await?;
+                Ok(format!("order {trade_no}"))
+            }
+
+            #[tokio::test]
+            async fn claim_after_replays_a_repeat_whose_body_hit_its_own_unique_key() {
+                let pool = pool!();
+                let trade = unique("after-order");
+                for expected in [Outcome::Executed, Outcome::Replayed, Outcome::Replayed] {
+                    let mut tx = pool.begin().await.unwrap();
+                    let (result, outcome) = idem::observe(create_order(&mut tx, &trade)).await;
+                    assert_eq!(
+                        result.expect("a repeat is a success, not a duplicate-key error"),
+                        format!("order {trade}")
+                    );
+                    tx.commit().await.unwrap();
+                    assert_eq!(outcome, Some(expected));
+                }
+            }
+
+            #[tokio::test]
+            async fn claim_after_never_replays_a_record_written_earlier_in_the_same_transaction() {
+                let pool = pool!();
+                let trade = unique("after-same-tx");
+                let runs = AtomicUsize::new(0);
+                let mut tx = pool.begin().await.unwrap();
+                assert_eq!(grant_after(&mut tx, &trade, &runs).await.unwrap(), 42);
+                // A redelivery handled in the same transaction: the restart takes
+                // the first call's work with it, so this must fail loudly.
+                let err = grant_after(&mut tx, &trade, &runs).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::InProgress { .. })), "{err:?}");
+                drop(tx);
+                assert_eq!(coupons(&pool, &trade).await, 0);
+            }
+
+            #[tokio::test]
+            async fn keys_differing_only_in_trailing_spaces_are_different_keys() {
+                let pool = pool!();
+                let base = unique("pad");
+                let runs = AtomicUsize::new(0);
+                for key in [base.clone(), format!("{base} "), format!("{base}  ")] {
+                    let mut tx = pool.begin().await.unwrap();
+                    grant_coupon(&mut tx, &key, &runs).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(runs.load(SeqCst), 3, "a PAD SPACE collation merged distinct keys");
+            }
+
             async fn insert_marker(tx: &mut Transaction<'_, Db>, marker: &str) {
                 sqlx::query($insert).bind(marker).execute(&mut **tx).await.unwrap();
             }
@@ -594,6 +647,7 @@ dedup_suite! {
     db = sqlx::Sqlite;
     pool = common::sqlite;
     insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES (?)";
+    insert_order = "INSERT INTO idem_test_orders (trade_no) VALUES (?)";
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
     short_lock_wait = "PRAGMA busy_timeout = 100";
     unmigrated = sqlite_unmigrated;
@@ -604,6 +658,7 @@ dedup_suite! {
     db = sqlx::Postgres;
     pool = common::postgres;
     insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES ($1)";
+    insert_order = "INSERT INTO idem_test_orders (trade_no) VALUES ($1)";
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = $1";
     short_lock_wait = "SET LOCAL lock_timeout = '200ms'";
     unmigrated = pg_unmigrated;
@@ -614,6 +669,7 @@ dedup_suite! {
     db = sqlx::MySql;
     pool = common::mysql;
     insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES (?)";
+    insert_order = "INSERT INTO idem_test_orders (trade_no) VALUES (?)";
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
     short_lock_wait = "SET SESSION innodb_lock_wait_timeout = 1";
     unmigrated = mysql_unmigrated;

@@ -31,7 +31,8 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     // a pool or an unsupported database is reported, once (every token of the
     // call carries that span, so both uses yield the same diagnostic).
     let tx_span = tx_ty.span();
-    let tx_at_type = syn::Ident::new(&tx.to_string(), tx_span);
+    let mut tx_at_type = tx.clone();
+    tx_at_type.set_span(tx_span);
     let conn = quote_spanned!(tx_span=> ::idem::__private::connection(&mut *#tx_at_type));
     let claim = match strategy {
         Strategy::Dedup => quote_spanned!(ret_span=> dedup(#conn)),

@@ -96,6 +96,14 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     }
 
     let ret = match &sig.output {
+        ReturnType::Type(_, ty) if contains_impl_trait(ty) => {
+            errors.push(syn::Error::new_spanned(
+                ty,
+                "#[idempotent] functions must name their `Ok` type: it is stored and replayed to repeats, \
+                 so it must be a concrete type implementing `Serialize` and `Deserialize`, not `impl Trait`",
+            ));
+            None
+        }
         ReturnType::Type(_, ty) if is_result(ty) => Some((**ty).clone()),
         ReturnType::Type(_, ty) => {
             errors.push(syn::Error::new_spanned(
@@ -183,6 +191,18 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         None => None,
         Some(r) => parse_duration("retention", r.as_str(), r.span()).map_err(|e| errors.push(e)).ok(),
     };
+    if raw.scope.is_none()
+        && let Some(receiver) = sig.receiver()
+    {
+        errors.push(syn::Error::new_spanned(
+            receiver,
+            format!(
+                "a method needs an explicit `scope`: the default (module path + `{fn_name}`) is the same for \
+                 every type in this module with a method `{fn_name}`, and their records would replay each \
+                 other's answers; add e.g. `scope = \"payments.{fn_name}\"`"
+            ),
+        ));
+    }
     if let Some(scope) = &raw.scope
         && scope.trim().is_empty()
     {
@@ -229,6 +249,18 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         tx_ty: tx.expect("no error means a transaction").1,
         ret: ret.expect("no error means a return type"),
     })
+}
+
+fn contains_impl_trait(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl<'ast> syn::visit::Visit<'ast> for Finder {
+        fn visit_type_impl_trait(&mut self, _: &'ast syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut finder = Finder(false);
+    syn::visit::Visit::visit_type(&mut finder, ty);
+    finder.0
 }
 
 fn is_result(ty: &Type) -> bool {

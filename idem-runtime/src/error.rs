@@ -38,6 +38,22 @@ pub enum Error {
         retry_after: Option<Duration>,
     },
 
+    /// A dedup record was committed without its response: the guarded call was
+    /// cancelled (its future dropped) mid-body and the caller committed the
+    /// transaction anyway. Whether the effect happened is unknown, so idem
+    /// neither replays nor runs it again. Not retryable: reconcile the business
+    /// state by hand, then delete the record (scope, key) to release the key.
+    #[error(
+        "a record for key {key_hash} in scope `{scope}` was committed without its response (the guarded call \
+         was cancelled and its transaction committed); reconcile by hand, then delete the record"
+    )]
+    Unfinished {
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the key.
+        key_hash: String,
+    },
+
     /// A state change the entity's state machine does not allow from its current
     /// state. Distinct from a repeat (which is a silent success).
     #[error("illegal state transition {from} -> {to}: the entity is in state {current}")]

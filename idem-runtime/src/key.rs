@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::Error;
 
-/// Keys longer than this many bytes are stored as `sha256:<hex>`, so every key
+/// Keys longer than this many bytes are stored as `\sha256:<hex>`, so every key
 /// fits the indexed column on every backend.
 pub const MAX_PLAIN_KEY_LEN: usize = 128;
 
@@ -96,10 +96,12 @@ pub struct Key {
 
 impl Key {
     /// Build a key from text already in key form (one part, or parts joined by
-    /// `:` with `:` and `\` escaped). Long keys are hashed.
+    /// `:` with `:` and `\` escaped). Long keys are hashed, as `\sha256:<hex>`:
+    /// in key form a backslash is only ever followed by `:` or `\`, so no plain
+    /// key (e.g. the composite `("sha256", "<hex>")`) can equal a hashed one.
     pub fn from_stored(text: String) -> Key {
         if text.len() > MAX_PLAIN_KEY_LEN {
-            Key { stored: format!("sha256:{}", hex(&Sha256::digest(text.as_bytes()))) }
+            Key { stored: format!("\\sha256:{}", hex(&Sha256::digest(text.as_bytes()))) }
         } else {
             Key { stored: text }
         }
@@ -230,8 +232,13 @@ mod tests {
         assert_eq!(Key::new("T100").unwrap().as_str(), "T100");
         let long = "x".repeat(500);
         let k = Key::new(&long).unwrap();
-        assert!(k.as_str().starts_with("sha256:"));
-        assert_eq!(k.as_str().len(), 7 + 64);
+        assert!(k.as_str().starts_with("\\sha256:"));
+        assert_eq!(k.as_str().len(), 8 + 64);
+        let hex_part = &k.as_str()[8..];
+        let forged = KeyBuilder::new("s", "a, b").part("\\sha256").part(hex_part).finish().unwrap();
+        assert_ne!(forged, k, "a composite key must not forge a hashed one");
+        let forged = KeyBuilder::new("s", "a, b").part("sha256").part(hex_part).finish().unwrap();
+        assert_ne!(forged, k);
     }
 
     #[test]

@@ -44,7 +44,8 @@ pub async fn postgres() -> Option<PgPool> {
     idem::migrate(&pool).await.expect("migrate postgres");
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS idem_test_coupons (id BIGSERIAL PRIMARY KEY, trade_no VARCHAR(191) NOT NULL);
-         CREATE INDEX IF NOT EXISTS idem_test_coupons_trade_no ON idem_test_coupons (trade_no);",
+         CREATE INDEX IF NOT EXISTS idem_test_coupons_trade_no ON idem_test_coupons (trade_no);
+         CREATE TABLE IF NOT EXISTS idem_test_orders (trade_no VARCHAR(191) PRIMARY KEY);",
     )
     .execute(&pool)
     .await
@@ -64,7 +65,8 @@ pub async fn mysql() -> Option<MySqlPool> {
     idem::migrate(&pool).await.expect("migrate mysql");
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS idem_test_coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
-         trade_no VARCHAR(191) NOT NULL, INDEX (trade_no)) ENGINE = InnoDB",
+         trade_no VARCHAR(191) NOT NULL, INDEX (trade_no)) ENGINE = InnoDB;
+         CREATE TABLE IF NOT EXISTS idem_test_orders (trade_no VARBINARY(191) PRIMARY KEY) ENGINE = InnoDB",
     )
     .execute(&pool)
     .await
@@ -87,7 +89,8 @@ pub async fn sqlite() -> Option<SqlitePool> {
     idem::migrate(&pool).await.expect("migrate sqlite");
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS idem_test_coupons (id INTEGER PRIMARY KEY AUTOINCREMENT, trade_no TEXT NOT NULL);
-         CREATE INDEX IF NOT EXISTS idem_test_coupons_trade_no ON idem_test_coupons (trade_no);",
+         CREATE INDEX IF NOT EXISTS idem_test_coupons_trade_no ON idem_test_coupons (trade_no);
+         CREATE TABLE IF NOT EXISTS idem_test_orders (trade_no TEXT PRIMARY KEY);",
     )
     .execute(&pool)
     .await

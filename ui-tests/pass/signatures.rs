@@ -73,6 +73,13 @@ async fn early_return(tx: &mut Transaction<'_, Postgres>, order_id: String, skip
     Ok(Some(order_id))
 }
 
+/// Raw identifiers as the transaction and as a key.
+#[idempotent(key = "r#type")]
+async fn raw_identifiers(r#tx: &mut Transaction<'_, Sqlite>, r#type: &str) -> Result<(), AppError> {
+    let _ = (r#tx, r#type);
+    Ok(())
+}
+
 pub struct PaymentService {
     pub prefix: String,
 }
@@ -130,6 +137,7 @@ fn main() {
         tokio::spawn(async move {
             let mut tx = pool.begin().await?;
             generic(&mut tx, 1, "acme", 2.5_f64).await?;
+            raw_identifiers(&mut tx, "express").await?;
             Ok::<_, AppError>(())
         })
     };

@@ -33,7 +33,7 @@ const TAKE_OVER: &str = "UPDATE idem_records SET status = 'DONE', fingerprint = 
 const READ: &str = "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
     FROM idem_records WHERE scope = ? AND idem_key = ? LOCK IN SHARE MODE";
 
-const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owner, fence, \
+const FETCH: &str = "SELECT CONVERT(scope USING utf8mb4), CONVERT(idem_key USING utf8mb4), status, fingerprint, response, owner, fence, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', lease_until) DIV 1000, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', updated_at) DIV 1000, \

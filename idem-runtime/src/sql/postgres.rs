@@ -9,6 +9,10 @@ use sqlx::{Postgres, Row};
 use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
 use crate::DedupRecord;
 
+// Expiry counts from the statement's clock (clock_timestamp()), not from now(),
+// the transaction's start: a long transaction must not commit a record that is
+// already expired.
+//
 // The claim is a plain insert that does nothing on a conflict; a repeat then
 // reads the record in a second statement. (A single statement that also
 // returned the existing record, a CTE with the insert and a SELECT, made every
@@ -17,7 +21,7 @@ use crate::DedupRecord;
 // COMMITTED it also sees a record committed while the insert waited.
 const CLAIM: &str = "\
 INSERT INTO idem_records (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at)
-VALUES ($1, $2, 'PROCESSING', $3, now(), now(), now() + $4::interval)
+VALUES ($1, $2, 'PROCESSING', $3, now(), now(), clock_timestamp() + $4::interval)
 ON CONFLICT (scope, idem_key) DO NOTHING";
 
 // `claim = "after"`: the record and its response in one statement. A live or
@@ -25,12 +29,12 @@ ON CONFLICT (scope, idem_key) DO NOTHING";
 // in place by TAKE_OVER (rare, so not worth an upsert on every first call).
 const INSERT_DONE: &str = "\
 INSERT INTO idem_records (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at)
-VALUES ($1, $2, 'DONE', $3, $5, now(), now(), now() + $4::interval)
+VALUES ($1, $2, 'DONE', $3, $5, now(), now(), clock_timestamp() + $4::interval)
 ON CONFLICT (scope, idem_key) DO NOTHING";
 
 const TAKE_OVER: &str = "\
 UPDATE idem_records SET status = 'DONE', fingerprint = $3, response = $5, owner = NULL, fence = fence + 1,
-    lease_until = NULL, created_at = now(), updated_at = now(), expires_at = now() + $4::interval
+    lease_until = NULL, created_at = now(), updated_at = now(), expires_at = clock_timestamp() + $4::interval
 WHERE scope = $1 AND idem_key = $2 AND expires_at <= now()";
 
 const READ: &str = "SELECT status, fingerprint, response, expires_at <= now() AS expired \

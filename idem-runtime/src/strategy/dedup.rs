@@ -83,8 +83,9 @@ fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Err
         }
         // A committed PROCESSING record in dedup mode means the guarded future
         // was dropped mid-body and the caller committed anyway: whether the
-        // effect happened is unknown, so never run it again silently.
-        _ => Err(p.in_progress(None)),
+        // effect happened is unknown, so never run it again silently, and do
+        // not call it retryable (it would stay so for the whole retention).
+        _ => Err(Error::Unfinished { scope: p.spec.scope.to_owned(), key_hash: p.key.hash() }),
     }
 }
 
@@ -102,10 +103,9 @@ impl Ticket {
         let conn = conn.0;
         let value = match result {
             Ok(value) => value,
+            Err(e) if p.spec.claim_after => return failed_after::<T, E, DB>(conn, &p, e).await,
             Err(e) => {
-                if !p.spec.claim_after {
-                    discard::<DB>(conn, &p).await;
-                }
+                discard::<DB>(conn, &p).await;
                 return Ok(Err(e));
             }
         };
@@ -145,24 +145,57 @@ async fn complete_after<T: Replayable, E, DB: SqlBackend>(
     value: T,
     json: &str,
 ) -> Result<Result<T, E>, Error> {
-    let existing = match DB::insert_done(conn, &p.record(), json).await.map_err(classify::<DB>)? {
+    match DB::insert_done(conn, &p.record(), json).await.map_err(classify::<DB>)? {
         InsertDone::Written => {
             report(p.spec.scope, &p.key, Outcome::Executed);
-            return Ok(Ok(value));
+            Ok(Ok(value))
         }
-        InsertDone::Conflict(existing) => existing,
-    };
+        InsertDone::Conflict(_) => replay_after_restart::<T, E, DB>(conn, p).await?.ok_or_else(|| vanished(p)),
+    }
+}
+
+/// `claim = "after"` and the body failed. On a repeat that is common: the
+/// body's own insert hits its own unique key (`orders.trade_no`) before the
+/// guard's record is reached. Answering that with an error would make a
+/// gateway retry forever, so look for a live record first (in a fresh
+/// transaction: the failed one may be aborted) and replay it if there is one.
+async fn failed_after<T: Replayable, E, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    error: E,
+) -> Result<Result<T, E>, Error> {
+    Ok(match replay_after_restart::<T, E, DB>(conn, p).await? {
+        Some(replay) => replay,
+        None => Err(error),
+    })
+}
+
+/// Roll the transaction back to its start, then read the record in the fresh
+/// one. The read comes after the restart on purpose: a record written earlier
+/// in this same transaction (the guarded call was not the transaction's first
+/// work) is gone now, and must not be replayed as if it had committed.
+async fn replay_after_restart<T: Replayable, E, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+) -> Result<Option<Result<T, E>>, Error> {
     DB::restart(conn).await.map_err(classify::<DB>)?;
-    let existing = match existing {
-        Some(e) => e,
-        // Read in the fresh transaction: its snapshot shows the record that
-        // conflicted, committed before the insert returned.
-        None => match DB::read(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)? {
-            Some(e) => e,
-            None => return Err(p.in_progress(Some(std::time::Duration::ZERO))),
-        },
-    };
-    judge(p, existing).map(Ok)
+    match DB::read(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)? {
+        // Expired: another caller's take-over won, or is about to; retry.
+        Some(existing) if existing.expired => Err(p.in_progress(Some(std::time::Duration::ZERO))),
+        Some(existing) => judge(p, existing).map(|v| Some(Ok(v))),
+        None => Ok(None),
+    }
+}
+
+/// The record a `claim = "after"` insert conflicted with is gone after the
+/// restart: it was written earlier in this same transaction (then rolled back
+/// with it), or its own transaction rolled back. Either way nothing may be
+/// replayed; the caller retries from the start.
+fn vanished(p: &Prepared) -> Error {
+    tracing::warn!(target: "idem", scope = p.spec.scope,
+        "claim = \"after\" conflicted with a record that is gone after the restart; was the key used \
+         earlier in the same transaction? claim = \"after\" must be the first work of its transaction");
+    p.in_progress(Some(std::time::Duration::ZERO))
 }
 
 /// The JSON to store, after checking it decodes back into `T`: a value JSON
