@@ -14,7 +14,10 @@
 //! ```text
 //! cargo run --release --example loadgen -- --scenario dedup --database-url postgres://postgres@127.0.0.1/test --clients 16 --seconds 30
 //! ```
-//! The last line is machine-readable; BENCHMARKS.md records the results.
+//! Throughputs are pooled over the run; the ratios are medians over rounds of
+//! per-round ratios (slices that ran next to each other), which cancels the
+//! server's drift. The last line is machine-readable; BENCHMARKS.md records
+//! the results.
 
 mod common;
 
@@ -220,6 +223,8 @@ where
 struct Tally {
     calls: u64,
     busy: Duration,
+    /// Throughput of each slice, in run order (one per round).
+    slice_tps: Vec<f64>,
     latencies_us: Vec<u32>,
     errors: u64,
 }
@@ -263,13 +268,30 @@ async fn slice<DB: Handwritten>(
     }
     tokio::time::sleep(length).await;
     stop.store(true, Ordering::Relaxed);
+    let mut calls = 0;
     for t in tasks {
         let (lat, errors) = t.await.expect("client task");
-        tally.calls += lat.len() as u64;
+        calls += lat.len() as u64;
         tally.latencies_us.extend(lat);
         tally.errors += errors;
     }
-    tally.busy += started.elapsed();
+    let elapsed = started.elapsed();
+    tally.calls += calls;
+    tally.busy += elapsed;
+    tally.slice_tps.push(calls as f64 / elapsed.as_secs_f64());
+}
+
+/// Median over rounds of a/b, each from the same round's slices: the server
+/// drifts (tables grow, checkpoints, autovacuum), and comparing slices that
+/// ran next to each other cancels most of that drift.
+fn median_ratio(a: &Tally, b: &Tally) -> f64 {
+    let mut r: Vec<f64> = a.slice_tps.iter().zip(&b.slice_tps).map(|(x, y)| x / y).collect();
+    r.sort_by(f64::total_cmp);
+    if r.is_empty() {
+        return f64::NAN;
+    }
+    let mid = r.len() / 2;
+    if r.len() % 2 == 1 { r[mid] } else { (r[mid - 1] + r[mid]) / 2.0 }
 }
 
 fn percentile(sorted: &[u32], p: f64) -> u32 {
@@ -326,9 +348,9 @@ where
          claim_after_tps={after:.0} ratio_claim_after={:.3} claim_after_p50_us={after_p50} \
          claim_after_p99_us={after_p99} errors={errors}",
         args.clients,
-        guarded / unguarded,
-        guarded / handwritten,
-        after / unguarded,
+        median_ratio(&tallies[1], &tallies[0]),
+        median_ratio(&tallies[1], &tallies[3]),
+        median_ratio(&tallies[2], &tallies[0]),
     );
     Ok(())
 }
