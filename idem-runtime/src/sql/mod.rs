@@ -46,7 +46,8 @@ pub struct ExistingRecord {
 #[doc(hidden)]
 pub enum InsertDone {
     Written,
-    Conflict(Option<ExistingRecord>),
+    /// A live record holds the key; the caller reads it after restarting.
+    Conflict,
 }
 
 /// A record to insert.
@@ -99,9 +100,8 @@ pub trait SqlBackend: sqlx::Database {
 
     /// `claim = "after"`: write the record `DONE` with its response in one
     /// statement, taking over an expired record in place. `Written` when this
-    /// call now owns the key; otherwise the live record (when the backend read
-    /// it on the way), and the caller's transaction still holds the body's
-    /// writes.
+    /// call now owns the key; `Conflict` when a live record holds it (the
+    /// caller's transaction still holds the body's writes).
     #[doc(hidden)]
     fn insert_done(
         conn: &mut Self::Connection,

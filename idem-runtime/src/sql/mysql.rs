@@ -120,7 +120,7 @@ impl SqlBackend for MySql {
                         return Ok(InsertDone::Written);
                     }
                 }
-                Ok(InsertDone::Conflict(existing))
+                Ok(InsertDone::Conflict)
             }
             Err(e) => Err(e),
         }

@@ -45,15 +45,6 @@ const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owne
     (extract(epoch FROM updated_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8 \
     FROM idem_records WHERE scope = $1 AND idem_key = $2";
 
-fn existing(row: &PgRow, offset: usize) -> Result<ExistingRecord, sqlx::Error> {
-    Ok(ExistingRecord {
-        status: row.try_get(offset)?,
-        fingerprint: row.try_get(offset + 1)?,
-        response: row.try_get(offset + 2)?,
-        expired: row.try_get(offset + 3)?,
-    })
-}
-
 impl SqlBackend for Postgres {
     const BACKEND: &'static str = "postgres";
     const SCHEMA: &'static str = include_str!("../../migrations/postgres/0001_idem_records.sql");
@@ -66,7 +57,15 @@ impl SqlBackend for Postgres {
 
     async fn read(conn: &mut PgConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
         let row = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
-        row.map(|row| existing(&row, 0)).transpose()
+        row.map(|row: PgRow| {
+            Ok(ExistingRecord {
+                status: row.try_get(0)?,
+                fingerprint: row.try_get(1)?,
+                response: row.try_get(2)?,
+                expired: row.try_get(3)?,
+            })
+        })
+        .transpose()
     }
 
     async fn complete(conn: &mut PgConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
@@ -99,7 +98,7 @@ impl SqlBackend for Postgres {
         {
             return Ok(InsertDone::Written);
         }
-        Ok(InsertDone::Conflict(existing))
+        Ok(InsertDone::Conflict)
     }
 
     async fn restart(conn: &mut PgConnection) -> Result<(), sqlx::Error> {

@@ -116,7 +116,7 @@ impl SqlBackend for Sqlite {
             .bind(response)
             .execute(conn)
             .await?;
-        Ok(if done.rows_affected() == 1 { InsertDone::Written } else { InsertDone::Conflict(None) })
+        Ok(if done.rows_affected() == 1 { InsertDone::Written } else { InsertDone::Conflict })
     }
 
     async fn restart(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {

@@ -150,7 +150,7 @@ async fn complete_after<T: Replayable, E, DB: SqlBackend>(
             report(p.spec.scope, &p.key, Outcome::Executed);
             Ok(Ok(value))
         }
-        InsertDone::Conflict(_) => replay_after_restart::<T, E, DB>(conn, p).await?.ok_or_else(|| vanished(p)),
+        InsertDone::Conflict => replay_after_restart::<T, E, DB>(conn, p).await?.ok_or_else(|| vanished(p)),
     }
 }
 
