@@ -63,7 +63,8 @@
 //! | PostgreSQL | 2 (claim, response) | 2 (insert that does nothing, then a read) |
 //! | MySQL/MariaDB | 2 (claim, response) | 2 (the failed insert, then a locking read) |
 //! | SQLite | 2 (claim, response) | 2 (insert that does nothing, then a read) |
-//! | any, `claim = "after"` | 1 (record with response) | the body, the insert, a read, and one restart (`ROLLBACK; BEGIN`) |
+//! | PostgreSQL, SQLite, `claim = "after"` | 1 (record with response) | the body, the insert, a take-over attempt (PostgreSQL only), `ROLLBACK; BEGIN`, a read |
+//! | MySQL/MariaDB, `claim = "after"` | 1 (record with response) | the body, the failed insert, a locking read, `ROLLBACK; BEGIN`, a locking read |
 //!
 //! (On PostgreSQL one statement could claim and return the existing record;
 //! measured with `loadgen`, it made every first call about 4% slower, and
@@ -122,7 +123,9 @@
 //! - **`retention`**: how long records are kept (`"24h"`, `"7d"`; default
 //!   7 days). After it, a repeat runs again. [`purge_expired`] deletes expired
 //!   records in bounded batches; schedule it.
-//! - **`source`**: `"frontend" | "callback" | "mq" | "rpc"`, who sends the requests.
+//! - **`source`**: `"frontend" | "callback" | "mq" | "rpc"`, who sends the
+//!   requests. Validated; it changes nothing for `dedup` (the `token` strategy,
+//!   still to come, will refuse callers that never fetch a token).
 //! - **`claim`**: `"before"` (default) or `"after"`, see below.
 //!
 //! The transaction parameter is found by its type (`&mut

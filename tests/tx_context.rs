@@ -59,3 +59,27 @@ async fn a_connection_outside_a_transaction_is_refused() {
     let record = idem::find_record(&pool, "tests.uow", &idem::Key::new(&order).unwrap()).await.unwrap();
     assert_eq!(record, None, "nothing may be written outside a transaction");
 }
+
+/// Over 128 bytes: stored as its hash.
+const LONG_SCOPE: &str = "payments.gateway.callbacks.alipay.trade_status_sync.v2.merchant_notifications.with_a_scope_name_far_longer_than_the_indexed_column_allows";
+
+#[idempotent(
+    key = "order_id",
+    scope = "payments.gateway.callbacks.alipay.trade_status_sync.v2.merchant_notifications.with_a_scope_name_far_longer_than_the_indexed_column_allows"
+)]
+async fn long_scoped(tx: &mut Transaction<'_, Sqlite>, order_id: &str) -> Result<(), AppError> {
+    let _ = (tx, order_id);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_long_scope_is_stored_hashed_and_still_found() {
+    let pool = common::sqlite().await.unwrap();
+    let order = unique("long-scope");
+    let mut tx = pool.begin().await.unwrap();
+    long_scoped(&mut tx, &order).await.unwrap();
+    tx.commit().await.unwrap();
+    let record = idem::find_record(&pool, LONG_SCOPE, &idem::Key::new(&order).unwrap()).await.unwrap();
+    let record = record.expect("find_record takes the scope as written in the attribute");
+    assert!(record.scope.starts_with("\\sha256:"), "{}", record.scope);
+}

@@ -19,6 +19,10 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
         None => quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
     };
     let key_source = &key.source;
+    let retention = match retention_ms {
+        Some(ms) => quote!(::idem::__private::Duration::from_millis(#ms)),
+        None => quote!(::idem::DEFAULT_RETENTION),
+    };
     // Each part is spanned at its own expression, so a part that is no key type
     // is reported there (with the message of `IdempotencyKey`).
     let key_parts = key.parts.iter().map(|part| quote_spanned!(part.span()=> .key(&(#part))));
@@ -44,7 +48,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
             static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
                 scope: #scope,
                 key_source: #key_source,
-                retention: ::idem::__private::Duration::from_millis(#retention_ms),
+                retention: #retention,
                 claim_after: #claim_after,
             };
             let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)

@@ -33,7 +33,8 @@ pub struct Plan {
     pub key: KeyArg,
     pub scope: Option<String>,
     pub fingerprint: Option<Expr>,
-    pub retention_ms: u64,
+    /// `None`: the runtime's `DEFAULT_RETENTION`.
+    pub retention_ms: Option<u64>,
     pub claim_after: bool,
     pub tx: Ident,
     /// The transaction parameter's type, where errors about it point.
@@ -243,7 +244,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         key: key.expect("no error means a key"),
         scope: raw.scope.map(|s| s.as_str().to_owned()),
         fingerprint: raw.fingerprint,
-        retention_ms: retention_ms.unwrap_or(7 * 24 * 3600 * 1000),
+        retention_ms,
         claim_after,
         tx: tx.as_ref().expect("no error means a transaction").0.clone(),
         tx_ty: tx.expect("no error means a transaction").1,

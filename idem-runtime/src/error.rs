@@ -10,6 +10,10 @@ use std::time::Duration;
 ///
 /// A **duplicate is never an error**: a repeat of a completed call replays the
 /// first answer as `Ok`. The variants below are what a caller has to act on.
+///
+/// `IllegalTransition`, `NotFound`, `TokenRejected`, `LockBusy` and `LeaseLost`
+/// belong to the strategies still to come (`state`, `token`, `lock`, `lease`);
+/// `dedup` never returns them.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -92,6 +92,10 @@ impl Prepared {
         }
     }
 
+    pub fn unfinished(&self) -> Error {
+        Error::Unfinished { scope: self.spec.scope.to_owned(), key_hash: self.key.hash() }
+    }
+
     pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {
         Error::InProgress { scope: self.spec.scope.to_owned(), key_hash: self.key.hash(), retry_after }
     }
@@ -109,7 +113,7 @@ impl Prepared {
 }
 
 /// Scopes longer than a key column are stored hashed, like long keys.
-fn stored_scope(scope: &'static str) -> Cow<'static, str> {
+pub(crate) fn stored_scope(scope: &str) -> Cow<'_, str> {
     if scope.len() > crate::key::MAX_PLAIN_KEY_LEN {
         Cow::Owned(Key::from_stored(scope.to_owned()).as_str().to_owned())
     } else {

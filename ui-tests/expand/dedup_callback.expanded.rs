@@ -25,7 +25,7 @@ pub async fn on_pay_callback(
     static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
         scope: "payments.on_pay",
         key_source: "trade_no",
-        retention: ::idem::__private::Duration::from_millis(604800000u64),
+        retention: ::idem::DEFAULT_RETENTION,
         claim_after: false,
     };
     let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)

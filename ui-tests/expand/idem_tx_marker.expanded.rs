@@ -29,7 +29,7 @@ pub async fn ship<T: Send>(
     static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
         scope: "orders.ship",
         key_source: "order_id",
-        retention: ::idem::__private::Duration::from_millis(604800000u64),
+        retention: ::idem::DEFAULT_RETENTION,
         claim_after: false,
     };
     let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)

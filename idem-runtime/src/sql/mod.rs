@@ -19,16 +19,14 @@ mod sqlite;
 pub const RECORD_TABLE: &str = "idem_records";
 
 /// What a claim statement found.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 #[doc(hidden)]
 pub enum ClaimResult {
     /// This call inserted the record: it runs the body.
     Claimed,
-    /// A committed record is there.
-    Existing(ExistingRecord),
-    /// The insert conflicted with a record committed while it waited, which the
-    /// statement's snapshot cannot show (PostgreSQL, READ COMMITTED): read again.
-    ReadAgain,
+    /// Another record holds the key: read it (a fresh statement, so under READ
+    /// COMMITTED it also sees a record committed while the insert waited).
+    Conflict,
 }
 
 /// The parts of an existing record a guard needs to judge a repeat.
@@ -296,11 +294,17 @@ pub async fn find_record<DB: SqlBackend>(
     key: &Key,
 ) -> Result<Option<DedupRecord>, Error> {
     let mut conn = pool.acquire().await?;
-    DB::fetch(&mut conn, scope, key.as_str()).await.map_err(classify::<DB>)
+    let scope = crate::guard::stored_scope(scope);
+    DB::fetch(&mut conn, &scope, key.as_str()).await.map_err(classify::<DB>)
 }
 
 pub(crate) fn retention_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(feature = "mysql")]
+pub(crate) fn retention_us(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Decode the columns of the backends' FETCH statements, in that order: scope,

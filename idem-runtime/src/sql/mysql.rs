@@ -17,9 +17,6 @@ const CLAIM: &str = "INSERT INTO idem_records \
     (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
     VALUES (?, ?, 'PROCESSING', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
 
-// A locking read: under REPEATABLE READ a plain SELECT would use the snapshot of
-// the transaction's first read and could miss a record committed since; a
-// locking read sees the latest committed version.
 const INSERT_DONE: &str = "INSERT INTO idem_records \
     (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at) \
     VALUES (?, ?, 'DONE', ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
@@ -30,6 +27,9 @@ const TAKE_OVER: &str = "UPDATE idem_records SET status = 'DONE', fingerprint = 
     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
     WHERE scope = ? AND idem_key = ? AND expires_at <= UTC_TIMESTAMP(6)";
 
+// A locking read: under REPEATABLE READ a plain SELECT would use the snapshot of
+// the transaction's first read and could miss a record committed since; a
+// locking read sees the latest committed version.
 const READ: &str = "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
     FROM idem_records WHERE scope = ? AND idem_key = ? LOCK IN SHARE MODE";
 
@@ -50,15 +50,12 @@ impl SqlBackend for MySql {
     const SCHEMA: &'static str = include_str!("../../migrations/mysql/0001_idem_records.sql");
 
     async fn claim(conn: &mut MySqlConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
-        let micros = super::retention_ms(r.retention).saturating_mul(1000);
+        let micros = super::retention_us(r.retention);
         let inserted =
             sqlx::query(CLAIM).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(micros).execute(&mut *conn).await;
         match inserted {
             Ok(_) => Ok(ClaimResult::Claimed),
-            Err(e) if is_duplicate_key(&e) => Ok(match Self::read(conn, r.scope, r.key).await? {
-                Some(existing) => ClaimResult::Existing(existing),
-                None => ClaimResult::ReadAgain,
-            }),
+            Err(e) if is_duplicate_key(&e) => Ok(ClaimResult::Conflict),
             Err(e) => Err(e),
         }
     }
@@ -94,7 +91,7 @@ impl SqlBackend for MySql {
         r: &NewRecord<'_>,
         response: &str,
     ) -> Result<InsertDone, sqlx::Error> {
-        let micros = super::retention_ms(r.retention).saturating_mul(1000);
+        let micros = super::retention_us(r.retention);
         let inserted = sqlx::query(INSERT_DONE)
             .bind(r.scope)
             .bind(r.key)
@@ -106,6 +103,10 @@ impl SqlBackend for MySql {
         match inserted {
             Ok(_) => Ok(InsertDone::Written),
             Err(e) if is_duplicate_key(&e) => {
+                // Read first (a shared lock, like the other repeats' reads), and
+                // take over only an expired record: an UPDATE straight away would
+                // ask for an exclusive lock on a row every concurrent repeat holds
+                // shared, and InnoDB would resolve that as a deadlock.
                 let existing = Self::read(conn, r.scope, r.key).await?;
                 if existing.as_ref().is_some_and(|e| e.expired) {
                     let taken = sqlx::query(TAKE_OVER)

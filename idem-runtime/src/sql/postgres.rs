@@ -52,7 +52,7 @@ impl SqlBackend for Postgres {
     async fn claim(conn: &mut PgConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let done =
             sqlx::query(CLAIM).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(r.retention).execute(conn).await?;
-        Ok(if done.rows_affected() == 1 { ClaimResult::Claimed } else { ClaimResult::ReadAgain })
+        Ok(if done.rows_affected() == 1 { ClaimResult::Claimed } else { ClaimResult::Conflict })
     }
 
     async fn read(conn: &mut PgConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
@@ -92,10 +92,8 @@ impl SqlBackend for Postgres {
         if written(INSERT_DONE).execute(&mut *conn).await?.rows_affected() == 1 {
             return Ok(InsertDone::Written);
         }
-        let existing = Self::read(conn, r.scope, r.key).await?;
-        if existing.as_ref().is_some_and(|e| e.expired)
-            && written(TAKE_OVER).execute(&mut *conn).await?.rows_affected() == 1
-        {
+        // TAKE_OVER only matches an expired record, so no read is needed first.
+        if written(TAKE_OVER).execute(&mut *conn).await?.rows_affected() == 1 {
             return Ok(InsertDone::Written);
         }
         Ok(InsertDone::Conflict)

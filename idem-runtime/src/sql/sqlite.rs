@@ -67,13 +67,7 @@ impl SqlBackend for Sqlite {
             .bind(super::retention_ms(r.retention))
             .execute(&mut *conn)
             .await?;
-        if inserted.rows_affected() == 1 {
-            return Ok(ClaimResult::Claimed);
-        }
-        Ok(match Self::read(conn, r.scope, r.key).await? {
-            Some(existing) => ClaimResult::Existing(existing),
-            None => ClaimResult::ReadAgain,
-        })
+        Ok(if inserted.rows_affected() == 1 { ClaimResult::Claimed } else { ClaimResult::Conflict })
     }
 
     async fn read(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {

@@ -45,15 +45,11 @@ impl Guard {
         }
         let record = p.record();
         for _ in 0..MAX_ATTEMPTS {
-            let existing = match DB::claim(conn, &record).await.map_err(classify::<DB>)? {
-                ClaimResult::Claimed => return Ok(Claim::Run(Ticket { prepared: p })),
-                ClaimResult::Existing(e) => e,
-                ClaimResult::ReadAgain => {
-                    match DB::read(conn, record.scope, record.key).await.map_err(classify::<DB>)? {
-                        Some(e) => e,
-                        None => continue, // the holder rolled back: claim again
-                    }
-                }
+            if DB::claim(conn, &record).await.map_err(classify::<DB>)? == ClaimResult::Claimed {
+                return Ok(Claim::Run(Ticket { prepared: p }));
+            }
+            let Some(existing) = DB::read(conn, record.scope, record.key).await.map_err(classify::<DB>)? else {
+                continue; // the holder rolled back, or the record was purged: claim again
             };
             if existing.expired {
                 // Past retention but not yet purged: the old answer no longer
@@ -85,7 +81,7 @@ fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Err
         // was dropped mid-body and the caller committed anyway: whether the
         // effect happened is unknown, so never run it again silently, and do
         // not call it retryable (it would stay so for the whole retention).
-        _ => Err(Error::Unfinished { scope: p.spec.scope.to_owned(), key_hash: p.key.hash() }),
+        _ => Err(p.unfinished()),
     }
 }
 
