@@ -407,6 +407,36 @@ macro_rules! dedup_suite {
                 assert_eq!(runs.load(SeqCst), 3, "a PAD SPACE collation merged distinct keys");
             }
 
+            #[idempotent(key = "key", scope = "tests.slow")]
+            async fn slow(tx: &mut Transaction<'_, Db>, key: &str, pause: Duration) -> Result<(), AppError> {
+                let _ = &tx;
+                tokio::time::sleep(pause).await;
+                Ok(())
+            }
+
+            /// The guarded future is dropped mid-body (a timeout around the
+            /// call) and the caller commits anyway: the record says PROCESSING
+            /// with no response. Whether the effect happened is unknown, so
+            /// repeats get a non-retryable error, never a second run.
+            #[tokio::test]
+            async fn a_call_cancelled_mid_body_then_committed_is_reported_unfinished() {
+                let pool = pool!();
+                let key = unique("cancelled");
+                let mut tx = pool.begin().await.unwrap();
+                let cut =
+                    tokio::time::timeout(Duration::from_millis(200), slow(&mut tx, &key, Duration::from_secs(30)))
+                        .await;
+                assert!(cut.is_err(), "the call should have been cut off");
+                tx.commit().await.unwrap();
+
+                let mut tx = pool.begin().await.unwrap();
+                let err = slow(&mut tx, &key, Duration::ZERO).await.unwrap_err();
+                match err {
+                    AppError::Idem(e @ idem::Error::Unfinished { .. }) => assert!(!e.is_retryable()),
+                    other => panic!("{other:?}"),
+                }
+            }
+
             async fn insert_marker(tx: &mut Transaction<'_, Db>, marker: &str) {
                 sqlx::query($insert).bind(marker).execute(&mut **tx).await.unwrap();
             }
