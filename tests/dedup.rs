@@ -187,31 +187,49 @@ macro_rules! dedup_suite {
                 assert!(record.expires_at_ms > record.created_at_ms);
             }
 
-            #[tokio::test]
-            async fn a_hundred_concurrent_duplicates_run_the_body_once() {
-                let pool = pool!();
-                let trade = Arc::new(unique("race"));
+            /// 100 tasks deliver the same trade at once, each in its own
+            /// transaction; returns how many ran the body's answer (Executed)
+            /// and how many replayed, and the body's run count. tokio::spawn
+            /// also proves the guarded futures are Send.
+            async fn hundred_duplicates(
+                pool: &sqlx::Pool<Db>,
+                trade: &str,
+                claim_after: bool,
+            ) -> (usize, usize, usize) {
+                let trade = Arc::new(trade.to_owned());
                 let runs = Arc::new(AtomicUsize::new(0));
                 let mut tasks = Vec::new();
                 for _ in 0..100 {
                     let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
-                    // tokio::spawn also proves the guarded future is Send.
                     tasks.push(tokio::spawn(async move {
                         let mut tx = pool.begin().await?;
-                        let (result, outcome) = idem::observe(grant_coupon(&mut tx, &trade, &runs)).await;
+                        let (result, outcome) = if claim_after {
+                            idem::observe(grant_after(&mut tx, &trade, &runs)).await
+                        } else {
+                            idem::observe(grant_coupon(&mut tx, &trade, &runs)).await
+                        };
                         let value = result?;
                         tx.commit().await?;
                         Ok::<_, AppError>((value, outcome.unwrap()))
                     }));
                 }
-                let mut replayed = 0;
+                let (mut executed, mut replayed) = (0, 0);
                 for t in tasks {
                     let (value, outcome) = t.await.unwrap().expect("every duplicate succeeds");
                     assert_eq!(value, 42);
+                    executed += usize::from(outcome == Outcome::Executed);
                     replayed += usize::from(outcome == Outcome::Replayed);
                 }
-                assert_eq!(runs.load(SeqCst), 1, "the body ran more than once");
-                assert_eq!(replayed, 99);
+                (executed, replayed, runs.load(SeqCst))
+            }
+
+            #[tokio::test]
+            async fn a_hundred_concurrent_duplicates_run_the_body_once() {
+                let pool = pool!();
+                let trade = unique("race");
+                let (executed, replayed, runs) = hundred_duplicates(&pool, &trade, false).await;
+                assert_eq!(runs, 1, "the body ran more than once");
+                assert_eq!((executed, replayed), (1, 99));
                 assert_eq!(coupons(&pool, &trade).await, 1);
             }
 
@@ -464,26 +482,10 @@ macro_rules! dedup_suite {
             #[tokio::test]
             async fn claim_after_under_a_hundred_concurrent_duplicates_commits_one_coupon() {
                 let pool = pool!();
-                let trade = Arc::new(unique("after-race"));
-                let runs = Arc::new(AtomicUsize::new(0));
-                let mut tasks = Vec::new();
-                for _ in 0..100 {
-                    let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
-                    tasks.push(tokio::spawn(async move {
-                        let mut tx = pool.begin().await?;
-                        let (result, outcome) = idem::observe(grant_after(&mut tx, &trade, &runs)).await;
-                        let value = result?;
-                        tx.commit().await?;
-                        Ok::<_, AppError>((value, outcome.unwrap()))
-                    }));
-                }
-                let mut executed = 0;
-                for t in tasks {
-                    let (value, outcome) = t.await.unwrap().expect("every duplicate succeeds");
-                    assert_eq!(value, 42);
-                    executed += usize::from(outcome == Outcome::Executed);
-                }
-                assert_eq!(executed, 1);
+                let trade = unique("after-race");
+                // claim = "after" may run several bodies; all but one are discarded.
+                let (executed, replayed, _) = hundred_duplicates(&pool, &trade, true).await;
+                assert_eq!((executed, replayed), (1, 99));
                 assert_eq!(coupons(&pool, &trade).await, 1, "a discarded body's coupon was committed");
             }
 
