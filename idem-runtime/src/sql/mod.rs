@@ -307,6 +307,24 @@ pub(crate) fn retention_us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// Decode the columns of the backends' READ statements, in that order: status,
+/// fingerprint, response, expired (as an integer: 0 or 1).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_existing<R>(row: &R) -> Result<ExistingRecord, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(ExistingRecord {
+        status: row.try_get(0)?,
+        fingerprint: row.try_get(1)?,
+        response: row.try_get(2)?,
+        expired: row.try_get::<i64, _>(3)? != 0,
+    })
+}
+
 /// Decode the columns of the backends' FETCH statements, in that order: scope,
 /// key, status, fingerprint, response, owner, fence, lease_until, created_at,
 /// updated_at, expires_at (timestamps as epoch milliseconds).

@@ -7,8 +7,8 @@
 //! 1 or 2 or 0 depending on the client flags, an ambiguity that has granted
 //! coupons twice).
 
+use sqlx::MySql;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
-use sqlx::{MySql, Row};
 
 use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
 use crate::DedupRecord;
@@ -62,15 +62,7 @@ impl SqlBackend for MySql {
 
     async fn read(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
         let row: Option<MySqlRow> = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
-        row.map(|row| {
-            Ok(ExistingRecord {
-                status: row.try_get(0)?,
-                fingerprint: row.try_get(1)?,
-                response: row.try_get(2)?,
-                expired: row.try_get::<i64, _>(3)? != 0,
-            })
-        })
-        .transpose()
+        row.map(|row| super::decode_existing(&row)).transpose()
     }
 
     async fn complete(conn: &mut MySqlConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {

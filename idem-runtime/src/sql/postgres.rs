@@ -3,8 +3,8 @@
 //! A unique violation in PostgreSQL aborts the whole transaction, so the claim
 //! is `INSERT ... ON CONFLICT DO NOTHING`, never a bare INSERT that may fail.
 
-use sqlx::postgres::{PgConnection, PgRow};
-use sqlx::{Postgres, Row};
+use sqlx::Postgres;
+use sqlx::postgres::PgConnection;
 
 use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
 use crate::DedupRecord;
@@ -37,7 +37,7 @@ UPDATE idem_records SET status = 'DONE', fingerprint = $3, response = $5, owner 
     lease_until = NULL, created_at = now(), updated_at = now(), expires_at = clock_timestamp() + $4::interval
 WHERE scope = $1 AND idem_key = $2 AND expires_at <= now()";
 
-const READ: &str = "SELECT status, fingerprint, response, expires_at <= now() AS expired \
+const READ: &str = "SELECT status, fingerprint, response, (expires_at <= now())::int8 AS expired \
                     FROM idem_records WHERE scope = $1 AND idem_key = $2";
 
 const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owner, fence, \
@@ -57,15 +57,7 @@ impl SqlBackend for Postgres {
 
     async fn read(conn: &mut PgConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
         let row = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
-        row.map(|row: PgRow| {
-            Ok(ExistingRecord {
-                status: row.try_get(0)?,
-                fingerprint: row.try_get(1)?,
-                response: row.try_get(2)?,
-                expired: row.try_get(3)?,
-            })
-        })
-        .transpose()
+        row.map(|row| super::decode_existing(&row)).transpose()
     }
 
     async fn complete(conn: &mut PgConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {

@@ -10,8 +10,8 @@
 //! guard: a deferred transaction that read first and then writes can fail with
 //! SQLITE_BUSY instead of waiting.
 
+use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use sqlx::{Row, Sqlite};
 
 use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
 use crate::DedupRecord;
@@ -72,15 +72,7 @@ impl SqlBackend for Sqlite {
 
     async fn read(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
         let row: Option<SqliteRow> = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
-        row.map(|row| {
-            Ok(ExistingRecord {
-                status: row.try_get(0)?,
-                fingerprint: row.try_get(1)?,
-                response: row.try_get(2)?,
-                expired: row.try_get::<i64, _>(3)? != 0,
-            })
-        })
-        .transpose()
+        row.map(|row| super::decode_existing(&row)).transpose()
     }
 
     async fn complete(conn: &mut SqliteConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
