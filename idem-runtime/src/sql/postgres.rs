@@ -37,7 +37,7 @@ UPDATE idem_records SET status = 'DONE', fingerprint = $3, response = $5, owner 
     lease_until = NULL, created_at = now(), updated_at = now(), expires_at = clock_timestamp() + $4::interval
 WHERE scope = $1 AND idem_key = $2 AND expires_at <= now()";
 
-const READ: &str = "SELECT status, fingerprint, response, (expires_at <= now())::int8 AS expired \
+const READ: &str = "SELECT status, fingerprint, response, (expires_at <= now())::int::int8 AS expired \
                     FROM idem_records WHERE scope = $1 AND idem_key = $2";
 
 const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owner, fence, \
