@@ -3,8 +3,13 @@
 //! second trade arrives. Every copy gets the first answer; exactly one coupon
 //! is granted per trade number.
 //!
+//! With `--strategy dedup+state` the handler also moves the order WAIT_PAY ->
+//! PAID in the same transaction (the seeds' two lines of defence: either the
+//! dedup record or the status check alone keeps the coupon single).
+//!
 //! ```text
 //! cargo run --example payment_callback                        # SQLite, no server
+//! cargo run --example payment_callback -- --strategy dedup+state
 //! cargo run --example payment_callback -- --database-url postgres://postgres@127.0.0.1/test
 //! cargo run --example payment_callback -- --database-url mysql://root@127.0.0.1/test
 //! ```
@@ -14,8 +19,8 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use clap::Parser;
-use common::{AppError, BoxError, Shop, Store};
+use clap::{Parser, ValueEnum};
+use common::{AppError, BoxError, OrderStatus, Shop, Store};
 use idem::{Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::Transaction;
@@ -45,13 +50,56 @@ where
     Ok(Receipt { coupon_id })
 }
 
+/// The same handler with both lines of defence: the dedup record and the
+/// order's WAIT_PAY -> PAID compare-and-set, in one transaction. A repeat
+/// whose record is gone (past retention) but whose order is already PAID is
+/// still a repeat; it has no stored receipt to replay, hence `Option`.
+#[idempotent(
+    key = "event.trade_no",
+    strategy = "dedup+state",
+    fingerprint = "event",
+    scope = "shop.on_pay_callback_state",
+    transition = "OrderStatus::WaitPay -> OrderStatus::Paid"
+)]
+async fn on_pay_callback_state<DB: Shop>(
+    tx: &mut Transaction<'_, DB>,
+    event: &PayCallback,
+) -> Result<Option<Receipt>, AppError>
+where
+    DB::Connection: Send,
+{
+    let coupon_id = DB::insert_coupon(tx, &event.trade_no, event.user_id).await?;
+    Ok(Some(Receipt { coupon_id }))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Strategy {
+    /// The dedup record alone.
+    Dedup,
+    /// The dedup record and the order's status check.
+    #[value(name = "dedup+state")]
+    DedupState,
+}
+
 /// One delivery: begin, handle, commit.
-async fn deliver<DB: Shop>(pool: &sqlx::Pool<DB>, event: &PayCallback) -> Result<(Receipt, Outcome), AppError>
+async fn deliver<DB: Shop>(
+    pool: &sqlx::Pool<DB>,
+    strategy: Strategy,
+    event: &PayCallback,
+) -> Result<(Receipt, Outcome), AppError>
 where
     DB::Connection: Send,
 {
     let mut tx = pool.begin().await?;
-    let (receipt, outcome) = idem::observe(on_pay_callback(&mut tx, event)).await;
+    let (receipt, outcome) = match strategy {
+        Strategy::Dedup => idem::observe(on_pay_callback(&mut tx, event)).await,
+        Strategy::DedupState => {
+            let (receipt, outcome) = idem::observe(on_pay_callback_state(&mut tx, event)).await;
+            let receipt = receipt
+                .and_then(|r| r.ok_or_else(|| AppError::Unexpected("a repeat without its stored receipt".to_owned())));
+            (receipt, outcome)
+        }
+    };
     let receipt = receipt?;
     tx.commit().await?;
     Ok((receipt, outcome.expect("a guard ran")))
@@ -69,6 +117,9 @@ struct Args {
     /// Duplicates sent by the burst.
     #[arg(long, default_value_t = 1000)]
     duplicates: usize,
+    /// How the handler is guarded.
+    #[arg(long, value_enum, default_value = "dedup")]
+    strategy: Strategy,
 }
 
 #[tokio::main]
@@ -95,7 +146,13 @@ where
     DB::setup(pool).await?;
     let run = common::run_id();
     let event = PayCallback { trade_no: format!("T{run}-1"), user_id: 42, amount_cents: 1999 };
-    println!("store={store}: the gateway reports trade {} as paid", event.trade_no);
+    if args.strategy == Strategy::DedupState {
+        // Orders T{run}-1 and T{run}-2, waiting for payment.
+        DB::create_orders(pool, &format!("T{run}-"), 1, 3).await?;
+    }
+    let strategy = args.strategy.to_possible_value().expect("no skipped values");
+    let strategy = strategy.get_name();
+    println!("store={store} strategy={strategy}: the gateway reports trade {} as paid", event.trade_no);
 
     let replayed = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
@@ -105,11 +162,11 @@ where
     let mut first: Option<Receipt> = None;
     for attempt in 1..=6 {
         callbacks += 1;
-        match deliver(pool, &event).await {
+        match deliver(pool, args.strategy, &event).await {
             Ok((receipt, outcome)) => {
                 let note = match outcome {
                     Outcome::Executed => "the handler ran and granted the coupon",
-                    Outcome::Replayed => "replayed the first answer, the handler did not run",
+                    _ => "replayed the first answer, the handler did not run",
                 };
                 println!("   callback #{attempt}: coupon {} ({note})", receipt.coupon_id);
                 if outcome == Outcome::Replayed {
@@ -135,10 +192,11 @@ where
     for client in 0..clients {
         let share = args.duplicates / clients + usize::from(client < args.duplicates % clients);
         let (pool, event, replayed, errors) = (pool.clone(), event.clone(), replayed.clone(), errors.clone());
+        let strategy = args.strategy;
         let expected = first.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..share {
-                match deliver(&pool, &event).await {
+                match deliver(&pool, strategy, &event).await {
                     Ok((receipt, Outcome::Replayed)) if Some(&receipt) == expected.as_ref() => {
                         replayed.fetch_add(1, Ordering::Relaxed);
                     }
@@ -167,7 +225,7 @@ where
     let other = PayCallback { trade_no: format!("T{run}-2"), user_id: 7, amount_cents: 500 };
     println!("3. a second trade, {}, arrives:", other.trade_no);
     callbacks += 1;
-    match deliver(pool, &other).await {
+    match deliver(pool, args.strategy, &other).await {
         Ok((receipt, outcome)) => println!("   coupon {} ({})", receipt.coupon_id, outcome.as_str()),
         Err(e) => {
             println!("   error {e}");
@@ -175,12 +233,19 @@ where
         }
     }
 
+    if args.strategy == Strategy::DedupState {
+        let paid = DB::order_status(pool, &event.trade_no).await? == OrderStatus::Paid.code();
+        println!("   order {} is {}", event.trade_no, if paid { "PAID" } else { "NOT PAID" });
+        if !paid {
+            errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     let granted = DB::coupons_for(pool, &event.trade_no).await?;
     let other_granted = DB::coupons_for(pool, &other.trade_no).await?;
     let replayed = replayed.load(Ordering::Relaxed);
     let errors = errors.load(Ordering::Relaxed);
     println!(
-        "store={store} callbacks={callbacks} coupons_granted={granted} replayed={replayed} \
+        "store={store} strategy={strategy} callbacks={callbacks} coupons_granted={granted} replayed={replayed} \
          other_trade_coupons={other_granted} errors={errors}"
     );
     Ok(granted == 1 && other_granted == 1 && errors == 0 && replayed == callbacks - 2)

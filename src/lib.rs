@@ -157,11 +157,16 @@
 /// Make an async function idempotent; see the [crate docs](crate) for the arguments.
 pub use idem_macros::idempotent;
 
+/// Describe an entity's status enum for `strategy = "state"` and
+/// `"dedup+state"`; see [the crate docs](crate#state-machines).
+pub use idem_macros::StateMachine;
+
 pub use idem_runtime::{
     DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, GuardError, IdempotencyKey, Key, Outcome, PurgeOptions,
-    PurgeReport, RecordStatus, Replayable, Result, SqlBackend, TxContext, find_record, migrate, observe, purge_expired,
+    PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend, StateMachine, TxContext, find_record,
+    migrate, observe, purge_expired,
 };
-pub use idem_runtime::{error, key, record, sql};
+pub use idem_runtime::{error, key, record, sql, state};
 
 #[doc(hidden)]
 pub use idem_runtime::__private;

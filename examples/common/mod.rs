@@ -17,6 +17,8 @@ pub enum AppError {
     Idem(#[from] idem::Error),
     #[error(transparent)]
     Db(#[from] sqlx::Error),
+    #[error("{0}")]
+    Unexpected(String),
 }
 
 /// A connected store.
@@ -87,8 +89,53 @@ pub fn run_id() -> String {
     format!("{:x}", nanos)
 }
 
-/// The demo shop's business statements, per database: a coupon table and
-/// 1,000 users with a coupon counter.
+/// The seed's order lifecycle, stored as integer codes in `shop_orders.status`.
+#[derive(idem::StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state(table = "shop_orders", key_column = "trade_no", status_column = "status")]
+pub enum OrderStatus {
+    #[state(code = 1, to(Paid, Canceled))]
+    WaitPay,
+    #[state(code = 2, to(Shipped, Canceled))]
+    Paid,
+    #[state(code = 3, to(Finished))]
+    Shipped,
+    #[state(code = 4)]
+    Finished,
+    #[state(code = 9)]
+    Canceled,
+}
+
+impl OrderStatus {
+    pub fn code(self) -> i64 {
+        match self {
+            OrderStatus::WaitPay => 1,
+            OrderStatus::Paid => 2,
+            OrderStatus::Shipped => 3,
+            OrderStatus::Finished => 4,
+            OrderStatus::Canceled => 9,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<OrderStatus> {
+        [Self::WaitPay, Self::Paid, Self::Shipped, Self::Finished, Self::Canceled]
+            .into_iter()
+            .find(|s| s.code() == code)
+    }
+
+    /// `WAIT_PAY`, `PAID`, ... as the seed writes them.
+    pub fn label(self) -> &'static str {
+        match self {
+            OrderStatus::WaitPay => "WAIT_PAY",
+            OrderStatus::Paid => "PAID",
+            OrderStatus::Shipped => "SHIPPED",
+            OrderStatus::Finished => "FINISHED",
+            OrderStatus::Canceled => "CANCELED",
+        }
+    }
+}
+
+/// The demo shop's business statements, per database: orders with a status,
+/// a coupon table and 1,000 users with a coupon counter.
 pub trait Shop: idem::SqlBackend {
     /// Create the tables if missing and make sure users 1..=1000 exist.
     fn setup(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
@@ -102,6 +149,34 @@ pub trait Shop: idem::SqlBackend {
     fn bump_user(conn: &mut Self::Connection, user_id: i64) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Coupons granted for one trade.
     fn coupons_for(pool: &sqlx::Pool<Self>, trade_no: &str) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// Orders `{prefix}{n}` for n in `from..to`, all WAIT_PAY, in one statement.
+    fn create_orders(
+        pool: &sqlx::Pool<Self>,
+        prefix: &str,
+        from: u64,
+        to: u64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// The order's status code.
+    fn order_status(pool: &sqlx::Pool<Self>, trade_no: &str) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// `UPDATE shop_orders SET status = to WHERE trade_no = ? [AND status = from]`:
+    /// the statement a hand-written state change sends (and, without `from`,
+    /// the blind status write of a service with no guard). Rows changed.
+    fn set_order_status(
+        conn: &mut Self::Connection,
+        trade_no: &str,
+        from: Option<i64>,
+        to: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+}
+
+/// `UPDATE shop_orders ...` with the database's placeholders for the trade
+/// number (`a`) and the new status (`b`).
+fn set_status_sql(from: Option<i64>, (a, b): (&str, &str)) -> sqlx::AssertSqlSafe<String> {
+    // Integers only are formatted into the SQL; the trade number is bound.
+    sqlx::AssertSqlSafe(match from {
+        Some(from) => format!("UPDATE shop_orders SET status = {b} WHERE trade_no = {a} AND status = {from}"),
+        None => format!("UPDATE shop_orders SET status = {b} WHERE trade_no = {a}"),
+    })
 }
 
 const USERS: i64 = 1000;
@@ -112,6 +187,7 @@ impl Shop for Sqlite {
             "CREATE TABLE IF NOT EXISTS shop_coupons (id INTEGER PRIMARY KEY AUTOINCREMENT, trade_no TEXT NOT NULL, user_id INTEGER NOT NULL);
              CREATE INDEX IF NOT EXISTS shop_coupons_trade_no ON shop_coupons (trade_no);
              CREATE TABLE IF NOT EXISTS shop_users (id INTEGER PRIMARY KEY, coupons INTEGER NOT NULL DEFAULT 0);
+             CREATE TABLE IF NOT EXISTS shop_orders (trade_no TEXT PRIMARY KEY, status INTEGER NOT NULL);
              WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
              INSERT OR IGNORE INTO shop_users (id) SELECT i FROM n;",
         )
@@ -141,6 +217,30 @@ impl Shop for Sqlite {
     async fn coupons_for(pool: &SqlitePool, trade_no: &str) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar("SELECT COUNT(*) FROM shop_coupons WHERE trade_no = ?").bind(trade_no).fetch_one(pool).await
     }
+    async fn create_orders(pool: &SqlitePool, prefix: &str, from: u64, to: u64) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT ?2 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?3) \
+             INSERT INTO shop_orders (trade_no, status) SELECT ?1 || i, 1 FROM n",
+        )
+        .bind(prefix)
+        .bind(from as i64)
+        .bind(to as i64)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+    async fn order_status(pool: &SqlitePool, trade_no: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT status FROM shop_orders WHERE trade_no = ?").bind(trade_no).fetch_one(pool).await
+    }
+    async fn set_order_status(
+        conn: &mut sqlx::SqliteConnection,
+        trade_no: &str,
+        from: Option<i64>,
+        to: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(set_status_sql(from, ("?1", "?2"))).bind(trade_no).bind(to).execute(conn).await?;
+        Ok(done.rows_affected())
+    }
 }
 
 impl Shop for Postgres {
@@ -149,6 +249,7 @@ impl Shop for Postgres {
             "CREATE TABLE IF NOT EXISTS shop_coupons (id BIGSERIAL PRIMARY KEY, trade_no VARCHAR(64) NOT NULL, user_id BIGINT NOT NULL);
              CREATE INDEX IF NOT EXISTS shop_coupons_trade_no ON shop_coupons (trade_no);
              CREATE TABLE IF NOT EXISTS shop_users (id BIGINT PRIMARY KEY, coupons BIGINT NOT NULL DEFAULT 0);
+             CREATE TABLE IF NOT EXISTS shop_orders (trade_no VARCHAR(64) PRIMARY KEY, status SMALLINT NOT NULL);
              INSERT INTO shop_users (id) SELECT generate_series(1, 1000) ON CONFLICT DO NOTHING;",
         )
         .execute(pool)
@@ -172,6 +273,33 @@ impl Shop for Postgres {
     async fn coupons_for(pool: &PgPool, trade_no: &str) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar("SELECT COUNT(*) FROM shop_coupons WHERE trade_no = $1").bind(trade_no).fetch_one(pool).await
     }
+    async fn create_orders(pool: &PgPool, prefix: &str, from: u64, to: u64) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO shop_orders (trade_no, status) SELECT $1 || i, 1 FROM generate_series($2::int8, $3::int8 - 1) i",
+        )
+        .bind(prefix)
+        .bind(from as i64)
+        .bind(to as i64)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+    async fn order_status(pool: &PgPool, trade_no: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT status::int8 FROM shop_orders WHERE trade_no = $1")
+            .bind(trade_no)
+            .fetch_one(pool)
+            .await
+    }
+    async fn set_order_status(
+        conn: &mut sqlx::PgConnection,
+        trade_no: &str,
+        from: Option<i64>,
+        to: i64,
+    ) -> Result<u64, sqlx::Error> {
+        // `$2::int2`: the column's type, so the plan is the one a typed query gets.
+        let done = sqlx::query(set_status_sql(from, ("$1", "$2"))).bind(trade_no).bind(to as i16).execute(conn).await?;
+        Ok(done.rows_affected())
+    }
 }
 
 impl Shop for MySql {
@@ -179,7 +307,8 @@ impl Shop for MySql {
         sqlx::raw_sql(
             "CREATE TABLE IF NOT EXISTS shop_coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, trade_no VARCHAR(64) NOT NULL, \
                user_id BIGINT NOT NULL, INDEX shop_coupons_trade_no (trade_no)) ENGINE = InnoDB;
-             CREATE TABLE IF NOT EXISTS shop_users (id BIGINT PRIMARY KEY, coupons BIGINT NOT NULL DEFAULT 0) ENGINE = InnoDB;",
+             CREATE TABLE IF NOT EXISTS shop_users (id BIGINT PRIMARY KEY, coupons BIGINT NOT NULL DEFAULT 0) ENGINE = InnoDB;
+             CREATE TABLE IF NOT EXISTS shop_orders (trade_no VARCHAR(64) PRIMARY KEY, status SMALLINT NOT NULL) ENGINE = InnoDB;",
         )
         .execute(pool)
         .await?;
@@ -207,5 +336,43 @@ impl Shop for MySql {
     }
     async fn coupons_for(pool: &MySqlPool, trade_no: &str) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar("SELECT COUNT(*) FROM shop_coupons WHERE trade_no = ?").bind(trade_no).fetch_one(pool).await
+    }
+    async fn create_orders(pool: &MySqlPool, prefix: &str, from: u64, to: u64) -> Result<(), sqlx::Error> {
+        // Batches of 5,000 rows: one statement each, well under max_allowed_packet.
+        let mut start = from;
+        while start < to {
+            let end = (start + 5000).min(to);
+            sqlx::query(
+                "INSERT INTO shop_orders (trade_no, status) \
+                 WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) \
+                 SELECT CONCAT(?, i), 1 FROM n",
+            )
+            .bind(start as i64)
+            .bind(end as i64)
+            .bind(prefix)
+            .execute(pool)
+            .await?;
+            start = end;
+        }
+        Ok(())
+    }
+    async fn order_status(pool: &MySqlPool, trade_no: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT CAST(status AS SIGNED) FROM shop_orders WHERE trade_no = ?")
+            .bind(trade_no)
+            .fetch_one(pool)
+            .await
+    }
+    async fn set_order_status(
+        conn: &mut sqlx::MySqlConnection,
+        trade_no: &str,
+        from: Option<i64>,
+        to: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = match from {
+            Some(from) => format!("UPDATE shop_orders SET status = ? WHERE trade_no = ? AND status = {from}"),
+            None => "UPDATE shop_orders SET status = ? WHERE trade_no = ?".to_owned(),
+        };
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to).bind(trade_no).execute(conn).await?;
+        Ok(done.rows_affected())
     }
 }

@@ -12,7 +12,7 @@ use crate::validate::{Plan, Strategy};
 pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let fn_name = func.sig.ident.to_string();
     let block = &func.block;
-    let Plan { strategy, key, scope, fingerprint, retention_ms, claim_after, tx, tx_ty, ret } = plan;
+    let Plan { strategy, key, scope, fingerprint, retention_ms, claim_after, transition, tx, tx_ty, ret } = plan;
 
     let scope = match scope {
         Some(s) => quote!(#s),
@@ -25,7 +25,31 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     };
     // Each part is spanned at its own expression, so a part that is no key type
     // is reported there (with the message of `IdempotencyKey`).
-    let key_parts = key.parts.iter().map(|part| quote_spanned!(part.span()=> .key(&(#part))));
+    // State strategies also bind each part to the entity's key column.
+    let key_method = match strategy {
+        Strategy::Dedup => quote!(key),
+        Strategy::State | Strategy::DedupState => quote!(entity_key),
+    };
+    let key_parts = key.parts.iter().map(|part| quote_spanned!(part.span()=> .#key_method(&(#part))));
+    // The transition is a constant checked at compile time against the
+    // enum's declared transitions; every token points at the attribute's
+    // `transition` string, where a mistake in it is reported.
+    let n_parts = key.parts.len();
+    let transition = transition.map(|t| {
+        let span = t.span;
+        let enum_path = respan(t.enum_path.to_token_stream(), span);
+        let from = t.from.iter().map(|v| v.to_string());
+        let to = t.to.to_string();
+        quote_spanned! {span=>
+            const __IDEM_TRANSITION: ::idem::__private::Transition = ::idem::__private::Transition {
+                states: &<#enum_path as ::idem::StateMachine>::STATES,
+                from: &[#(#from),*],
+                to: #to,
+                key_parts: #n_parts,
+            };
+            const _: () = __IDEM_TRANSITION.check();
+        }
+    });
     let fingerprint = fingerprint.map(|fp| quote_spanned!(fp.span()=> .fingerprint(&(#fp))));
     // Conversions into the function's error type are spanned at its return
     // type: that is where `From<idem::Error>` is missing if it is.
@@ -40,6 +64,8 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let conn = quote_spanned!(tx_span=> ::idem::__private::connection(&mut *#tx_at_type));
     let claim = match strategy {
         Strategy::Dedup => quote_spanned!(ret_span=> dedup(#conn)),
+        Strategy::State => quote_spanned!(ret_span=> state(#conn, &__IDEM_TRANSITION)),
+        Strategy::DedupState => quote_spanned!(ret_span=> dedup_state(#conn, &__IDEM_TRANSITION)),
     };
     let completed = syn::Ident::new("__idem_completed", ret_span);
     let finish = quote_spanned!(ret_span=> ::idem::__private::finish(#completed));
@@ -51,6 +77,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                 retention: #retention,
                 claim_after: #claim_after,
             };
+            #transition
             let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
                 #(#key_parts)*
                 #fingerprint
@@ -76,4 +103,21 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     // visibility stay exactly as written.
     func.block = Box::new(syn::parse2(body).expect("generated body parses"));
     func.into_token_stream()
+}
+
+/// The same tokens, all pointing at `span`.
+fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                group.set_span(span);
+                tt = proc_macro2::TokenTree::Group(group);
+            } else {
+                tt.set_span(span);
+            }
+            tt
+        })
+        .collect()
 }

@@ -10,7 +10,18 @@ use syn::spanned::Spanned;
 
 mod args;
 mod expand;
+mod state_machine;
 mod validate;
+
+/// Describe an entity's status enum for the `state` strategies. See the
+/// `idem` crate for the attributes.
+#[proc_macro_derive(StateMachine, attributes(state))]
+pub fn derive_state_machine(item: TokenStream) -> TokenStream {
+    match syn::parse::<syn::DeriveInput>(item) {
+        Ok(input) => state_machine::derive(input).into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
 
 /// Make an async function idempotent. See the `idem` crate for the arguments.
 #[proc_macro_attribute]

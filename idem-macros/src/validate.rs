@@ -12,8 +12,8 @@ use crate::args::{KeyArg, RawArgs};
 /// Every strategy DESIGN.md names, with whether this version implements it.
 const STRATEGIES: &[(&str, bool)] = &[
     ("dedup", true),
-    ("state", false),
-    ("dedup+state", false),
+    ("state", true),
+    ("dedup+state", true),
     ("token", false),
     ("token+dedup", false),
     ("lock+dedup", false),
@@ -25,6 +25,31 @@ const STRATEGIES: &[(&str, bool)] = &[
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
     Dedup,
+    State,
+    DedupState,
+}
+
+impl Strategy {
+    fn name(self) -> &'static str {
+        match self {
+            Strategy::Dedup => "dedup",
+            Strategy::State => "state",
+            Strategy::DedupState => "dedup+state",
+        }
+    }
+
+    fn moves_state(self) -> bool {
+        matches!(self, Strategy::State | Strategy::DedupState)
+    }
+}
+
+/// `transition = "OrderStatus::WaitPay | OrderStatus::Paid -> OrderStatus::Canceled"`.
+pub struct TransitionArg {
+    /// `OrderStatus`: the path before the variant names.
+    pub enum_path: syn::Path,
+    pub from: Vec<Ident>,
+    pub to: Ident,
+    pub span: Span,
 }
 
 /// A validated attribute: everything the expansion needs.
@@ -36,6 +61,7 @@ pub struct Plan {
     /// `None`: the runtime's `DEFAULT_RETENTION`.
     pub retention_ms: Option<u64>,
     pub claim_after: bool,
+    pub transition: Option<TransitionArg>,
     pub tx: Ident,
     /// The transaction parameter's type, where errors about it point.
     pub tx_ty: Type,
@@ -131,26 +157,67 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
 
     // Arguments that belong to other strategies.
     let foreign: [(&str, Option<Span>); 6] = [
-        ("transition", raw.transition.as_ref().map(|v| v.span())),
+        (
+            "transition",
+            raw.transition.as_ref().filter(|_| !strategy.is_some_and(Strategy::moves_state)).map(|v| v.span()),
+        ),
         ("ttl", raw.ttl.as_ref().map(|v| v.span())),
         ("lease", raw.lease.as_ref().map(|v| v.span())),
         ("store", raw.store.as_ref().map(|v| v.span())),
         ("precheck", raw.precheck.as_ref().map(|v| v.span())),
         ("concurrency_only", raw.concurrency_only.as_ref().map(|v| v.span())),
     ];
-    if strategy == Some(Strategy::Dedup) {
-        for (name, span) in foreign {
+    if let Some(strategy) = strategy {
+        let name = strategy.name();
+        for (arg, span) in foreign {
             let Some(span) = span else { continue };
-            let hint = match name {
-                "lease" => {
-                    "`dedup` writes its record in your transaction, so it needs no lease; `lease` is for work \
-                     outside a transaction (strategy = \"lease\"). Remove one of them"
-                }
-                _ => "remove it, or choose the strategy it belongs to",
+            let hint = match arg {
+                "lease" => format!(
+                    "`{name}` works in your transaction, so it needs no lease; `lease` is for work outside a \
+                     transaction (strategy = \"lease\"). Remove one of them"
+                ),
+                "transition" => "a transition is made by strategy `state` or `dedup+state`; remove it, or choose \
+                                 one of those"
+                    .to_owned(),
+                _ => "remove it, or choose the strategy it belongs to".to_owned(),
             };
-            errors.push(syn::Error::new(span, format!("`{name}` has no meaning for strategy `dedup`: {hint}")));
+            errors.push(syn::Error::new(span, format!("`{arg}` has no meaning for strategy `{name}`: {hint}")));
         }
     }
+    // `state` alone keeps no record: nothing to fingerprint or retain.
+    if strategy == Some(Strategy::State) {
+        let recordless = [
+            ("fingerprint", raw.fingerprint.as_ref().map(|f| f.span())),
+            ("retention", raw.retention.as_ref().map(|r| r.span())),
+        ];
+        for (arg, span) in recordless {
+            let Some(span) = span else { continue };
+            errors.push(syn::Error::new(
+                span,
+                format!(
+                    "`{arg}` needs a dedup record, and strategy `state` keeps none (the entity's status is its \
+                     only memory); use strategy = \"dedup+state\" to keep a record too, or remove `{arg}`"
+                ),
+            ));
+        }
+    }
+    let transition = match (strategy, &raw.transition) {
+        (Some(s), None) if s.moves_state() => {
+            errors.push(syn::Error::new(
+                raw.strategy.as_ref().map_or(attr_span, |s| s.span()),
+                format!(
+                    "strategy `{}` needs `transition`: the status change this call makes, e.g. \
+                     `transition = \"OrderStatus::WaitPay -> OrderStatus::Paid\"`",
+                    s.name()
+                ),
+            ));
+            None
+        }
+        (Some(s), Some(t)) if s.moves_state() => {
+            parse_transition(t.as_str(), t.span()).map_err(|e| errors.push(e)).ok()
+        }
+        _ => None,
+    };
 
     if let Some(source) = &raw.source
         && !["frontend", "callback", "mq", "rpc"].contains(&source.as_str())
@@ -216,6 +283,14 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     let claim_after = match &raw.claim {
         None => false,
         Some(c) if c.as_str() == "before" => false,
+        Some(c) if c.as_str() == "after" && strategy.is_some_and(Strategy::moves_state) => {
+            errors.push(syn::Error::new(
+                c.span(),
+                "`claim = \"after\"` applies to strategy `dedup` only: a state change is checked before the \
+                 body runs, so that the body's effects hang off the transition; remove `claim`",
+            ));
+            false
+        }
         Some(c) if c.as_str() == "after" => true,
         Some(c) => {
             errors.push(syn::Error::new(
@@ -230,7 +305,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         }
     };
 
-    let tx = find_tx(func, &marks.tx).map_err(|e| errors.push(e)).ok();
+    let tx = find_tx(func, &marks.tx, strategy.unwrap_or(Strategy::Dedup)).map_err(|e| errors.push(e)).ok();
 
     let mut all = errors.into_iter();
     if let Some(mut first) = all.next() {
@@ -246,6 +321,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         fingerprint: raw.fingerprint,
         retention_ms,
         claim_after,
+        transition,
         tx: tx.as_ref().expect("no error means a transaction").0.clone(),
         tx_ty: tx.expect("no error means a transaction").1,
         ret: ret.expect("no error means a return type"),
@@ -276,9 +352,16 @@ fn is_result(ty: &Type) -> bool {
 fn parse_strategy(name: &str, span: Span) -> Result<Strategy, syn::Error> {
     let normalized: String = name.chars().filter(|c| !c.is_whitespace()).collect();
     match STRATEGIES.iter().find(|(n, _)| *n == normalized) {
-        Some((_, true)) => Ok(Strategy::Dedup),
+        Some(("dedup", true)) => Ok(Strategy::Dedup),
+        Some(("state", true)) => Ok(Strategy::State),
+        Some(("dedup+state", true)) => Ok(Strategy::DedupState),
+        Some((n, true)) => unreachable!("strategy `{n}` is marked available but has no Strategy variant"),
         Some((n, false)) => {
-            Err(syn::Error::new(span, format!("strategy `{n}` is not available in this version of idem; `dedup` is")))
+            let available = STRATEGIES.iter().filter(|(_, a)| *a).map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>();
+            Err(syn::Error::new(
+                span,
+                format!("strategy `{n}` is not available in this version of idem; {} are", available.join(", ")),
+            ))
         }
         None if normalized.contains("dedup") && normalized.contains("lease") => Err(syn::Error::new(
             span,
@@ -297,6 +380,57 @@ fn parse_strategy(name: &str, span: Span) -> Result<Strategy, syn::Error> {
             Err(syn::Error::new(span, format!("unknown strategy `{name}`; {hint}strategies are {all}")))
         }
     }
+}
+
+/// `"A::X | A::Y -> A::Z"`: sources and target, variants of one enum.
+fn parse_transition(text: &str, span: Span) -> Result<TransitionArg, syn::Error> {
+    const FORM: &str = "write it as `\"OrderStatus::WaitPay -> OrderStatus::Paid\"`, several sources joined by `|`";
+    let fail = |what: String| syn::Error::new(span, format!("`transition = \"{text}\"` {what}; {FORM}"));
+    let Some((left, right)) = text.split_once("->") else {
+        return Err(fail("has no `->` between the source and the target state".to_owned()));
+    };
+    if right.contains("->") {
+        return Err(fail("has more than one `->`: a transition goes from its source(s) to one target".to_owned()));
+    }
+    let variant = |part: &str| -> Result<(syn::Path, Ident), syn::Error> {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(fail("is missing a state".to_owned()));
+        }
+        let path: syn::Path = syn::parse_str(part).map_err(|_| fail(format!("has `{part}`, which is not a path")))?;
+        if path.segments.len() < 2 || path.segments.iter().any(|s| !s.arguments.is_none()) {
+            return Err(fail(format!(
+                "has `{part}`: name each state with its enum, e.g. `OrderStatus::{}`",
+                path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default()
+            )));
+        }
+        let n = path.segments.len();
+        let last = path.segments[n - 1].ident.clone();
+        let prefix = syn::Path {
+            leading_colon: path.leading_colon,
+            segments: path.segments.iter().take(n - 1).cloned().collect(),
+        };
+        Ok((prefix, last))
+    };
+    let (enum_path, to) = variant(right)?;
+    let mut from = Vec::new();
+    for part in left.split('|') {
+        let (p, v) = variant(part)?;
+        if quote::quote!(#p).to_string() != quote::quote!(#enum_path).to_string() {
+            return Err(fail(format!(
+                "mixes `{}` and `{}`: a transition moves one status enum",
+                quote::quote!(#p),
+                quote::quote!(#enum_path)
+            )));
+        }
+        if v == to {
+            return Err(fail(format!("goes from `{v}` to itself: a repeat of it could not be told from a first call")));
+        }
+        if !from.contains(&v) {
+            from.push(v);
+        }
+    }
+    Ok(TransitionArg { enum_path, from, to, span })
 }
 
 /// A duration argument such as `"30s"` or `"7d"`, refusing zero.
@@ -371,7 +505,7 @@ fn check_rooted(expr: &Expr, params: &[String], fn_name: &Ident, what: &str, err
 }
 
 /// The parameter the record is written through.
-fn find_tx(func: &ItemFn, marked: &[(Ident, Span)]) -> Result<(Ident, Type), syn::Error> {
+fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: Strategy) -> Result<(Ident, Type), syn::Error> {
     let sig = &func.sig;
     if marked.len() > 1 {
         return Err(syn::Error::new(marked[1].1, "only one parameter can be `#[idem(tx)]`"));
@@ -395,10 +529,19 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)]) -> Result<(Ident, Type), syn
         [] => Err(syn::Error::new(
             sig.ident.span(),
             format!(
-                "strategy `dedup` writes its record in your transaction, but `{}` takes none: add a parameter \
-                 `tx: &mut sqlx::Transaction<'_, DB>` (or mark yours with `#[idem(tx)]`) so the record commits \
-                 or rolls back with your change",
-                sig.ident
+                "strategy `{}` {}, but `{}` takes none: add a parameter `tx: &mut sqlx::Transaction<'_, DB>` \
+                 (or mark yours with `#[idem(tx)]`) so {} with your change",
+                strategy.name(),
+                match strategy {
+                    Strategy::Dedup => "writes its record in your transaction",
+                    Strategy::State => "moves the entity's status in your transaction",
+                    Strategy::DedupState => "writes its record and moves the entity's status in your transaction",
+                },
+                sig.ident,
+                match strategy {
+                    Strategy::Dedup => "the record commits or rolls back",
+                    _ => "the status change commits or rolls back",
+                }
             ),
         )),
         [_, (second, _), ..] => Err(syn::Error::new(

@@ -59,10 +59,19 @@ pub enum Error {
     },
 
     /// A state change the entity's state machine does not allow from its current
-    /// state. Distinct from a repeat (which is a silent success).
-    #[error("illegal state transition {from} -> {to}: the entity is in state {current}")]
+    /// state: the entity is neither in a source state of the transition nor
+    /// already in its target (which would be a repeat, a silent success).
+    /// Nothing was changed. Also emitted as an `ERROR` tracing event, since it
+    /// usually means a bug or an out-of-order message, not a retry.
+    #[error(
+        "illegal state transition {from} -> {to} for key {key_hash} in scope `{scope}`: the entity is in state {current}"
+    )]
     IllegalTransition {
-        /// The source state(s) the guard expected.
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the key.
+        key_hash: String,
+        /// The source state(s) the guard expected (`OrderStatus::WaitPay`).
         from: String,
         /// The target state.
         to: String,
@@ -70,7 +79,8 @@ pub enum Error {
         current: String,
     },
 
-    /// The entity a state guard should move does not exist.
+    /// The entity a state guard should move does not exist (no row with the key
+    /// in the state enum's table). Nothing was changed.
     #[error("no entity with key {key_hash} in scope `{scope}`")]
     NotFound {
         /// Scope of the guard.

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use crate::key::{Fingerprint, Fingerprintable, IdempotencyKey, KeyBuilder};
+use crate::key::{Fingerprint, Fingerprintable, IdempotencyKey, KeyBuilder, SqlKey};
 use crate::{Error, Key};
 
 /// Records are kept this long unless the attribute says `retention = "..."`.
@@ -47,6 +47,13 @@ impl Guard {
         self
     }
 
+    /// Add one key part that also selects the entity a state guard moves
+    /// (bound to the state enum's key column, in order).
+    pub fn entity_key<K: IdempotencyKey + ?Sized>(mut self, part: &K) -> Guard {
+        self.key = self.key.entity_part(part);
+        self
+    }
+
     /// Hash the request payload, to detect a key reused for another request.
     pub fn fingerprint<F: Fingerprintable + ?Sized>(mut self, payload: &F) -> Guard {
         self.fingerprint = Some(Fingerprint::of(payload).map_err(|e| e.to_string()));
@@ -55,7 +62,7 @@ impl Guard {
 
     /// Validate the key and fingerprint.
     pub(crate) fn prepare(self) -> Result<Prepared, Error> {
-        let key = self.key.finish()?;
+        let (key, entity) = self.key.finish_with_entity()?;
         let fingerprint = match self.fingerprint {
             None => None,
             Some(Ok(f)) => Some(f),
@@ -66,7 +73,7 @@ impl Guard {
                 });
             }
         };
-        Ok(Prepared { spec: self.spec, stored_scope: stored_scope(self.spec.scope), key, fingerprint })
+        Ok(Prepared { spec: self.spec, stored_scope: stored_scope(self.spec.scope), key, entity, fingerprint })
     }
 }
 
@@ -75,6 +82,8 @@ pub(crate) struct Prepared {
     pub spec: &'static GuardSpec,
     pub stored_scope: Cow<'static, str>,
     pub key: Key,
+    /// The key parts as bound to the entity's key columns (state strategies).
+    pub entity: Vec<SqlKey>,
     pub fingerprint: Option<Fingerprint>,
 }
 

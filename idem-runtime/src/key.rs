@@ -28,11 +28,37 @@ pub trait IdempotencyKey {
     /// Append this part's text form to `out`. Return `Err(reason)` when the
     /// value cannot be a key (e.g. empty).
     fn write_key(&self, out: &mut String) -> Result<(), &'static str>;
+
+    /// The value as a state guard binds it to the entity's key column
+    /// (`WHERE order_no = ?`). Strings bind as text, integers as a 64-bit
+    /// integer, UUIDs as `uuid` on PostgreSQL and as hyphenated text elsewhere.
+    /// The default binds the text form.
+    fn sql_key(&self) -> Result<SqlKey, &'static str> {
+        let mut text = String::new();
+        self.write_key(&mut text)?;
+        Ok(SqlKey::Text(text))
+    }
+}
+
+/// A key part as bound to an entity's key column by the `state` strategies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SqlKey {
+    /// Bound as a 64-bit integer.
+    Int(i64),
+    /// Bound as text.
+    Text(String),
+    /// Bound as `uuid` on PostgreSQL, as hyphenated text on MySQL and SQLite.
+    #[cfg(feature = "uuid")]
+    Uuid(uuid::Uuid),
 }
 
 impl<T: IdempotencyKey + ?Sized> IdempotencyKey for &T {
     fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
         (**self).write_key(out)
+    }
+    fn sql_key(&self) -> Result<SqlKey, &'static str> {
+        (**self).sql_key()
     }
 }
 
@@ -50,17 +76,29 @@ impl IdempotencyKey for str {
         }
         Ok(())
     }
+    fn sql_key(&self) -> Result<SqlKey, &'static str> {
+        if self.is_empty() {
+            return Err("is an empty string");
+        }
+        Ok(SqlKey::Text(self.to_owned()))
+    }
 }
 
 impl IdempotencyKey for String {
     fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
         self.as_str().write_key(out)
     }
+    fn sql_key(&self) -> Result<SqlKey, &'static str> {
+        self.as_str().sql_key()
+    }
 }
 
 impl IdempotencyKey for std::borrow::Cow<'_, str> {
     fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
         self.as_ref().write_key(out)
+    }
+    fn sql_key(&self) -> Result<SqlKey, &'static str> {
+        self.as_ref().sql_key()
     }
 }
 
@@ -71,7 +109,28 @@ impl<T: IdempotencyKey> IdempotencyKey for Option<T> {
             None => Err("is None"),
         }
     }
+    fn sql_key(&self) -> Result<SqlKey, &'static str> {
+        match self {
+            Some(v) => v.sql_key(),
+            None => Err("is None"),
+        }
+    }
 }
+
+macro_rules! integer_keys {
+    ($($t:ty),*) => {$(
+        impl IdempotencyKey for $t {
+            fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+                let _ = write!(out, "{self}");
+                Ok(())
+            }
+            fn sql_key(&self) -> Result<SqlKey, &'static str> {
+                i64::try_from(*self).map(SqlKey::Int).map_err(|_| "does not fit the signed 64-bit column of an entity key")
+            }
+        }
+    )*};
+}
+integer_keys!(i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize);
 
 macro_rules! display_keys {
     ($($t:ty),*) => {$(
@@ -83,10 +142,18 @@ macro_rules! display_keys {
         }
     )*};
 }
-display_keys!(i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize, bool, char);
+display_keys!(bool, char);
 
 #[cfg(feature = "uuid")]
-display_keys!(uuid::Uuid);
+impl IdempotencyKey for uuid::Uuid {
+    fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+        let _ = write!(out, "{self}");
+        Ok(())
+    }
+    fn sql_key(&self) -> Result<SqlKey, &'static str> {
+        Ok(SqlKey::Uuid(*self))
+    }
+}
 
 /// A finished key: the text stored in the record and a short hash for logs.
 #[derive(Clone, PartialEq, Eq)]
@@ -154,12 +221,14 @@ pub struct KeyBuilder {
     text: String,
     index: usize,
     error: Option<String>,
+    /// The parts as bound to an entity's key columns (state strategies only).
+    entity: Option<Vec<SqlKey>>,
 }
 
 impl KeyBuilder {
     /// `sources` is the key as written in the attribute, for error messages.
     pub fn new(scope: &'static str, sources: &'static str) -> KeyBuilder {
-        KeyBuilder { scope, sources, text: String::new(), index: 0, error: None }
+        KeyBuilder { scope, sources, text: String::new(), index: 0, error: None, entity: None }
     }
 
     /// Append one part.
@@ -169,20 +238,41 @@ impl KeyBuilder {
                 self.text.push(':');
             }
             if let Err(reason) = value.write_key(&mut self.text) {
-                let source = self.sources.split(',').nth(self.index).unwrap_or(self.sources).trim();
-                self.error = Some(format!("key part `{source}` {reason}"));
+                self.fail(reason);
             }
         }
         self.index += 1;
         self
     }
 
+    /// Append one part that also selects the entity a state guard moves.
+    pub fn entity_part<T: IdempotencyKey + ?Sized>(mut self, value: &T) -> KeyBuilder {
+        if self.error.is_none() {
+            match value.sql_key() {
+                Ok(v) => self.entity.get_or_insert_with(Vec::new).push(v),
+                Err(reason) => self.fail(reason),
+            }
+        }
+        self.part(value)
+    }
+
+    fn fail(&mut self, reason: &str) {
+        let source = self.sources.split(',').nth(self.index).unwrap_or(self.sources).trim();
+        self.error = Some(format!("key part `{source}` {reason}"));
+    }
+
     /// The finished key, or [`Error::InvalidKey`] naming the bad part.
     pub fn finish(self) -> Result<Key, Error> {
+        self.finish_with_entity().map(|(key, _)| key)
+    }
+
+    /// The finished key and the entity key values (empty unless
+    /// [`KeyBuilder::entity_part`] was used).
+    pub fn finish_with_entity(self) -> Result<(Key, Vec<SqlKey>), Error> {
         if let Some(reason) = self.error {
             return Err(Error::InvalidKey { scope: self.scope.to_owned(), reason });
         }
-        Ok(Key::from_stored(self.text))
+        Ok((Key::from_stored(self.text), self.entity.unwrap_or_default()))
     }
 }
 

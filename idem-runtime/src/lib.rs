@@ -16,6 +16,7 @@ mod guard;
 pub mod key;
 pub mod record;
 pub mod sql;
+pub mod state;
 mod strategy;
 
 pub use error::{Error, Result};
@@ -23,6 +24,7 @@ pub use guard::{DEFAULT_RETENTION, GuardError};
 pub use key::{Fingerprint, IdempotencyKey, Key};
 pub use record::{DedupRecord, Outcome, RecordStatus, observe};
 pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, purge_expired};
+pub use state::{SilentRepeat, StateMachine};
 
 /// The `Ok` type of a guarded function: stored after the first call and
 /// returned to every repeat, so it must survive a JSON round trip. `()`, `0`,
@@ -45,6 +47,7 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 pub mod __private {
     pub use crate::guard::{Guard, GuardSpec};
     pub use crate::sql::connection;
+    pub use crate::state::Transition;
     pub use crate::strategy::dedup::{Claim, Ticket, finish, settle};
     pub use std::time::Duration;
 }

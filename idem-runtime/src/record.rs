@@ -65,19 +65,27 @@ pub struct DedupRecord {
 
 /// Whether a guarded call ran its body or replayed a stored answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// First call for this key: the body ran.
     Executed,
-    /// A repeat: the body did not run; the first call's answer was returned.
+    /// A repeat: the body did not run; the first call's answer was returned
+    /// (or, for a state change whose answer is not stored, the
+    /// [`crate::SilentRepeat`] answer).
     Replayed,
+    /// The guard refused the call without running the body: an illegal state
+    /// transition ([`crate::Error::IllegalTransition`]). Counted apart from
+    /// repeats, and logged as an `ERROR` event.
+    Rejected,
 }
 
 impl Outcome {
-    /// `executed` or `replayed`, as in the tracing events.
+    /// `executed`, `replayed` or `rejected`, as in the tracing events.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Executed => "executed",
             Outcome::Replayed => "replayed",
+            Outcome::Rejected => "rejected",
         }
     }
 }

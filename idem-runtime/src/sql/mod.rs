@@ -6,7 +6,27 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::key::SqlKey;
+use crate::state::{StateCode, StateTable, StoredState};
 use crate::{DedupRecord, Error, Key};
+
+/// Bind entity key values (state strategies) to a query; `|u| expr` says how
+/// a UUID binds on this backend.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! bind_keys {
+    ($q:expr, $keys:expr, |$u:ident| $uuid:expr) => {{
+        let mut q = $q;
+        for k in $keys {
+            q = match k {
+                $crate::key::SqlKey::Int(i) => q.bind(*i),
+                $crate::key::SqlKey::Text(s) => q.bind(s.clone()),
+                #[cfg(feature = "uuid")]
+                $crate::key::SqlKey::Uuid($u) => q.bind($uuid),
+            };
+        }
+        q
+    }};
+}
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -55,6 +75,30 @@ pub struct NewRecord<'a> {
     pub key: &'a str,
     pub fingerprint: Option<&'a str>,
     pub retention: Duration,
+}
+
+/// A compare-and-set on an entity's status (state strategies).
+#[doc(hidden)]
+pub struct Cas<'a> {
+    pub states: &'static StateTable,
+    /// The states the entity may be in for the move to happen.
+    pub from: &'a [StateCode],
+    pub to: StateCode,
+    /// One value per key column.
+    pub key: &'a [SqlKey],
+}
+
+/// How [`SqlBackend::read_state`] reads an entity's status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[doc(hidden)]
+pub enum ReadMode {
+    /// The latest committed value: a plain read on PostgreSQL (a new statement
+    /// sees every commit under READ COMMITTED) and SQLite, a shared locking read
+    /// on MySQL (whose plain reads see the transaction's first snapshot).
+    Latest,
+    /// Lock the row for the move that follows (`FOR UPDATE`; SQLite has one
+    /// writer and needs none).
+    ForUpdate,
 }
 
 /// A database idem can keep dedup records in: PostgreSQL, MySQL/MariaDB, SQLite.
@@ -138,6 +182,36 @@ pub trait SqlBackend: sqlx::Database {
     #[doc(hidden)]
     fn purge_batch(conn: &mut Self::Connection, batch: u32) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
+    /// `UPDATE <table> SET <status> = to WHERE <key> = ? AND <status> IN (from...)`;
+    /// returns rows changed.
+    #[doc(hidden)]
+    fn transition(conn: &mut Self::Connection, cas: &Cas<'_>) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// The entity's current status, `None` when there is no such entity.
+    #[doc(hidden)]
+    fn read_state(
+        conn: &mut Self::Connection,
+        cas: &Cas<'_>,
+        mode: ReadMode,
+    ) -> impl Future<Output = Result<Option<StoredState>, sqlx::Error>> + Send;
+
+    /// `dedup+state`: claim the record and, only if this call claimed it, make
+    /// the transition. Returns the claim and the rows the transition changed.
+    /// Two statements unless the backend does both in one (PostgreSQL).
+    #[doc(hidden)]
+    fn claim_transition(
+        conn: &mut Self::Connection,
+        record: &NewRecord<'_>,
+        cas: &Cas<'_>,
+    ) -> impl Future<Output = Result<(ClaimResult, u64), sqlx::Error>> + Send {
+        async move {
+            if Self::claim(&mut *conn, record).await? == ClaimResult::Conflict {
+                return Ok((ClaimResult::Conflict, 0));
+            }
+            Ok((ClaimResult::Claimed, Self::transition(conn, cas).await?))
+        }
+    }
+
     /// Create the record table if it is missing (safe to run concurrently).
     #[doc(hidden)]
     fn migrate(conn: &mut Self::Connection) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
@@ -199,6 +273,65 @@ pub(crate) fn restart_sql<DB: SqlBackend>(conn: &DB::Connection) -> sqlx::Assert
         "ROLLBACK; BEGIN".to_owned()
     } else {
         format!("ROLLBACK TO SAVEPOINT _sqlx_savepoint_{}", depth - 1)
+    })
+}
+
+/// `status = 2 WHERE order_no = $1 AND status IN (1)`: the part of a
+/// transition's UPDATE after `SET`, with the key's placeholders numbered from
+/// `first` by `ph`. Table, columns and stored names were checked by the
+/// derive (plain identifiers; names without quotes or backslashes), so they
+/// are written into the SQL as they are; only the key is bound.
+pub(crate) fn cas_sql(cas: &Cas<'_>, first: usize, ph: fn(usize) -> String) -> String {
+    let t = cas.states;
+    let from = cas.from.iter().map(|c| literal(*c)).collect::<Vec<_>>().join(", ");
+    format!(
+        "UPDATE {table} SET {col} = {to} WHERE {key} AND {col} IN ({from})",
+        table = t.table,
+        col = t.status_column,
+        to = literal(cas.to),
+        key = key_where(t, first, ph),
+    )
+}
+
+/// `SELECT <cast status> FROM <table> WHERE <key>`, with the status cast to
+/// the type its codes have (`int_cast` / `text_cast` wrap the column name).
+pub(crate) fn state_read_sql(cas: &Cas<'_>, ph: fn(usize) -> String, cast: fn(&str, bool) -> String) -> String {
+    let t = cas.states;
+    let int = matches!(t.codes.first(), Some(StateCode::Int(_)));
+    format!("SELECT {} FROM {} WHERE {}", cast(t.status_column, int), t.table, key_where(t, 1, ph))
+}
+
+fn key_where(t: &StateTable, first: usize, ph: fn(usize) -> String) -> String {
+    t.key_columns.iter().enumerate().map(|(i, c)| format!("{c} = {}", ph(first + i))).collect::<Vec<_>>().join(" AND ")
+}
+
+fn literal(code: StateCode) -> String {
+    match code {
+        StateCode::Int(i) => i.to_string(),
+        StateCode::Text(s) => format!("'{}'", s.replace('\'', "''")),
+    }
+}
+
+pub(crate) fn ph_dollar(i: usize) -> String {
+    format!("${i}")
+}
+
+pub(crate) fn ph_question(_: usize) -> String {
+    "?".to_owned()
+}
+
+/// Decode column 0 of a status read as the codes' type.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_state<R>(row: &R, states: &StateTable) -> Result<StoredState, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(match states.codes.first() {
+        Some(StateCode::Text(_)) => row.try_get::<Option<String>, _>(0)?.map_or(StoredState::Null, StoredState::Text),
+        _ => row.try_get::<Option<i64>, _>(0)?.map_or(StoredState::Null, StoredState::Int),
     })
 }
 

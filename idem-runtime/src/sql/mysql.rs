@@ -10,8 +10,13 @@
 use sqlx::MySql;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
-use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
+use super::{Cas, ClaimResult, ExistingRecord, InsertDone, NewRecord, ReadMode, SqlBackend};
 use crate::DedupRecord;
+use crate::state::StoredState;
+
+fn mysql_cast(col: &str, int: bool) -> String {
+    if int { format!("CAST({col} AS SIGNED)") } else { format!("CAST({col} AS CHAR)") }
+}
 
 const CLAIM: &str = "INSERT INTO idem_records \
     (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
@@ -156,6 +161,29 @@ impl SqlBackend for MySql {
                 .execute(conn)
                 .await?;
         Ok(gone.rows_affected())
+    }
+
+    async fn transition(conn: &mut MySqlConnection, cas: &Cas<'_>) -> Result<u64, sqlx::Error> {
+        let sql = super::cas_sql(cas, 1, super::ph_question);
+        let done = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| u.hyphenated().to_string())
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn read_state(
+        conn: &mut MySqlConnection,
+        cas: &Cas<'_>,
+        mode: ReadMode,
+    ) -> Result<Option<StoredState>, sqlx::Error> {
+        // Always a locking read: a plain one would see the transaction's first
+        // snapshot, not the status a concurrent caller just committed.
+        let mut sql = super::state_read_sql(cas, super::ph_question, mysql_cast);
+        sql.push_str(if mode == ReadMode::ForUpdate { " FOR UPDATE" } else { " LOCK IN SHARE MODE" });
+        let row = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| u.hyphenated().to_string())
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| super::decode_state(&row, cas.states)).transpose()
     }
 
     async fn migrate(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {

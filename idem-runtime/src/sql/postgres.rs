@@ -6,8 +6,13 @@
 use sqlx::Postgres;
 use sqlx::postgres::PgConnection;
 
-use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
+use super::{Cas, ClaimResult, ExistingRecord, InsertDone, NewRecord, ReadMode, SqlBackend};
 use crate::DedupRecord;
+use crate::state::StoredState;
+
+fn pg_cast(col: &str, int: bool) -> String {
+    if int { format!("{col}::int8") } else { format!("{col}::text") }
+}
 
 // Expiry counts from the statement's clock (clock_timestamp()), not from now(),
 // the transaction's start: a long transaction must not commit a record that is
@@ -133,6 +138,48 @@ impl SqlBackend for Postgres {
         .execute(conn)
         .await?;
         Ok(gone.rows_affected())
+    }
+
+    async fn transition(conn: &mut PgConnection, cas: &Cas<'_>) -> Result<u64, sqlx::Error> {
+        let sql = super::cas_sql(cas, 1, super::ph_dollar);
+        let done = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| *u).execute(conn).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn read_state(
+        conn: &mut PgConnection,
+        cas: &Cas<'_>,
+        mode: ReadMode,
+    ) -> Result<Option<StoredState>, sqlx::Error> {
+        let mut sql = super::state_read_sql(cas, super::ph_dollar, pg_cast);
+        if mode == ReadMode::ForUpdate {
+            sql.push_str(" FOR UPDATE");
+        }
+        let row = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| *u).fetch_optional(conn).await?;
+        row.map(|row| super::decode_state(&row, cas.states)).transpose()
+    }
+
+    /// One statement: the transition runs only if the claim inserted the
+    /// record (it reads the claim's RETURNING rows), so a repeat changes
+    /// nothing and waits on the record, not on the entity.
+    async fn claim_transition(
+        conn: &mut PgConnection,
+        r: &NewRecord<'_>,
+        cas: &Cas<'_>,
+    ) -> Result<(ClaimResult, u64), sqlx::Error> {
+        let sql = format!(
+            "WITH claim AS ({CLAIM} RETURNING 1), moved AS ({} AND EXISTS (SELECT 1 FROM claim) RETURNING 1) \
+             SELECT (SELECT count(*) FROM claim), (SELECT count(*) FROM moved)",
+            super::cas_sql(cas, 5, super::ph_dollar)
+        );
+        let q = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql))
+            .bind(r.scope)
+            .bind(r.key)
+            .bind(r.fingerprint)
+            .bind(r.retention);
+        let (claimed, moved) = bind_keys!(q, cas.key, |u| *u).fetch_one(conn).await?;
+        let claim = if claimed == 1 { ClaimResult::Claimed } else { ClaimResult::Conflict };
+        Ok((claim, u64::try_from(moved).unwrap_or(0)))
     }
 
     async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::Error> {

@@ -13,8 +13,13 @@
 use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 
-use super::{ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend};
+use super::{Cas, ClaimResult, ExistingRecord, InsertDone, NewRecord, ReadMode, SqlBackend};
 use crate::DedupRecord;
+use crate::state::StoredState;
+
+fn sqlite_cast(col: &str, int: bool) -> String {
+    if int { format!("CAST({col} AS INTEGER)") } else { format!("CAST({col} AS TEXT)") }
+}
 
 /// The store's clock, as epoch milliseconds.
 macro_rules! now_ms {
@@ -154,6 +159,28 @@ impl SqlBackend for Sqlite {
         .execute(conn)
         .await?;
         Ok(gone.rows_affected())
+    }
+
+    async fn transition(conn: &mut SqliteConnection, cas: &Cas<'_>) -> Result<u64, sqlx::Error> {
+        let sql = super::cas_sql(cas, 1, super::ph_question);
+        let done = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| u.hyphenated().to_string())
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn read_state(
+        conn: &mut SqliteConnection,
+        cas: &Cas<'_>,
+        _mode: ReadMode,
+    ) -> Result<Option<StoredState>, sqlx::Error> {
+        // One writer at a time: the transaction that moves the row holds the
+        // database's write lock, so no row lock is needed (or exists).
+        let sql = super::state_read_sql(cas, super::ph_question, sqlite_cast);
+        let row = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| u.hyphenated().to_string())
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| super::decode_state(&row, cas.states)).transpose()
     }
 
     async fn migrate(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {

@@ -7,7 +7,8 @@
 
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::record::{Outcome, RecordStatus, report};
-use crate::sql::{ClaimResult, Conn, ExistingRecord, InsertDone, SqlBackend, classify, in_transaction};
+use crate::sql::{Cas, ClaimResult, Conn, ExistingRecord, InsertDone, SqlBackend, classify, in_transaction};
+use crate::strategy::state::{Moved, revert};
 use crate::{Error, Replayable};
 
 /// What a claim decided.
@@ -19,52 +20,84 @@ pub enum Claim<T> {
     Run(Ticket),
 }
 
-/// The right to run the body once; completing it stores the response.
+/// The right to run the body once; completing it stores the response (when
+/// a record was claimed) or settles the state change.
 #[doc(hidden)]
 #[must_use = "a claimed record must be completed with the body's result"]
 pub struct Ticket {
-    prepared: Prepared,
+    pub(crate) prepared: Prepared,
+    /// A dedup record was claimed (or, with `claim = "after"`, will be written).
+    pub(crate) record: bool,
+    /// The state change this call made, undone if the body fails.
+    pub(crate) moved: Option<Moved>,
 }
 
 /// Claims can loop when a record disappears between statements (its
 /// transaction rolled back, or it expired and was purged). Bounded.
-const MAX_ATTEMPTS: usize = 5;
+pub(crate) const MAX_ATTEMPTS: usize = 5;
 
 impl Guard {
     /// Claim the key in the caller's transaction.
     pub async fn dedup<T: Replayable, DB: SqlBackend>(self, conn: Conn<'_, DB>) -> Result<Claim<T>, Error> {
         let p = self.prepare()?;
         let conn = conn.0;
-        if !in_transaction::<DB>(conn) {
-            return Err(Error::NoTransaction { scope: p.spec.scope.to_owned() });
-        }
+        require_transaction::<DB>(conn, &p)?;
         if p.spec.claim_after {
             // Nothing to do before the body: the record is written with its
             // response in `Ticket::complete`.
-            return Ok(Claim::Run(Ticket { prepared: p }));
+            return Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None }));
         }
-        let record = p.record();
-        for _ in 0..MAX_ATTEMPTS {
-            if DB::claim(conn, &record).await.map_err(classify::<DB>)? == ClaimResult::Claimed {
-                return Ok(Claim::Run(Ticket { prepared: p }));
-            }
-            let Some(existing) = DB::read(conn, record.scope, record.key).await.map_err(classify::<DB>)? else {
-                continue; // the holder rolled back, or the record was purged: claim again
-            };
-            if existing.expired {
-                // Past retention but not yet purged: the old answer no longer
-                // counts. Remove it (only if still expired) and claim afresh.
-                DB::discard_expired(conn, record.scope, record.key).await.map_err(classify::<DB>)?;
-                continue;
-            }
-            return judge(&p, existing).map(Claim::Replay);
+        match claim_record::<DB>(conn, &p, None).await? {
+            Claimed::Fresh { .. } => Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None })),
+            Claimed::Existing(existing) => judge(&p, existing).map(Claim::Replay),
         }
-        Err(p.in_progress(None))
     }
 }
 
+pub(crate) fn require_transaction<DB: SqlBackend>(conn: &DB::Connection, p: &Prepared) -> Result<(), Error> {
+    if in_transaction::<DB>(conn) { Ok(()) } else { Err(Error::NoTransaction { scope: p.spec.scope.to_owned() }) }
+}
+
+/// What [`claim_record`] found.
+pub(crate) enum Claimed {
+    /// This call inserted the record; with a transition, the rows it moved.
+    Fresh { moved: u64 },
+    /// A live record of an earlier call holds the key.
+    Existing(ExistingRecord),
+}
+
+/// Insert the record (and, with `cas`, make the transition in the same step
+/// if the insert won), or find the live record that holds the key.
+pub(crate) async fn claim_record<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    cas: Option<&Cas<'_>>,
+) -> Result<Claimed, Error> {
+    let record = p.record();
+    for _ in 0..MAX_ATTEMPTS {
+        let (claim, moved) = match cas {
+            None => (DB::claim(conn, &record).await.map_err(classify::<DB>)?, 0),
+            Some(cas) => DB::claim_transition(conn, &record, cas).await.map_err(classify::<DB>)?,
+        };
+        if claim == ClaimResult::Claimed {
+            return Ok(Claimed::Fresh { moved });
+        }
+        let Some(existing) = DB::read(conn, record.scope, record.key).await.map_err(classify::<DB>)? else {
+            continue; // the holder rolled back, or the record was purged: claim again
+        };
+        if existing.expired {
+            // Past retention but not yet purged: the old answer no longer
+            // counts. Remove it (only if still expired) and claim afresh.
+            DB::discard_expired(conn, record.scope, record.key).await.map_err(classify::<DB>)?;
+            continue;
+        }
+        return Ok(Claimed::Existing(existing));
+    }
+    Err(p.in_progress(None))
+}
+
 /// A committed record exists: decide between replay, mismatch and in-progress.
-fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Error> {
+pub(crate) fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Error> {
     p.check_fingerprint(existing.fingerprint.as_deref())?;
     match RecordStatus::parse(&existing.status) {
         Some(RecordStatus::Done) => {
@@ -95,21 +128,26 @@ impl Ticket {
         conn: Conn<'_, DB>,
         result: Result<T, E>,
     ) -> Result<Result<T, E>, Error> {
-        let p = self.prepared;
+        let Ticket { prepared: p, record, moved } = self;
         let conn = conn.0;
         let value = match result {
             Ok(value) => value,
             Err(e) if p.spec.claim_after => return failed_after::<T, E, DB>(conn, &p, e).await,
             Err(e) => {
-                discard::<DB>(conn, &p).await;
+                undo::<DB>(conn, &p, record, moved.as_ref()).await;
                 return Ok(Err(e));
             }
         };
+        if !record {
+            // `state`: the transition is the whole guard; nothing to store.
+            report(p.spec.scope, &p.key, Outcome::Executed);
+            return Ok(Ok(value));
+        }
         let json = match stored_response(&value) {
             Ok(json) => json,
             Err(source) => {
                 if !p.spec.claim_after {
-                    discard::<DB>(conn, &p).await;
+                    undo::<DB>(conn, &p, record, moved.as_ref()).await;
                 }
                 return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source });
             }
@@ -203,7 +241,19 @@ fn stored_response<T: Replayable>(value: &T) -> Result<String, serde_json::Error
     Ok(json)
 }
 
-async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared) {
+/// The body failed (or its answer cannot be stored): remove the record and
+/// undo the transition, so nothing of this call survives even if the caller
+/// commits anyway.
+async fn undo<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared, record: bool, moved: Option<&Moved>) {
+    if let Some(moved) = moved {
+        revert::<DB>(conn, p, moved).await;
+    }
+    if record {
+        discard::<DB>(conn, p).await;
+    }
+}
+
+pub(crate) async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared) {
     // If this fails the transaction is unusable (PostgreSQL aborts it after a
     // failed statement; a lost connection cannot commit): the record cannot
     // be committed either, so the body's error is the one to return.

@@ -1,3 +1,4 @@
 //! One module per strategy.
 
 pub(crate) mod dedup;
+pub(crate) mod state;
