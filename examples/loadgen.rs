@@ -1,7 +1,7 @@
 //! Benchmark driver: what the guard costs a real business transaction.
 //!
 //! Scenario `dedup`: N clients run "insert a coupon + bump one of 1,000 users'
-//! counters" in a transaction, three ways, alternating in short slices so
+//! counters" in a transaction, four ways, alternating in short slices so
 //! that all of them see the same server conditions:
 //! - `unguarded`: the business transaction alone;
 //! - `guarded`: the same under `#[idempotent(strategy = "dedup")]` (claim,
@@ -11,8 +11,18 @@
 //! - `handwritten`: the same guard written by hand in raw sqlx (claim
 //!   INSERT, business, UPDATE with the response): the floor idem competes with.
 //!
+//! Scenarios `state` and `dedup+state`: the same business change also pays
+//! the order (WAIT_PAY -> PAID, orders created ahead of each slice):
+//! - `unguarded`: the status written blindly (`UPDATE ... SET status = 2
+//!   WHERE trade_no = ?`), coupon, user;
+//! - `guarded`: `strategy = "state"` (the compare-and-set replaces the blind
+//!   write) or `"dedup+state"` (plus the dedup record and its response);
+//! - `handwritten`: the same by hand: the compare-and-set with its row count
+//!   checked (and for `dedup+state` the claim INSERT and the response UPDATE).
+//!
 //! ```text
 //! cargo run --release --example loadgen -- --scenario dedup --database-url postgres://postgres@127.0.0.1/test --clients 16 --seconds 30
+//! cargo run --release --example loadgen -- --scenario dedup+state --database-url mysql://root@127.0.0.1/test
 //! ```
 //! Throughputs are pooled over the run; the ratios are medians over rounds of
 //! per-round ratios (slices that ran next to each other), which cancels the
@@ -26,13 +36,33 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use common::{AppError, BoxError, Shop, Store};
+use common::{AppError, BoxError, OrderStatus, Shop, Store};
 use idem::idempotent;
 use sqlx::{MySql, Postgres, Sqlite, Transaction};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
     Dedup,
+    State,
+    #[value(name = "dedup+state")]
+    DedupState,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Dedup => "dedup",
+            Scenario::State => "state",
+            Scenario::DedupState => "dedup+state",
+        }
+    }
+
+    fn modes(self) -> &'static [Mode] {
+        match self {
+            Scenario::Dedup => &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten],
+            Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
+        }
+    }
 }
 
 #[derive(Parser)]
@@ -84,6 +114,47 @@ where
     Ok(business::<DB>(tx, trade_no, user_id).await?)
 }
 
+#[idempotent(
+    key = "trade_no",
+    strategy = "state",
+    scope = "loadgen.state",
+    transition = "OrderStatus::WaitPay -> OrderStatus::Paid"
+)]
+async fn guarded_state<DB: Shop>(tx: &mut Transaction<'_, DB>, trade_no: &str, user_id: i64) -> Result<(), AppError>
+where
+    DB::Connection: Send,
+{
+    business::<DB>(tx, trade_no, user_id).await?;
+    Ok(())
+}
+
+#[idempotent(
+    key = "trade_no",
+    strategy = "dedup+state",
+    scope = "loadgen.dedup_state",
+    retention = "1h",
+    transition = "OrderStatus::WaitPay -> OrderStatus::Paid"
+)]
+async fn guarded_dedup_state<DB: Shop>(
+    tx: &mut Transaction<'_, DB>,
+    trade_no: &str,
+    user_id: i64,
+) -> Result<Option<i64>, AppError>
+where
+    DB::Connection: Send,
+{
+    Ok(Some(business::<DB>(tx, trade_no, user_id).await?))
+}
+
+/// The hand-written compare-and-set: WAIT_PAY -> PAID, or find out why not.
+async fn hand_pay<DB: Shop>(conn: &mut DB::Connection, trade_no: &str) -> Result<bool, AppError> {
+    let (from, to) = (OrderStatus::WaitPay.code(), OrderStatus::Paid.code());
+    if DB::set_order_status(conn, trade_no, Some(from), to).await? == 1 {
+        return Ok(true);
+    }
+    Err(AppError::Unexpected(format!("order {trade_no} was not waiting for payment")))
+}
+
 /// The guard as a careful engineer writes it by hand for each database.
 trait Handwritten: Shop {
     fn hand_claim(conn: &mut Self::Connection, key: &str) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
@@ -96,14 +167,21 @@ trait Handwritten: Shop {
     fn reset(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 }
 
-const RESET: &str = "DELETE FROM idem_records WHERE scope IN ('loadgen.dedup', 'loadgen.dedup_after', 'loadgen.hand'); \
-                     DELETE FROM shop_coupons WHERE trade_no LIKE 'L%'";
+const RESET: &str = "DELETE FROM idem_records WHERE scope IN \
+                       ('loadgen.dedup', 'loadgen.dedup_after', 'loadgen.dedup_state', 'loadgen.hand'); \
+                     DELETE FROM shop_coupons WHERE trade_no LIKE 'L%'; \
+                     DELETE FROM shop_orders WHERE trade_no LIKE 'L%'";
 
 impl Handwritten for Postgres {
     async fn reset(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
         // One statement each: VACUUM refuses to run inside a multi-statement query.
-        for table in ["VACUUM ANALYZE idem_records", "VACUUM ANALYZE shop_coupons", "VACUUM ANALYZE shop_users"] {
+        for table in [
+            "VACUUM ANALYZE idem_records",
+            "VACUUM ANALYZE shop_coupons",
+            "VACUUM ANALYZE shop_users",
+            "VACUUM ANALYZE shop_orders",
+        ] {
             sqlx::raw_sql(table).execute(pool).await?;
         }
         Ok(())
@@ -190,6 +268,7 @@ impl Handwritten for Sqlite {
 
 async fn one_call<DB: Handwritten>(
     pool: &sqlx::Pool<DB>,
+    scenario: Scenario,
     mode: Mode,
     trade_no: &str,
     user_id: i64,
@@ -198,18 +277,40 @@ where
     DB::Connection: Send,
 {
     let mut tx = pool.begin().await?;
-    match mode {
-        Mode::Unguarded => {
+    let paid = OrderStatus::Paid.code();
+    match (scenario, mode) {
+        (Scenario::Dedup, Mode::Unguarded) => {
             business::<DB>(&mut tx, trade_no, user_id).await?;
         }
-        Mode::Guarded => {
+        (Scenario::Dedup, Mode::Guarded) => {
             guarded(&mut tx, trade_no, user_id).await?;
         }
-        Mode::GuardedAfter => {
+        (_, Mode::GuardedAfter) => {
             guarded_after(&mut tx, trade_no, user_id).await?;
         }
-        Mode::Handwritten => {
+        (Scenario::Dedup, Mode::Handwritten) => {
             if DB::hand_claim(&mut tx, trade_no).await? {
+                let coupon = business::<DB>(&mut tx, trade_no, user_id).await?;
+                DB::hand_store(&mut tx, trade_no, &coupon.to_string()).await?;
+            }
+        }
+        (_, Mode::Unguarded) => {
+            DB::set_order_status(&mut tx, trade_no, None, paid).await?;
+            business::<DB>(&mut tx, trade_no, user_id).await?;
+        }
+        (Scenario::State, Mode::Guarded) => {
+            guarded_state(&mut tx, trade_no, user_id).await?;
+        }
+        (Scenario::State, Mode::Handwritten) => {
+            if hand_pay::<DB>(&mut tx, trade_no).await? {
+                business::<DB>(&mut tx, trade_no, user_id).await?;
+            }
+        }
+        (Scenario::DedupState, Mode::Guarded) => {
+            guarded_dedup_state(&mut tx, trade_no, user_id).await?;
+        }
+        (Scenario::DedupState, Mode::Handwritten) => {
+            if DB::hand_claim(&mut tx, trade_no).await? && hand_pay::<DB>(&mut tx, trade_no).await? {
                 let coupon = business::<DB>(&mut tx, trade_no, user_id).await?;
                 DB::hand_store(&mut tx, trade_no, &coupon.to_string()).await?;
             }
@@ -229,17 +330,32 @@ struct Tally {
     errors: u64,
 }
 
-async fn slice<DB: Handwritten>(
-    pool: &sqlx::Pool<DB>,
+/// Trade numbers `L{run}-{n}`, n from this counter, one per call.
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+struct Slice<'a> {
+    scenario: Scenario,
     mode: Mode,
     clients: usize,
     length: Duration,
-    run: &str,
-    tally: &mut Tally,
-) where
+    run: &'a str,
+}
+
+async fn slice<DB: Handwritten>(pool: &sqlx::Pool<DB>, s: Slice<'_>, tally: &mut Tally) -> Result<(), BoxError>
+where
     DB::Connection: Send,
 {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let Slice { scenario, mode, clients, length, run } = s;
+    let mut created_until = 0;
+    if scenario != Scenario::Dedup {
+        // The orders this slice will pay, created ahead (not timed): twice
+        // what the best slice so far could use, and never fewer than 20,000.
+        let best = tally.slice_tps.iter().copied().fold(0.0, f64::max);
+        let budget = ((best * length.as_secs_f64() * 2.0) as u64).max(20_000);
+        let from = SEQ.load(Ordering::Relaxed);
+        created_until = from + budget;
+        DB::create_orders(pool, &format!("L{run}-"), from, created_until).await?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -253,7 +369,7 @@ async fn slice<DB: Handwritten>(
                 let trade_no = format!("L{run}-{n}");
                 let user_id = ((client as u64 * 7919 + n * 104_729) % 1000) as i64;
                 let t = Instant::now();
-                match one_call(&pool, mode, &trade_no, user_id).await {
+                match one_call(&pool, scenario, mode, &trade_no, user_id).await {
                     Ok(()) => lat.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32),
                     Err(e) => {
                         errors += 1;
@@ -279,6 +395,9 @@ async fn slice<DB: Handwritten>(
     tally.calls += calls;
     tally.busy += elapsed;
     tally.slice_tps.push(calls as f64 / elapsed.as_secs_f64());
+    // Skip the orders created but not used: the next slice creates its own.
+    SEQ.fetch_max(created_until, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Median over rounds of a/b, each from the same round's slices: the server
@@ -311,54 +430,66 @@ where
     // slow later ones and blur the comparison.
     DB::reset(pool).await?;
     let run = common::run_id();
-    let modes = [Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten];
+    let scenario = args.scenario;
+    let modes = scenario.modes();
     let mut tallies: Vec<Tally> = modes.iter().map(|_| Tally::default()).collect();
     let slices = modes.len() as f64 * f64::from(args.rounds.max(1));
     let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
+    let clients = args.clients;
     // Warm-up: connections open, caches and statement caches filled.
     let mut warm = Tally::default();
-    for mode in modes {
-        slice(pool, mode, args.clients, Duration::from_millis(500), &run, &mut warm).await;
+    for &mode in modes {
+        let length = Duration::from_millis(500);
+        slice(pool, Slice { scenario, mode, clients, length, run: &run }, &mut warm).await?;
     }
     for round in 0..args.rounds.max(1) as usize {
         // Rotate the order each round so no mode always follows another.
         for i in 0..modes.len() {
             let m = (i + round) % modes.len();
-            slice(pool, modes[m], args.clients, slice_len, &run, &mut tallies[m]).await;
+            let s = Slice { scenario, mode: modes[m], clients, length: slice_len, run: &run };
+            slice(pool, s, &mut tallies[m]).await?;
         }
     }
-    let tps: Vec<f64> = tallies.iter().map(|t| t.calls as f64 / t.busy.as_secs_f64()).collect();
-    let (unguarded, guarded, after, handwritten) = (tps[0], tps[1], tps[2], tps[3]);
-    let percentiles = |tally: &mut Tally| {
-        let mut lat = std::mem::take(&mut tally.latencies_us);
+    let index = |mode| modes.iter().position(|m| *m == mode);
+    let tps = |mode| index(mode).map_or(0.0, |i| tallies[i].calls as f64 / tallies[i].busy.as_secs_f64());
+    let (unguarded, guarded, handwritten) = (tps(Mode::Unguarded), tps(Mode::Guarded), tps(Mode::Handwritten));
+    let ratio = |a, b| median_ratio(&tallies[index(a).unwrap()], &tallies[index(b).unwrap()]);
+    let (ratio, vs_handwritten) = (ratio(Mode::Guarded, Mode::Unguarded), ratio(Mode::Guarded, Mode::Handwritten));
+    let after_ratio = index(Mode::GuardedAfter).map(|i| median_ratio(&tallies[i], &tallies[0]));
+    let after = tps(Mode::GuardedAfter);
+    let mut percentiles = |mode| {
+        let Some(i) = index(mode) else { return (0, 0) };
+        let mut lat = std::mem::take(&mut tallies[i].latencies_us);
         lat.sort_unstable();
         (percentile(&lat, 0.50), percentile(&lat, 0.99))
     };
-    let (p50, p99) = percentiles(&mut tallies[1]);
-    let (after_p50, after_p99) = percentiles(&mut tallies[2]);
+    let (p50, p99) = percentiles(Mode::Guarded);
+    let (after_p50, after_p99) = percentiles(Mode::GuardedAfter);
     let errors: u64 = tallies.iter().map(|t| t.errors).sum();
+    let name = scenario.name();
     println!(
-        "unguarded {unguarded:.0} tx/s, guarded {guarded:.0} tx/s, guarded claim=after {after:.0} tx/s, \
-         hand-written guard {handwritten:.0} tx/s ({} clients, {} s)",
-        args.clients, args.seconds
+        "{name}: unguarded {unguarded:.0} tx/s, guarded {guarded:.0} tx/s, hand-written guard {handwritten:.0} tx/s \
+         ({clients} clients, {} s)",
+        args.seconds
     );
-    println!(
-        "scenario=dedup store={store} clients={} guarded_tps={guarded:.0} unguarded_tps={unguarded:.0} \
-         handwritten_tps={handwritten:.0} ratio={:.3} vs_handwritten={:.3} p50_us={p50} p99_us={p99} \
-         claim_after_tps={after:.0} ratio_claim_after={:.3} claim_after_p50_us={after_p50} \
-         claim_after_p99_us={after_p99} errors={errors}",
-        args.clients,
-        median_ratio(&tallies[1], &tallies[0]),
-        median_ratio(&tallies[1], &tallies[3]),
-        median_ratio(&tallies[2], &tallies[0]),
+    let mut line = format!(
+        "scenario={name} store={store} clients={clients} guarded_tps={guarded:.0} unguarded_tps={unguarded:.0} \
+         handwritten_tps={handwritten:.0} ratio={ratio:.3} vs_handwritten={vs_handwritten:.3} p50_us={p50} p99_us={p99}"
     );
+    if let Some(after_ratio) = after_ratio {
+        println!("guarded with claim=after: {after:.0} tx/s");
+        line.push_str(&format!(
+            " claim_after_tps={after:.0} ratio_claim_after={after_ratio:.3} claim_after_p50_us={after_p50} \
+             claim_after_p99_us={after_p99}"
+        ));
+    }
+    println!("{line} errors={errors}");
     Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
-    let Scenario::Dedup = args.scenario;
     let store = Store::connect(args.database_url.as_deref(), args.clients as u32 + 2).await?;
     match &store {
         Store::Sqlite(pool, _) => run(store.name(), pool, &args).await?,

@@ -94,6 +94,86 @@
 //! Use it on hot paths where repeats are rare; keep the default where repeats
 //! are common (gateway retries) or the body has outside effects.
 //!
+//! ## State machines
+//!
+//! When a call moves an entity's one-way status, the status stops repeats:
+//! `strategy = "state"` runs a compare-and-set in the caller's transaction
+//! before the body,
+//! `UPDATE <table> SET <status> = <to> WHERE <key> = ? AND <status> IN (<from>...)`.
+//!
+//! ```no_run
+//! use idem::idempotent;
+//! use sqlx::{Sqlite, Transaction};
+//!
+//! #[derive(idem::StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #[state(table = "orders", key_column = "order_no", status_column = "status")]
+//! enum OrderStatus {
+//!     #[state(code = 1, to(Paid, Canceled))]
+//!     WaitPay,
+//!     #[state(code = 2, to(Shipped, Canceled))]
+//!     Paid,
+//!     #[state(code = 3, to(Finished))]
+//!     Shipped,
+//!     #[state(code = 4)]
+//!     Finished,
+//!     #[state(code = 9)]
+//!     Canceled,
+//! }
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum AppError {
+//!     #[error(transparent)] Idem(#[from] idem::Error),
+//!     #[error(transparent)] Db(#[from] sqlx::Error),
+//! }
+//!
+//! /// The coupon hangs off the transition: granted exactly when the order becomes PAID.
+//! #[idempotent(key = "order_no", strategy = "state", scope = "shop.order.pay",
+//!              transition = "OrderStatus::WaitPay -> OrderStatus::Paid")]
+//! async fn on_paid(tx: &mut Transaction<'_, Sqlite>, order_no: &str) -> Result<(), AppError> {
+//!     sqlx::query("INSERT INTO coupons (order_no) VALUES (?)").bind(order_no).execute(&mut **tx).await?;
+//!     Ok(())
+//! }
+//!
+//! /// Both lines of defence: the dedup record replays the first answer.
+//! #[idempotent(key = "order_no", strategy = "dedup+state", scope = "shop.order.cancel",
+//!              transition = "OrderStatus::WaitPay | OrderStatus::Paid -> OrderStatus::Canceled")]
+//! async fn cancel(tx: &mut Transaction<'_, Sqlite>, order_no: &str) -> Result<Option<u64>, AppError> {
+//!     let refund_id = 7; // start the refund here
+//!     Ok(Some(refund_id))
+//! }
+//!
+//! const _: () = assert!(OrderStatus::can_transition(OrderStatus::Paid, OrderStatus::Shipped));
+//! ```
+//!
+//! | the compare-and-set... | result | body |
+//! |---|---|---|
+//! | moved the row | this call made the transition | runs |
+//! | moved nothing, the status is the target | a repeat: `Ok(T::silent_repeat())` under `state`, the stored answer under `dedup+state` | not run |
+//! | moved nothing, the status is another one | [`Error::IllegalTransition`] (an `ERROR` event, [`Outcome::Rejected`]) | not run |
+//! | found no row | [`Error::NotFound`] | not run |
+//!
+//! - A concurrent repeat waits on the row lock, then sees the target. A body
+//!   that returns `Err` has the status put back where it was, even if the
+//!   caller commits anyway (and under `dedup+state` the record removed).
+//! - With several sources the guard first reads the status under a row lock
+//!   (`FOR UPDATE`), so it knows which source to restore on failure.
+//! - The derive: `#[state(table, key_column, status_column)]` on the enum
+//!   (`key_column = "a, b"` for a composite key: one key part per column);
+//!   per variant `to(...)` and `code = N` (or a discriminant `WaitPay = 1`);
+//!   or `stored_as = "name"` on the enum to store text (`WAIT_PAY` by default,
+//!   `name = "..."` per variant). Names are written into the SQL unquoted, so
+//!   they must be plain identifiers. It generates [`StateMachine`] and an
+//!   inherent `const fn can_transition(from, to) -> bool`.
+//! - Transitions are checked at compile time against the enum: an undeclared
+//!   one fails the build with the targets its source does declare.
+//! - `state` keeps no record, so it takes no `fingerprint` or `retention`;
+//!   a repeat returns [`SilentRepeat::silent_repeat`] (`()`, or `None` for
+//!   an `Option`; implement it for your own answer type). `dedup+state`
+//!   replays the first answer from its record, even after the entity moved
+//!   on; with the record gone (past retention) but the status at the target,
+//!   it is still a repeat and returns `silent_repeat()`. On PostgreSQL its
+//!   claim and transition are one statement.
+//!
 //! ## The attribute
 //!
 //! `#[idempotent(key = ..., strategy = ..., scope = ..., fingerprint = ..., retention = ..., claim = ...)]`
@@ -106,9 +186,12 @@
 //!   structs are refused at compile time. An empty string or `None` part is
 //!   refused at run time with [`Error::InvalidKey`]. Keys over 128 bytes are
 //!   stored as their SHA-256.
-//! - **`strategy`**: `"dedup"` (the default). DESIGN lists `state`,
-//!   `dedup+state`, `token`, `token+dedup`, `lock+dedup`, `lock+state`,
-//!   `lease` and `lock`; this version refuses them at compile time.
+//! - **`strategy`**: `"dedup"` (the default), `"state"` or `"dedup+state"`
+//!   (see [state machines](#state-machines)). `token`, `token+dedup`,
+//!   `lock+dedup`, `lock+state`, `lease` and `lock` are not available in this
+//!   version and are refused at compile time.
+//! - **`transition`** (`state`, `dedup+state`): `"Enum::From -> Enum::To"`,
+//!   several sources joined by `|`.
 //! - **`scope`**: the record namespace. Default: `module_path::fn_name`.
 //!   **Set it explicitly in production**: moving or renaming the function
 //!   changes the default, and repeats of calls made before the deploy would

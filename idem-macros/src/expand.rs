@@ -27,10 +27,13 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     // is reported there (with the message of `IdempotencyKey`).
     // State strategies also bind each part to the entity's key column.
     let key_method = match strategy {
-        Strategy::Dedup => quote!(key),
-        Strategy::State | Strategy::DedupState => quote!(entity_key),
+        Strategy::Dedup => "key",
+        Strategy::State | Strategy::DedupState => "entity_key",
     };
-    let key_parts = key.parts.iter().map(|part| quote_spanned!(part.span()=> .#key_method(&(#part))));
+    let key_parts = key.parts.iter().map(|part| {
+        let method = syn::Ident::new(key_method, part.span());
+        quote_spanned!(part.span()=> .#method(&(#part)))
+    });
     // The transition is a constant checked at compile time against the
     // enum's declared transitions; every token points at the attribute's
     // `transition` string, where a mistake in it is reported.

@@ -232,8 +232,10 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
         states.push(State { ident: v.ident.clone(), code, to: targets });
     }
 
-    // Targets must name states, and never the state itself.
-    let idents: Vec<String> = states.iter().map(|s| s.ident.to_string()).collect();
+    // Targets must name states, and never the state itself. Looked up among
+    // all variants, so a variant with an error of its own is not reported
+    // again as missing; without errors, `states` holds every variant in order.
+    let idents: Vec<String> = data.variants.iter().map(|v| v.ident.to_string()).collect();
     let mut target_indexes: Vec<Vec<usize>> = Vec::new();
     for s in &states {
         let mut indexes = Vec::new();
