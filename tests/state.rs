@@ -363,6 +363,32 @@ macro_rules! state_suite {
                 assert_eq!(runs.load(SeqCst), 4);
             }
 
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn state_several_sources_100_concurrent_cancels_move_once() {
+                let pool = pool!();
+                let order_no = new_order(&pool, 2).await;
+                let runs = Arc::new(AtomicUsize::new(0));
+                let mut tasks = Vec::new();
+                for _ in 0..100 {
+                    let (pool, order_no, runs) = (pool.clone(), order_no.clone(), runs.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut tx = pool.begin().await.unwrap();
+                        let answer = cancel(&mut tx, &order_no, false, &runs).await.unwrap();
+                        tx.commit().await.unwrap();
+                        answer
+                    }));
+                }
+                let mut first_answers = 0;
+                for t in tasks {
+                    if t.await.unwrap().is_some() {
+                        first_answers += 1;
+                    }
+                }
+                assert_eq!(runs.load(SeqCst), 1);
+                assert_eq!(first_answers, 1, "one call made the move, 99 were silent repeats");
+                assert_eq!(status(&pool, &order_no).await, 9);
+            }
+
             #[tokio::test]
             async fn state_text_codes_and_integer_keys() {
                 let pool = pool!();

@@ -338,10 +338,11 @@ impl Shop for MySql {
         sqlx::query_scalar("SELECT COUNT(*) FROM shop_coupons WHERE trade_no = ?").bind(trade_no).fetch_one(pool).await
     }
     async fn create_orders(pool: &MySqlPool, prefix: &str, from: u64, to: u64) -> Result<(), sqlx::Error> {
-        // Batches of 5,000 rows: one statement each, well under max_allowed_packet.
+        // Batches of 1,000 rows: MariaDB stops a recursive CTE after
+        // max_recursive_iterations (1,000 by default).
         let mut start = from;
         while start < to {
-            let end = (start + 5000).min(to);
+            let end = (start + 1000).min(to);
             sqlx::query(
                 "INSERT INTO shop_orders (trade_no, status) \
                  WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) \

@@ -172,10 +172,17 @@ impl SqlBackend for Sqlite {
     async fn read_state(
         conn: &mut SqliteConnection,
         cas: &Cas<'_>,
-        _mode: ReadMode,
+        mode: ReadMode,
     ) -> Result<Option<StoredState>, sqlx::Error> {
-        // One writer at a time: the transaction that moves the row holds the
-        // database's write lock, so no row lock is needed (or exists).
+        // SQLite has no row locks: one writer holds the whole database. To
+        // read and then move with nothing in between, take the write lock
+        // first with a write that changes nothing (it waits for the busy
+        // timeout like any writer); after that no other writer can commit.
+        if mode == ReadMode::ForUpdate {
+            let t = cas.states;
+            let lock = format!("UPDATE {} SET {col} = {col} WHERE 0", t.table, col = t.status_column);
+            sqlx::query(sqlx::AssertSqlSafe(lock)).execute(&mut *conn).await?;
+        }
         let sql = super::state_read_sql(cas, super::ph_question, sqlite_cast);
         let row = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| u.hyphenated().to_string())
             .fetch_optional(conn)
