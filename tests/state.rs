@@ -38,6 +38,18 @@ enum TicketState {
     Closed,
 }
 
+/// A status column whose CHECK constraint refuses state `Two`: the
+/// transition fails with a database error.
+#[derive(idem::StateMachine)]
+#[state(table = "idem_test_checked", key_column = "order_no", status_column = "status")]
+#[allow(dead_code)]
+enum CheckedStatus {
+    #[state(code = 1, to(Two))]
+    One,
+    #[state(code = 2)]
+    Two,
+}
+
 /// What the pay callback answers; a repeat whose first answer is not stored
 /// (no dedup record) acknowledges without a coupon.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -85,23 +97,24 @@ macro_rules! state_suite {
         insert_ticket = $insert_ticket:literal;
         get_ticket = $get_ticket:literal;
         count_records = $count_records:literal;
+        insert_checked = $insert_checked:literal;
     ) => {
         mod $m {
             use super::*;
 
             type Db = $DB;
 
+            /// The tables are created by one test at a time: concurrent CREATE
+            /// TABLE IF NOT EXISTS can collide on PostgreSQL's catalog. (Each
+            /// SQLite test has a database file of its own, so every test runs it.)
+            static DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
             macro_rules! pool {
                 () => {
                     match $pool().await {
                         Some(pool) => {
-                            // Once per process: concurrent CREATE TABLE IF NOT
-                            // EXISTS can collide on PostgreSQL's catalog.
-                            static DDL: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-                            DDL.get_or_init(|| async {
-                                sqlx::raw_sql($ddl).execute(&pool).await.unwrap();
-                            })
-                            .await;
+                            let _one_at_a_time = DDL.lock().await;
+                            sqlx::raw_sql($ddl).execute(&pool).await.unwrap();
                             pool
                         }
                         None => return,
@@ -487,6 +500,30 @@ macro_rules! state_suite {
                 assert_eq!(runs.load(SeqCst), 0);
             }
 
+            #[idempotent(
+                key = "order_no",
+                strategy = "dedup+state",
+                scope = "tests.dedup_state.checked",
+                transition = "CheckedStatus::One -> CheckedStatus::Two"
+            )]
+            async fn move_checked(tx: &mut Transaction<'_, Db>, order_no: &str) -> Result<(), AppError> {
+                let _ = &tx;
+                Ok(())
+            }
+
+            #[tokio::test]
+            async fn dedup_state_failing_transition_is_an_error_and_leaves_no_record() {
+                let pool = pool!();
+                let order_no = unique("checked");
+                sqlx::query($insert_checked).bind(&order_no).execute(&pool).await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                let result = move_checked(&mut tx, &order_no).await;
+                assert!(matches!(result, Err(AppError::Idem(Error::Database(_)))), "{result:?}");
+                // Committing anyway (PostgreSQL turns it into a rollback) leaves nothing behind.
+                let _ = tx.commit().await;
+                assert_eq!(records(&pool, "tests.dedup_state.checked", &order_no).await, 0);
+            }
+
             #[tokio::test]
             async fn dedup_state_body_error_leaves_neither_record_nor_transition() {
                 let pool = pool!();
@@ -516,7 +553,8 @@ state_suite! {
     db = sqlx::Sqlite;
     pool = common::sqlite;
     ddl = "CREATE TABLE IF NOT EXISTS idem_test_state_orders (order_no TEXT PRIMARY KEY, status INTEGER NOT NULL);
-           CREATE TABLE IF NOT EXISTS idem_test_tickets (id INTEGER PRIMARY KEY, state TEXT NOT NULL);";
+           CREATE TABLE IF NOT EXISTS idem_test_tickets (id INTEGER PRIMARY KEY, state TEXT NOT NULL);
+           CREATE TABLE IF NOT EXISTS idem_test_checked (order_no TEXT PRIMARY KEY, status INTEGER NOT NULL CHECK (status <> 2));";
     insert_order = "INSERT INTO idem_test_state_orders (order_no, status) VALUES (?, ?)";
     set_status = "UPDATE idem_test_state_orders SET status = ? WHERE order_no = ?";
     get_status = "SELECT status FROM idem_test_state_orders WHERE order_no = ?";
@@ -525,6 +563,7 @@ state_suite! {
     insert_ticket = "INSERT INTO idem_test_tickets (id, state) VALUES (?, ?)";
     get_ticket = "SELECT state FROM idem_test_tickets WHERE id = ?";
     count_records = "SELECT COUNT(*) FROM idem_records WHERE scope = ? AND idem_key = ?";
+    insert_checked = "INSERT INTO idem_test_checked (order_no, status) VALUES (?, 1)";
 }
 
 state_suite! {
@@ -532,7 +571,8 @@ state_suite! {
     db = sqlx::Postgres;
     pool = common::postgres;
     ddl = "CREATE TABLE IF NOT EXISTS idem_test_state_orders (order_no VARCHAR(191) PRIMARY KEY, status SMALLINT NOT NULL);
-           CREATE TABLE IF NOT EXISTS idem_test_tickets (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL);";
+           CREATE TABLE IF NOT EXISTS idem_test_tickets (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL);
+           CREATE TABLE IF NOT EXISTS idem_test_checked (order_no VARCHAR(191) PRIMARY KEY, status INT NOT NULL CHECK (status <> 2));";
     insert_order = "INSERT INTO idem_test_state_orders (order_no, status) VALUES ($1, $2)";
     set_status = "UPDATE idem_test_state_orders SET status = $1 WHERE order_no = $2";
     get_status = "SELECT status::int4 FROM idem_test_state_orders WHERE order_no = $1";
@@ -541,6 +581,7 @@ state_suite! {
     insert_ticket = "INSERT INTO idem_test_tickets (id, state) VALUES ($1, $2)";
     get_ticket = "SELECT state FROM idem_test_tickets WHERE id = $1";
     count_records = "SELECT COUNT(*) FROM idem_records WHERE scope = $1 AND idem_key = $2";
+    insert_checked = "INSERT INTO idem_test_checked (order_no, status) VALUES ($1, 1)";
 }
 
 state_suite! {
@@ -548,7 +589,8 @@ state_suite! {
     db = sqlx::MySql;
     pool = common::mysql;
     ddl = "CREATE TABLE IF NOT EXISTS idem_test_state_orders (order_no VARCHAR(191) PRIMARY KEY, status SMALLINT NOT NULL) ENGINE = InnoDB;
-           CREATE TABLE IF NOT EXISTS idem_test_tickets (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL) ENGINE = InnoDB;";
+           CREATE TABLE IF NOT EXISTS idem_test_tickets (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL) ENGINE = InnoDB;
+           CREATE TABLE IF NOT EXISTS idem_test_checked (order_no VARCHAR(191) PRIMARY KEY, status INT NOT NULL CHECK (status <> 2)) ENGINE = InnoDB;";
     insert_order = "INSERT INTO idem_test_state_orders (order_no, status) VALUES (?, ?)";
     set_status = "UPDATE idem_test_state_orders SET status = ? WHERE order_no = ?";
     get_status = "SELECT CAST(status AS SIGNED) FROM idem_test_state_orders WHERE order_no = ?";
@@ -557,4 +599,5 @@ state_suite! {
     insert_ticket = "INSERT INTO idem_test_tickets (id, state) VALUES (?, ?)";
     get_ticket = "SELECT state FROM idem_test_tickets WHERE id = ?";
     count_records = "SELECT COUNT(*) FROM idem_records WHERE scope = ? AND idem_key = ?";
+    insert_checked = "INSERT INTO idem_test_checked (order_no, status) VALUES (?, 1)";
 }

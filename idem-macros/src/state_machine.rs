@@ -76,10 +76,17 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
     if data.variants.is_empty() {
         errors.push(darling::Error::custom("a state machine needs at least one state (variant)").with_span(name));
     }
-    let args: EnumArgs = errors.handle(state_args(&input.attrs)).unwrap_or_default();
+    // When the arguments do not parse, darling has said why: do not add
+    // "missing" errors for the arguments it could not read.
+    let parsed = errors.handle(state_args::<EnumArgs>(&input.attrs));
+    let args_ok = parsed.is_some();
+    let args = parsed.unwrap_or_default();
 
     let mut location = |arg: &Option<SpannedValue<String>>, what: &str, list: bool| -> Option<Vec<String>> {
         let Some(v) = arg else {
+            if !args_ok {
+                return None;
+            }
             errors.push(
                 darling::Error::custom(format!("missing `{what}`: say where the status is stored, e.g. {EXAMPLE}"))
                     .with_span(name),
@@ -200,7 +207,11 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
                 }
             }
         };
-        if let Some(first) = states.iter().find(|s| s.code == code) {
+        let same = |a: &Code, b: &Code| match (a, b) {
+            (Code::Text(a), Code::Text(b)) => a.eq_ignore_ascii_case(b),
+            _ => a == b,
+        };
+        if let Some(first) = states.iter().find(|s| same(&s.code, &code)) {
             let shown = match &code {
                 Code::Int(i) => i.to_string(),
                 Code::Text(t) => format!("\"{t}\""),
@@ -208,7 +219,7 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
             errors.push(
                 darling::Error::custom(format!(
                     "`{}` is stored as {shown}, like `{}`: every state needs its own code, or two states \
-                     would read back as one",
+                     would read back as one (names are compared ignoring case, as MySQL does)",
                     v.ident, first.ident
                 ))
                 .with_span(&v.ident),

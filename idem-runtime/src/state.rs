@@ -79,14 +79,86 @@ impl StateTable {
         false
     }
 
-    /// The variant stored as `code`, if any.
+    /// The variant stored as `code`, if any. Names match exactly, or else
+    /// ignoring ASCII case: MySQL's default collations compare them so, and
+    /// the derive refuses names that differ only in case.
     pub fn variant_of(&self, code: &StoredState) -> Option<usize> {
-        self.codes.iter().position(|c| match (c, code) {
+        let exact = self.codes.iter().position(|c| match (c, code) {
             (StateCode::Int(a), StoredState::Int(b)) => a == b,
             (StateCode::Text(a), StoredState::Text(b)) => a == b,
             _ => false,
+        });
+        exact.or_else(|| {
+            self.codes.iter().position(|c| match (c, code) {
+                (StateCode::Text(a), StoredState::Text(b)) => a.eq_ignore_ascii_case(b),
+                _ => false,
+            })
         })
     }
+
+    /// Compile-time check of what goes into the SQL unquoted: a plain
+    /// identifier (optionally `schema.table`) for the table and columns, and
+    /// names without quotes or backslashes. The derive checks the same; this
+    /// also covers a hand-written `StateMachine` impl.
+    pub const fn check_sql_text(&self) {
+        if !is_identifier(self.table, true) || !is_identifier(self.status_column, false) {
+            panic!("the state table and status column must be plain SQL identifiers (letters, digits, `_`)");
+        }
+        let mut i = 0;
+        while i < self.key_columns.len() {
+            if !is_identifier(self.key_columns[i], false) {
+                panic!("the state key columns must be plain SQL identifiers (letters, digits, `_`)");
+            }
+            i += 1;
+        }
+        let mut i = 0;
+        while i < self.codes.len() {
+            if let StateCode::Text(name) = self.codes[i] {
+                let b = name.as_bytes();
+                let mut j = 0;
+                if b.is_empty() {
+                    panic!("a stored state name must not be empty");
+                }
+                while j < b.len() {
+                    if b[j] == b'\'' || b[j] == b'\\' {
+                        panic!("a stored state name must not contain quotes or backslashes");
+                    }
+                    j += 1;
+                }
+            }
+            i += 1;
+        }
+    }
+}
+
+/// Letters, digits and `_`, not starting with a digit; with `dotted`, one
+/// `.` may separate a schema from the name.
+const fn is_identifier(s: &str, dotted: bool) -> bool {
+    let b = s.as_bytes();
+    let (mut i, mut start, mut dots) = (0, true, 0);
+    if b.is_empty() || b.len() > 129 {
+        return false;
+    }
+    while i < b.len() {
+        let c = b[i];
+        if c == b'.' {
+            dots += 1;
+            if !dotted || dots > 1 || start || i + 1 == b.len() {
+                return false;
+            }
+            start = true;
+        } else if c.is_ascii_digit() {
+            if start {
+                return false;
+            }
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            start = false;
+        } else {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 const fn str_eq(a: &str, b: &str) -> bool {
@@ -185,6 +257,7 @@ impl Transition {
     /// Compile-time check: every name is a variant and every `from -> to` is
     /// declared. Fails const evaluation with a message naming the fix.
     pub const fn check(&self) {
+        self.states.check_sql_text();
         if self.key_parts != self.states.key_columns.len() {
             panic!(
                 "the key has a different number of parts than the state enum has key columns \

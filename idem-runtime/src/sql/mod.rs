@@ -208,7 +208,16 @@ pub trait SqlBackend: sqlx::Database {
             if Self::claim(&mut *conn, record).await? == ClaimResult::Conflict {
                 return Ok((ClaimResult::Conflict, 0));
             }
-            Ok((ClaimResult::Claimed, Self::transition(conn, cas).await?))
+            match Self::transition(&mut *conn, cas).await {
+                Ok(moved) => Ok((ClaimResult::Claimed, moved)),
+                Err(e) => {
+                    // A failed statement leaves MySQL's and SQLite's transaction
+                    // usable: remove the record just claimed, so a caller that
+                    // commits anyway leaves no PROCESSING record behind.
+                    let _ = Self::discard(conn, record.scope, record.key).await;
+                    Err(e)
+                }
+            }
         }
     }
 
