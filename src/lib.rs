@@ -249,7 +249,7 @@ pub use idem_runtime::{
     PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend, StateMachine, TxContext, find_record,
     migrate, observe, purge_expired,
 };
-pub use idem_runtime::{error, key, record, sql, state};
+pub use idem_runtime::{error, key, lease, record, sql, state};
 
 #[doc(hidden)]
 pub use idem_runtime::__private;

@@ -12,7 +12,8 @@ use crate::validate::{Plan, Strategy};
 pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let fn_name = func.sig.ident.to_string();
     let block = &func.block;
-    let Plan { strategy, key, scope, fingerprint, retention_ms, claim_after, transition, tx, tx_ty, ret } = plan;
+    let Plan { strategy, key, scope, fingerprint, retention_ms, claim_after, transition, tx, lease_ms, store, ret } =
+        plan;
 
     let scope = match scope {
         Some(s) => quote!(#s),
@@ -27,7 +28,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     // is reported there (with the message of `IdempotencyKey`).
     // State strategies also bind each part to the entity's key column.
     let key_method = match strategy {
-        Strategy::Dedup => "key",
+        Strategy::Dedup | Strategy::Lease => "key",
         Strategy::State | Strategy::DedupState => "entity_key",
     };
     let key_parts = key.parts.iter().map(|part| {
@@ -58,48 +59,85 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     // type: that is where `From<idem::Error>` is missing if it is.
     let ret_span = ret.span();
     let settle = quote_spanned!(ret_span=> ::idem::__private::settle(__idem_other));
-    // Likewise the transaction is taken at its parameter's type: that is where
-    // a pool or an unsupported database is reported, once (every token of the
-    // call carries that span, so both uses yield the same diagnostic).
-    let tx_span = tx_ty.span();
-    let mut tx_at_type = tx.clone();
-    tx_at_type.set_span(tx_span);
-    let conn = quote_spanned!(tx_span=> ::idem::__private::connection(&mut *#tx_at_type));
-    let claim = match strategy {
-        Strategy::Dedup => quote_spanned!(ret_span=> dedup(#conn)),
-        Strategy::State => quote_spanned!(ret_span=> state(#conn, &__IDEM_TRANSITION)),
-        Strategy::DedupState => quote_spanned!(ret_span=> dedup_state(#conn, &__IDEM_TRANSITION)),
-    };
     let completed = syn::Ident::new("__idem_completed", ret_span);
     let finish = quote_spanned!(ret_span=> ::idem::__private::finish(#completed));
-    let body = quote! {
-        {
-            static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-                scope: #scope,
-                key_source: #key_source,
-                retention: #retention,
-                claim_after: #claim_after,
+    let spec = quote! {
+        static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
+            scope: #scope,
+            key_source: #key_source,
+            retention: #retention,
+            claim_after: #claim_after,
+        };
+    };
+    let guard = quote! {
+        ::idem::__private::Guard::new(&__IDEM_SPEC)
+            #(#key_parts)*
+            #fingerprint
+    };
+    let body = match tx {
+        None => {
+            // `lease`: the record lives in a store of its own; the body runs
+            // under the lease, which `run` renews and settles.
+            // `let x = &(expr);` keeps a temporary alive for the whole body.
+            let store = match store {
+                Some(expr) => {
+                    quote_spanned!(expr.span()=> let __idem_store = ::idem::__private::lease_store(&(#expr));)
+                }
+                None => quote!(let __idem_store = ::idem::lease::installed();),
             };
-            #transition
-            let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
-                #(#key_parts)*
-                #fingerprint
-                .#claim
-                .await
-            {
-                ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => __idem_run,
-                __idem_other => return #settle,
+            let lease = match lease_ms {
+                Some(ms) => quote!(::idem::__private::Duration::from_millis(#ms)),
+                None => quote!(::idem::lease::DEFAULT_LEASE),
             };
-            let __idem_result: #ret = async {
-                // The body may move its transaction handle; it gets a reborrow,
-                // so the record can still be completed after it.
-                #[allow(unused_variables)]
-                let #tx = &mut *#tx;
-                #block
+            let run = quote_spanned!(ret_span=> __idem_ticket.run(__idem_body).await);
+            quote! {
+                {
+                    #spec
+                    #store
+                    let __idem_ticket = match #guard.lease(__idem_store, #lease).await {
+                        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => __idem_run,
+                        __idem_other => return #settle,
+                    };
+                    let __idem_body = async #block;
+                    let __idem_result: #ret = #run;
+                    __idem_result
+                }
             }
-            .await;
-            let #completed = __idem_ticket.complete(#conn, __idem_result).await;
-            #finish
+        }
+        Some((tx, tx_ty)) => {
+            // The transaction is taken at its parameter's type: that is where
+            // a pool or an unsupported database is reported, once (every token
+            // of the call carries that span, so both uses yield the same
+            // diagnostic).
+            let tx_span = tx_ty.span();
+            let mut tx_at_type = tx.clone();
+            tx_at_type.set_span(tx_span);
+            let conn = quote_spanned!(tx_span=> ::idem::__private::connection(&mut *#tx_at_type));
+            let claim = match strategy {
+                Strategy::Dedup | Strategy::Lease => quote_spanned!(ret_span=> dedup(#conn)),
+                Strategy::State => quote_spanned!(ret_span=> state(#conn, &__IDEM_TRANSITION)),
+                Strategy::DedupState => quote_spanned!(ret_span=> dedup_state(#conn, &__IDEM_TRANSITION)),
+            };
+            quote! {
+                {
+                    #spec
+                    #transition
+                    let __idem_ticket = match #guard.#claim.await {
+                        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => __idem_run,
+                        __idem_other => return #settle,
+                    };
+                    let __idem_result: #ret = async {
+                        // The body may move its transaction handle; it gets a
+                        // reborrow, so the record can still be completed after it.
+                        #[allow(unused_variables)]
+                        let #tx = &mut *#tx;
+                        #block
+                    }
+                    .await;
+                    let #completed = __idem_ticket.complete(#conn, __idem_result).await;
+                    #finish
+                }
+            }
         }
     };
     // Only the body changes: name, generics, lifetimes, attributes and

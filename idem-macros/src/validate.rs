@@ -18,7 +18,7 @@ const STRATEGIES: &[(&str, bool)] = &[
     ("token+dedup", false),
     ("lock+dedup", false),
     ("lock+state", false),
-    ("lease", false),
+    ("lease", true),
     ("lock", false),
 ];
 
@@ -27,6 +27,7 @@ pub enum Strategy {
     Dedup,
     State,
     DedupState,
+    Lease,
 }
 
 impl Strategy {
@@ -35,6 +36,7 @@ impl Strategy {
             Strategy::Dedup => "dedup",
             Strategy::State => "state",
             Strategy::DedupState => "dedup+state",
+            Strategy::Lease => "lease",
         }
     }
 
@@ -62,9 +64,13 @@ pub struct Plan {
     pub retention_ms: Option<u64>,
     pub claim_after: bool,
     pub transition: Option<TransitionArg>,
-    pub tx: Ident,
-    /// The transaction parameter's type, where errors about it point.
-    pub tx_ty: Type,
+    /// The transaction parameter and its type (where errors about it point);
+    /// `None` for `lease`, which keeps its record outside any transaction.
+    pub tx: Option<(Ident, Type)>,
+    /// `lease`: the lease length (`None`: the runtime's default).
+    pub lease_ms: Option<u64>,
+    /// `lease`: the store expression (`None`: the installed store).
+    pub store: Option<Expr>,
     pub ret: Type,
 }
 
@@ -156,14 +162,15 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     };
 
     // Arguments that belong to other strategies.
+    let is_lease = strategy == Some(Strategy::Lease);
     let foreign: [(&str, Option<Span>); 6] = [
         (
             "transition",
             raw.transition.as_ref().filter(|_| !strategy.is_some_and(Strategy::moves_state)).map(|v| v.span()),
         ),
         ("ttl", raw.ttl.as_ref().map(|v| v.span())),
-        ("lease", raw.lease.as_ref().map(|v| v.span())),
-        ("store", raw.store.as_ref().map(|v| v.span())),
+        ("lease", raw.lease.as_ref().filter(|_| !is_lease).map(|v| v.span())),
+        ("store", raw.store.as_ref().filter(|_| !is_lease).map(|v| v.span())),
         ("precheck", raw.precheck.as_ref().map(|v| v.span())),
         ("concurrency_only", raw.concurrency_only.as_ref().map(|v| v.span())),
     ];
@@ -178,6 +185,9 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
                 ),
                 "transition" => "a transition is made by strategy `state` or `dedup+state`; remove it, or choose \
                                  one of those"
+                    .to_owned(),
+                "store" => "the record is written in your transaction; `store` names where a `lease` record lives \
+                            (strategy = \"lease\", for work outside a transaction). Remove one of them"
                     .to_owned(),
                 _ => "remove it, or choose the strategy it belongs to".to_owned(),
             };
@@ -305,7 +315,23 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         }
     };
 
-    let tx = find_tx(func, &marks.tx, strategy.unwrap_or(Strategy::Dedup)).map_err(|e| errors.push(e)).ok();
+    let lease_ms = match &raw.lease {
+        Some(l) if is_lease => parse_duration("lease", l.as_str(), l.span()).map_err(|e| errors.push(e)).ok(),
+        _ => None,
+    };
+    if is_lease && let Some(c) = &raw.claim {
+        errors.push(syn::Error::new(
+            c.span(),
+            "`claim` applies to strategy `dedup` only: a lease record is always claimed before the body, \
+             on its own, so that a duplicate sees it while the body runs; remove `claim`",
+        ));
+    }
+    // No transaction check when the strategy itself is wrong: its error is
+    // the one to fix first.
+    let tx = match strategy {
+        Some(Strategy::Lease) | None => None,
+        Some(s) => find_tx(func, &marks.tx, s).map_err(|e| errors.push(e)).ok(),
+    };
 
     let mut all = errors.into_iter();
     if let Some(mut first) = all.next() {
@@ -322,8 +348,9 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         retention_ms,
         claim_after,
         transition,
-        tx: tx.as_ref().expect("no error means a transaction").0.clone(),
-        tx_ty: tx.expect("no error means a transaction").1,
+        tx,
+        lease_ms,
+        store: raw.store.filter(|_| is_lease),
         ret: ret.expect("no error means a return type"),
     })
 }
@@ -355,6 +382,7 @@ fn parse_strategy(name: &str, span: Span) -> Result<Strategy, syn::Error> {
         Some(("dedup", true)) => Ok(Strategy::Dedup),
         Some(("state", true)) => Ok(Strategy::State),
         Some(("dedup+state", true)) => Ok(Strategy::DedupState),
+        Some(("lease", true)) => Ok(Strategy::Lease),
         Some((n, true)) => unreachable!("strategy `{n}` is marked available but has no Strategy variant"),
         Some((n, false)) => {
             let available = STRATEGIES.iter().filter(|(_, a)| *a).map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>();
@@ -533,7 +561,7 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: Strategy) -> Resul
                  (or mark yours with `#[idem(tx)]`) so {} with your change",
                 strategy.name(),
                 match strategy {
-                    Strategy::Dedup => "writes its record in your transaction",
+                    Strategy::Dedup | Strategy::Lease => "writes its record in your transaction",
                     Strategy::State => "moves the entity's status in your transaction",
                     Strategy::DedupState => "writes its record and moves the entity's status in your transaction",
                 },

@@ -160,6 +160,17 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// A lease store other than a SQL database (Redis) failed: unreachable,
+    /// timed out, or answered something unexpected. Never a duplicate.
+    #[error("{store} store error: {source}")]
+    Store {
+        /// `redis`.
+        store: &'static str,
+        /// What the client library reported.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// Any other database error. Never a duplicate: only a unique-key violation on
     /// the record is treated as one.
     #[error("database error: {0}")]
@@ -171,7 +182,7 @@ impl Error {
     /// (`InProgress`, `LockBusy`, and transient database failures).
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::InProgress { .. } | Error::LockBusy { .. } => true,
+            Error::InProgress { .. } | Error::LockBusy { .. } | Error::Store { .. } => true,
             Error::Database(e) => matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed),
             _ => false,
         }

@@ -14,6 +14,7 @@
 pub mod error;
 mod guard;
 pub mod key;
+pub mod lease;
 pub mod record;
 pub mod sql;
 pub mod state;
@@ -49,5 +50,11 @@ pub mod __private {
     pub use crate::sql::connection;
     pub use crate::state::Transition;
     pub use crate::strategy::dedup::{Claim, Ticket, finish, settle};
+    pub use crate::strategy::lease::LeaseTicket;
+
+    /// The store named by `store = "..."`, as the guard takes it.
+    pub fn lease_store<S: crate::lease::LeaseStore>(store: &S) -> &dyn crate::lease::LeaseStore {
+        store
+    }
     pub use std::time::Duration;
 }

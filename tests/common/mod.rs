@@ -98,6 +98,27 @@ pub async fn sqlite() -> Option<SqlitePool> {
     Some(pool)
 }
 
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
+
+/// A connection manager on `IDEM_REDIS_URL` (default: the local server).
+pub async fn redis() -> Option<redis::aio::ConnectionManager> {
+    let url = std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned());
+    let connected = async {
+        let client = redis::Client::open(url.as_str())?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
+            .set_number_of_retries(1);
+        redis::aio::ConnectionManager::new_with_config(client, config).await
+    };
+    match connected.await {
+        Ok(conn) => Some(conn),
+        Err(e) => {
+            unavailable("Redis", &url, &e);
+            None
+        }
+    }
+}
+
 /// The application error of the test services.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {

@@ -7,6 +7,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::key::SqlKey;
+pub use crate::lease::sql::{LeaseAction, LeaseRow};
+use crate::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::state::{StateCode, StateTable, StoredState};
 use crate::{DedupRecord, Error, Key};
 
@@ -220,6 +222,23 @@ pub trait SqlBackend: sqlx::Database {
             }
         }
     }
+
+    /// `strategy = "lease"`: claim in one autocommit statement (taking over a
+    /// record whose lease or retention has passed), or report what holds the
+    /// key. `None` when the holding record is not visible yet: ask again.
+    #[doc(hidden)]
+    fn lease_claim(
+        conn: &mut Self::Connection,
+        req: &LeaseRequest<'_>,
+    ) -> impl Future<Output = Result<Option<LeaseClaim>, sqlx::Error>> + Send;
+
+    /// Complete, release or extend a lease, only if `held` still holds it.
+    #[doc(hidden)]
+    fn lease_finish(
+        conn: &mut Self::Connection,
+        held: &HeldLease<'_>,
+        action: LeaseAction<'_>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// Create the record table if it is missing (safe to run concurrently).
     #[doc(hidden)]

@@ -10,8 +10,9 @@
 use sqlx::MySql;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
-use super::{Cas, ClaimResult, ExistingRecord, InsertDone, NewRecord, ReadMode, SqlBackend};
+use super::{Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, NewRecord, ReadMode, SqlBackend};
 use crate::DedupRecord;
+use crate::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::state::StoredState;
 
 fn mysql_cast(col: &str, int: bool) -> String {
@@ -49,6 +50,28 @@ fn is_duplicate_key(err: &sqlx::Error) -> bool {
     // Only a unique-key violation is a duplicate; everything else surfaces.
     err.as_database_error().is_some_and(|e| e.is_unique_violation())
 }
+
+const LEASE_INSERT: &str = "INSERT INTO idem_records \
+    (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, updated_at, expires_at) \
+    VALUES (?, ?, 'PROCESSING', ?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+            UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+
+// Take over a record whose retention or lease has passed (fingerprint
+// permitting). `LAST_INSERT_ID(expr)` hands the new fence back in the OK
+// packet, so no read is needed. The WHERE sees the row before the SET.
+const LEASE_TAKE_OVER: &str = "UPDATE idem_records SET status = 'PROCESSING', response = NULL, \
+    owner = ?, fence = LAST_INSERT_ID(fence + 1), lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+    created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+    fingerprint = ? \
+    WHERE scope = ? AND idem_key = ? AND (expires_at <= UTC_TIMESTAMP(6) \
+      OR (status <> 'DONE' AND lease_until IS NOT NULL AND lease_until <= UTC_TIMESTAMP(6) \
+          AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)))";
+
+const LEASE_READ: &str = "SELECT status, fingerprint, response, \
+    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) DIV 1000 \
+    FROM idem_records WHERE scope = ? AND idem_key = ? LOCK IN SHARE MODE";
+
+const HELD: &str = "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND status = 'PROCESSING'";
 
 impl SqlBackend for MySql {
     const BACKEND: &'static str = "mysql";
@@ -184,6 +207,73 @@ impl SqlBackend for MySql {
             .fetch_optional(conn)
             .await?;
         row.map(|row| super::decode_state(&row, cas.states)).transpose()
+    }
+
+    async fn lease_claim(
+        conn: &mut MySqlConnection,
+        req: &LeaseRequest<'_>,
+    ) -> Result<Option<LeaseClaim>, sqlx::Error> {
+        let lease = super::retention_us(req.lease);
+        let keep = super::retention_us(req.retention.max(req.lease));
+        let inserted = sqlx::query(LEASE_INSERT)
+            .bind(req.scope)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(req.owner)
+            .bind(lease)
+            .bind(keep)
+            .execute(&mut *conn)
+            .await;
+        match inserted {
+            Ok(_) => return Ok(Some(LeaseClaim::Acquired { fence: 1, reclaimed: false })),
+            Err(e) if is_duplicate_key(&e) => {}
+            Err(e) => return Err(e),
+        }
+        let taken = sqlx::query(LEASE_TAKE_OVER)
+            .bind(req.owner)
+            .bind(lease)
+            .bind(keep)
+            .bind(req.fingerprint)
+            .bind(req.scope)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(req.fingerprint)
+            .execute(&mut *conn)
+            .await?;
+        if taken.rows_affected() == 1 {
+            let fence = i64::try_from(taken.last_insert_id()).unwrap_or(i64::MAX);
+            return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: true }));
+        }
+        let row: Option<crate::lease::sql::LeaseRowColumns> =
+            sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(conn).await?;
+        Ok(row.map(|columns| crate::lease::sql::judge_row(req, LeaseRow::from(columns))))
+    }
+
+    async fn lease_finish(
+        conn: &mut MySqlConnection,
+        held: &HeldLease<'_>,
+        action: LeaseAction<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = match action {
+            LeaseAction::Complete(_) => format!(
+                "UPDATE idem_records SET status = 'DONE', response = ?, lease_until = NULL, \
+                 updated_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE {HELD}"
+            ),
+            LeaseAction::Release => format!("DELETE FROM idem_records WHERE {HELD}"),
+            LeaseAction::Extend => format!(
+                "UPDATE idem_records SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+                 updated_at = UTC_TIMESTAMP(6), \
+                 expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) WHERE {HELD}"
+            ),
+        };
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        let q = match action {
+            LeaseAction::Complete(response) => q.bind(response).bind(super::retention_us(held.retention)),
+            LeaseAction::Release => q,
+            LeaseAction::Extend => q.bind(super::retention_us(held.lease)).bind(super::retention_us(held.lease)),
+        };
+        let done = q.bind(held.scope).bind(held.key).bind(held.owner).bind(held.fence).execute(conn).await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn migrate(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {

@@ -6,8 +6,9 @@
 use sqlx::Postgres;
 use sqlx::postgres::PgConnection;
 
-use super::{Cas, ClaimResult, ExistingRecord, InsertDone, NewRecord, ReadMode, SqlBackend};
+use super::{Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, NewRecord, ReadMode, SqlBackend};
 use crate::DedupRecord;
+use crate::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::state::StoredState;
 
 fn pg_cast(col: &str, int: bool) -> String {
@@ -49,6 +50,33 @@ const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owne
     (extract(epoch FROM lease_until) * 1000)::int8, (extract(epoch FROM created_at) * 1000)::int8, \
     (extract(epoch FROM updated_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8 \
     FROM idem_records WHERE scope = $1 AND idem_key = $2";
+
+// Lease claim, one statement: insert, or take over a record whose retention
+// or lease has passed (fingerprint permitting), or return the record that
+// holds the key. The second SELECT sees the statement's snapshot: a record
+// committed while the insert waited is not in it, and the caller asks again.
+const LEASE_CLAIM: &str = "\
+WITH claim AS (
+  INSERT INTO idem_records AS r (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, updated_at, expires_at)
+  VALUES ($1, $2, 'PROCESSING', $3, $4, 1, clock_timestamp() + $5::interval, now(), now(),
+          clock_timestamp() + greatest($5::interval, $6::interval))
+  ON CONFLICT (scope, idem_key) DO UPDATE SET status = 'PROCESSING', fingerprint = EXCLUDED.fingerprint,
+      response = NULL, owner = EXCLUDED.owner, fence = r.fence + 1, lease_until = EXCLUDED.lease_until,
+      created_at = now(), updated_at = now(), expires_at = EXCLUDED.expires_at
+    WHERE r.expires_at <= clock_timestamp()
+       OR (r.status <> 'DONE' AND r.lease_until IS NOT NULL AND r.lease_until <= clock_timestamp()
+           AND (r.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL OR r.fingerprint = EXCLUDED.fingerprint))
+  RETURNING r.fence, (r.xmax::text <> '0') AS reclaimed
+)
+SELECT true, fence, reclaimed, NULL::text, NULL::text, NULL::text, NULL::int8 FROM claim
+UNION ALL
+SELECT false, fence, false, status::text, fingerprint::text, response,
+       (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::int8
+FROM idem_records WHERE scope = $1 AND idem_key = $2 AND NOT EXISTS (SELECT 1 FROM claim)";
+
+const HELD: &str = "scope = $1 AND idem_key = $2 AND owner = $3 AND fence = $4 AND status = 'PROCESSING'";
+
+type LeaseClaimRow = (bool, i64, bool, Option<String>, Option<String>, Option<String>, Option<i64>);
 
 impl SqlBackend for Postgres {
     const BACKEND: &'static str = "postgres";
@@ -180,6 +208,51 @@ impl SqlBackend for Postgres {
         let (claimed, moved) = bind_keys!(q, cas.key, |u| *u).fetch_one(conn).await?;
         let claim = if claimed == 1 { ClaimResult::Claimed } else { ClaimResult::Conflict };
         Ok((claim, u64::try_from(moved).unwrap_or(0)))
+    }
+
+    async fn lease_claim(conn: &mut PgConnection, req: &LeaseRequest<'_>) -> Result<Option<LeaseClaim>, sqlx::Error> {
+        let row: Option<LeaseClaimRow> = sqlx::query_as(LEASE_CLAIM)
+            .bind(req.scope)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(req.owner)
+            .bind(req.lease)
+            .bind(req.retention)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|(acquired, fence, reclaimed, status, fingerprint, response, lease_left_ms)| {
+            if acquired {
+                LeaseClaim::Acquired { fence, reclaimed }
+            } else {
+                let status = status.unwrap_or_default();
+                crate::lease::sql::judge_row(req, LeaseRow { status, fingerprint, response, lease_left_ms })
+            }
+        }))
+    }
+
+    async fn lease_finish(
+        conn: &mut PgConnection,
+        held: &HeldLease<'_>,
+        action: LeaseAction<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = match action {
+            LeaseAction::Complete(_) => format!(
+                "UPDATE idem_records SET status = 'DONE', response = $5, lease_until = NULL, \
+                 updated_at = clock_timestamp(), expires_at = clock_timestamp() + $6::interval WHERE {HELD}"
+            ),
+            LeaseAction::Release => format!("DELETE FROM idem_records WHERE {HELD}"),
+            LeaseAction::Extend => format!(
+                "UPDATE idem_records SET lease_until = clock_timestamp() + $5::interval, updated_at = clock_timestamp(), \
+                 expires_at = greatest(expires_at, clock_timestamp() + $5::interval) WHERE {HELD}"
+            ),
+        };
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(held.scope).bind(held.key).bind(held.owner).bind(held.fence);
+        let q = match action {
+            LeaseAction::Complete(response) => q.bind(response).bind(held.retention),
+            LeaseAction::Release => q,
+            LeaseAction::Extend => q.bind(held.lease),
+        };
+        Ok(q.execute(conn).await?.rows_affected() == 1)
     }
 
     async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::Error> {

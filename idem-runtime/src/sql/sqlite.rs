@@ -13,8 +13,9 @@
 use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 
-use super::{Cas, ClaimResult, ExistingRecord, InsertDone, NewRecord, ReadMode, SqlBackend};
+use super::{Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, NewRecord, ReadMode, SqlBackend};
 use crate::DedupRecord;
+use crate::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::state::StoredState;
 
 fn sqlite_cast(col: &str, int: bool) -> String {
@@ -59,6 +60,40 @@ const READ: &str = concat!(
     now_ms!(),
     " FROM idem_records WHERE scope = ?1 AND idem_key = ?2"
 );
+
+// Insert, or take over a record whose retention or lease has passed
+// (fingerprint permitting); RETURNING gives the fence either way and nothing
+// when the record holds. SQLite has one writer, so the read that follows sees
+// what blocked the claim.
+const LEASE_CLAIM: &str = concat!(
+    "INSERT INTO idem_records (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, \
+     updated_at, expires_at) VALUES (?1, ?2, 'PROCESSING', ?3, ?4, 1, ",
+    now_ms!(),
+    " + ?5, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    " + max(?5, ?6)) ON CONFLICT (scope, idem_key) DO UPDATE SET status = 'PROCESSING', \
+     fingerprint = excluded.fingerprint, response = NULL, owner = excluded.owner, fence = idem_records.fence + 1, \
+     lease_until = excluded.lease_until, created_at = excluded.created_at, updated_at = excluded.updated_at, \
+     expires_at = excluded.expires_at \
+     WHERE idem_records.expires_at <= ",
+    now_ms!(),
+    " OR (idem_records.status <> 'DONE' AND idem_records.lease_until IS NOT NULL AND idem_records.lease_until <= ",
+    now_ms!(),
+    " AND (idem_records.fingerprint IS NULL OR excluded.fingerprint IS NULL \
+      OR idem_records.fingerprint = excluded.fingerprint)) RETURNING fence"
+);
+
+const LEASE_READ: &str = concat!(
+    "SELECT status, fingerprint, response, lease_until - ",
+    now_ms!(),
+    " FROM idem_records WHERE scope = ?1 AND idem_key = ?2"
+);
+
+const HELD: &str = "scope = ?1 AND idem_key = ?2 AND owner = ?3 AND fence = ?4 AND status = 'PROCESSING'";
 
 impl SqlBackend for Sqlite {
     const BACKEND: &'static str = "sqlite";
@@ -188,6 +223,53 @@ impl SqlBackend for Sqlite {
             .fetch_optional(conn)
             .await?;
         row.map(|row| super::decode_state(&row, cas.states)).transpose()
+    }
+
+    async fn lease_claim(
+        conn: &mut SqliteConnection,
+        req: &LeaseRequest<'_>,
+    ) -> Result<Option<LeaseClaim>, sqlx::Error> {
+        let fence: Option<i64> = sqlx::query_scalar(LEASE_CLAIM)
+            .bind(req.scope)
+            .bind(req.key)
+            .bind(req.fingerprint)
+            .bind(req.owner)
+            .bind(crate::lease::millis(req.lease))
+            .bind(crate::lease::millis(req.retention))
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(fence) = fence {
+            return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: fence > 1 }));
+        }
+        let row: Option<crate::lease::sql::LeaseRowColumns> =
+            sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(conn).await?;
+        Ok(row.map(|columns| crate::lease::sql::judge_row(req, LeaseRow::from(columns))))
+    }
+
+    async fn lease_finish(
+        conn: &mut SqliteConnection,
+        held: &HeldLease<'_>,
+        action: LeaseAction<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let now = now_ms!();
+        let sql = match action {
+            LeaseAction::Complete(_) => format!(
+                "UPDATE idem_records SET status = 'DONE', response = ?5, lease_until = NULL, updated_at = {now}, \
+                 expires_at = {now} + ?6 WHERE {HELD}"
+            ),
+            LeaseAction::Release => format!("DELETE FROM idem_records WHERE {HELD}"),
+            LeaseAction::Extend => format!(
+                "UPDATE idem_records SET lease_until = {now} + ?5, updated_at = {now}, \
+                 expires_at = max(expires_at, {now} + ?5) WHERE {HELD}"
+            ),
+        };
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(held.scope).bind(held.key).bind(held.owner).bind(held.fence);
+        let q = match action {
+            LeaseAction::Complete(response) => q.bind(response).bind(crate::lease::millis(held.retention)),
+            LeaseAction::Release => q,
+            LeaseAction::Extend => q.bind(crate::lease::millis(held.lease)),
+        };
+        Ok(q.execute(conn).await?.rows_affected() == 1)
     }
 
     async fn migrate(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {

@@ -13,11 +13,11 @@ use crate::{Error, Replayable};
 
 /// What a claim decided.
 #[doc(hidden)]
-pub enum Claim<T> {
+pub enum Claim<T, R = Ticket> {
     /// A repeat of a completed call: return this, do not run the body.
     Replay(T),
-    /// First call: run the body, then [`Ticket::complete`].
-    Run(Ticket),
+    /// First call: run the body, then complete the ticket.
+    Run(R),
 }
 
 /// The right to run the body once; completing it stores the response (when
@@ -266,7 +266,7 @@ pub(crate) async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepa
 /// Turn a claim into the function's own result: a replay is `Ok`, a guard
 /// failure converts into the function's error type.
 #[doc(hidden)]
-pub fn settle<T, E: GuardError>(claim: Result<Claim<T>, Error>) -> Result<T, E> {
+pub fn settle<T, R, E: GuardError>(claim: Result<Claim<T, R>, Error>) -> Result<T, E> {
     match claim {
         Ok(Claim::Replay(value)) => Ok(value),
         Ok(Claim::Run(_)) => unreachable!("generated code handles Claim::Run before settling"),

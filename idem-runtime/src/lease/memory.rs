@@ -1,0 +1,192 @@
+//! Lease records in this process's memory: for tests and single-process
+//! services. Sharded by key, so calls on different keys rarely share a lock;
+//! no lock is held across an `.await`.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore, millis};
+use crate::Error;
+
+const SHARDS: usize = 64;
+
+struct Rec {
+    done: bool,
+    fingerprint: Option<String>,
+    response: String,
+    owner: String,
+    fence: i64,
+    lease_until: i64,
+    expires_at: i64,
+}
+
+/// Lease records in memory. The clock is this process's monotonic clock.
+pub struct MemoryStore {
+    shards: Box<[Mutex<HashMap<String, Rec>>]>,
+    hasher: RandomState,
+    epoch: Instant,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").field("records", &self.len()).finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> MemoryStore {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> i64 {
+        millis(self.epoch.elapsed())
+    }
+
+    fn shard(&self, id: &str) -> std::sync::MutexGuard<'_, HashMap<String, Rec>> {
+        let i = (self.hasher.hash_one(id) as usize) % SHARDS;
+        // A panic while holding a shard cannot leave a record half-written
+        // (every change is one assignment), so a poisoned lock is still usable.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records held, expired ones included until purged.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+    }
+
+    /// True when no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drop records past their retention; returns how many. One shard at a
+    /// time, so live calls wait at most one shard's sweep.
+    pub fn purge_expired(&self) -> usize {
+        let now = self.now();
+        let mut gone = 0;
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let before = map.len();
+            map.retain(|_, r| r.expires_at > now);
+            gone += before - map.len();
+        }
+        gone
+    }
+
+    fn id(scope: &str, key: &str) -> String {
+        let mut id = String::with_capacity(scope.len() + key.len() + 1);
+        id.push_str(scope);
+        id.push('\0');
+        id.push_str(key);
+        id
+    }
+
+    fn claim_now(&self, req: &LeaseRequest<'_>) -> LeaseClaim {
+        let now = self.now();
+        let id = Self::id(req.scope, req.key);
+        let mut map = self.shard(&id);
+        let lease_until = now.saturating_add(millis(req.lease));
+        let expires_at = now.saturating_add(millis(req.retention.max(req.lease)));
+        let fresh = |fence| Rec {
+            done: false,
+            fingerprint: req.fingerprint.map(str::to_owned),
+            response: String::new(),
+            owner: req.owner.to_owned(),
+            fence,
+            lease_until,
+            expires_at,
+        };
+        match map.get_mut(&id) {
+            Some(rec) if rec.expires_at > now => {
+                if let (Some(ours), Some(theirs)) = (req.fingerprint, rec.fingerprint.as_deref())
+                    && ours != theirs
+                {
+                    return LeaseClaim::Mismatch;
+                }
+                if rec.done {
+                    return LeaseClaim::Done { response: rec.response.clone() };
+                }
+                if rec.lease_until > now {
+                    return LeaseClaim::Busy { retry_after: Duration::from_millis((rec.lease_until - now) as u64) };
+                }
+                let fence = rec.fence + 1;
+                *rec = fresh(fence);
+                LeaseClaim::Acquired { fence, reclaimed: true }
+            }
+            Some(rec) => {
+                // Past retention: a new record, the fence still counting up.
+                let fence = rec.fence + 1;
+                *rec = fresh(fence);
+                LeaseClaim::Acquired { fence, reclaimed: false }
+            }
+            None => {
+                map.insert(id, fresh(1));
+                LeaseClaim::Acquired { fence: 1, reclaimed: false }
+            }
+        }
+    }
+
+    /// Apply `change` to the record if `held` still holds it.
+    fn if_held(&self, held: &HeldLease<'_>, change: impl FnOnce(&mut Rec, i64) -> bool) -> bool {
+        let id = Self::id(held.scope, held.key);
+        let now = self.now();
+        let mut map = self.shard(&id);
+        match map.get_mut(&id) {
+            Some(rec) if !rec.done && rec.owner == held.owner && rec.fence == held.fence => {
+                if change(rec, now) {
+                    map.remove(&id);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl LeaseStore for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        let claimed = self.claim_now(req);
+        Box::pin(std::future::ready(Ok(claimed)))
+    }
+
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        let done = self.if_held(held, |rec, now| {
+            rec.done = true;
+            rec.response = response.to_owned();
+            rec.expires_at = now.saturating_add(millis(held.retention));
+            false
+        });
+        Box::pin(std::future::ready(Ok(done)))
+    }
+
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        let released = self.if_held(held, |_, _| true);
+        Box::pin(std::future::ready(Ok(released)))
+    }
+
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        let extended = self.if_held(held, |rec, now| {
+            rec.lease_until = now.saturating_add(millis(held.lease));
+            rec.expires_at = rec.expires_at.max(rec.lease_until);
+            false
+        });
+        Box::pin(std::future::ready(Ok(extended)))
+    }
+}

@@ -1,0 +1,211 @@
+//! Lease records: guarding work that cannot share a transaction with its
+//! record (a bank API call, another database).
+//!
+//! A call claims the key: the record is written `PROCESSING` with a lease
+//! deadline on the **store's** clock, committed on its own. The body runs;
+//! `Ok` stores the response (`DONE`), `Err` removes the record so a retry runs
+//! again. While the lease is live a duplicate gets [`Error::InProgress`]; once
+//! it has passed (the worker died), the next call reclaims the record in one
+//! atomic step, with a new owner and an incremented fencing counter.
+//! Completing, releasing and extending are conditional on owner and fence: a
+//! worker whose lease was taken over gets [`Error::LeaseLost`] and overwrites
+//! nothing.
+//!
+//! Stores: [`MemoryStore`] (one process), [`SqlStore`] (SQLite, PostgreSQL,
+//! MySQL/MariaDB) and, with the `redis` feature, [`RedisStore`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::Error;
+
+mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+pub(crate) mod sql;
+
+pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
+pub use sql::SqlStore;
+
+/// A boxed, `Send` future: what [`LeaseStore`] methods return, so that a
+/// store can sit behind `dyn LeaseStore`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Default lease when the attribute gives none.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// A claim as a store receives it.
+#[derive(Clone, Debug)]
+pub struct LeaseRequest<'a> {
+    /// Scope as stored (long scopes hashed).
+    pub scope: &'a str,
+    /// Key as stored (long keys hashed).
+    pub key: &'a str,
+    /// Hash of the payload, when the guard declares a fingerprint.
+    pub fingerprint: Option<&'a str>,
+    /// This call's owner id.
+    pub owner: &'a str,
+    /// How long the lease lasts from the store's now.
+    pub lease: Duration,
+    /// How long the record is kept.
+    pub retention: Duration,
+}
+
+/// What a claim found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseClaim {
+    /// This call holds the lease: run the body. `reclaimed` when it took over
+    /// a record whose lease had passed (its worker died or stalled).
+    Acquired {
+        /// Fencing token: higher than every earlier holder's.
+        fence: i64,
+        /// An abandoned record was taken over.
+        reclaimed: bool,
+    },
+    /// A completed call: replay its response.
+    Done {
+        /// JSON of the first call's `Ok` value.
+        response: String,
+    },
+    /// Another call holds a live lease.
+    Busy {
+        /// Until the lease ends, by the store's clock.
+        retry_after: Duration,
+    },
+    /// The record was written with another fingerprint.
+    Mismatch,
+}
+
+/// A lease this call holds, as completion, release and extension see it.
+#[derive(Clone, Debug)]
+pub struct HeldLease<'a> {
+    /// Scope as stored.
+    pub scope: &'a str,
+    /// Key as stored.
+    pub key: &'a str,
+    /// This call's owner id.
+    pub owner: &'a str,
+    /// The fencing token the claim returned.
+    pub fence: i64,
+    /// Lease length (extensions renew it from the store's now).
+    pub lease: Duration,
+    /// How long a completed record is kept.
+    pub retention: Duration,
+}
+
+/// A store of lease records. Each operation is one atomic step on the store
+/// (one statement or one script call); no operation reads and then writes
+/// from the client.
+///
+/// `complete`, `release` and `extend` return `Ok(false)` when the record is
+/// no longer this holder's (taken over, or gone): they changed nothing.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a lease store",
+    label = "`store` must name a lease store",
+    note = "use `idem::lease::MemoryStore`, `idem::lease::SqlStore::new(pool)` or `idem::lease::RedisStore::new(conn, prefix)` (or a type implementing `idem::lease::LeaseStore`); leave `store` out to use the one installed with `idem::lease::install`"
+)]
+pub trait LeaseStore: Send + Sync {
+    /// `memory`, `redis`, `postgres`, `mysql` or `sqlite`, for logs.
+    fn kind(&self) -> &'static str;
+    /// Claim, replay, report busy, or report a fingerprint mismatch.
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>>;
+    /// Mark the record `DONE` with `response`, if still held.
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+    /// Remove the record (the body failed), if still held.
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>>;
+    /// Renew the lease from the store's now, if still held.
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>>;
+}
+
+impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        (**self).claim(req)
+    }
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).complete(held, response)
+    }
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).release(held)
+    }
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).extend(held)
+    }
+}
+
+impl<S: LeaseStore + ?Sized> LeaseStore for &S {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        (**self).claim(req)
+    }
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).complete(held, response)
+    }
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).release(held)
+    }
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).extend(held)
+    }
+}
+
+static DEFAULT_STORE: OnceLock<Box<dyn LeaseStore>> = OnceLock::new();
+
+/// Install the store `strategy = "lease"` uses when the attribute names no
+/// `store`. Call it once at start-up; returns `false` (and keeps the first)
+/// if one was installed already.
+pub fn install(store: impl LeaseStore + 'static) -> bool {
+    DEFAULT_STORE.set(Box::new(store)).is_ok()
+}
+
+/// The installed store; a process-wide [`MemoryStore`] if none was installed
+/// (fine for one process and tests; several processes need a shared store).
+pub fn installed() -> &'static dyn LeaseStore {
+    &**DEFAULT_STORE.get_or_init(|| {
+        tracing::warn!(target: "idem", "no lease store installed (idem::lease::install): using an in-process memory \
+            store, which other processes cannot see");
+        Box::new(MemoryStore::new())
+    })
+}
+
+/// What the body of a lease-guarded call can know about its lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// The fencing token: higher than every earlier holder's of this key.
+    /// Make writes elsewhere conditional on it (`... WHERE fence < $token`)
+    /// so that a worker whose lease was taken over cannot overwrite.
+    pub fence: i64,
+    /// This call took over a record whose earlier holder stopped.
+    pub reclaimed: bool,
+    /// This call's owner id.
+    pub owner: String,
+}
+
+tokio::task_local! {
+    pub(crate) static CURRENT: LeaseInfo;
+}
+
+/// Inside the body of a `strategy = "lease"` function: its lease.
+pub fn current() -> Option<LeaseInfo> {
+    CURRENT.try_with(Clone::clone).ok()
+}
+
+/// A fresh owner id: process, time and a counter.
+pub(crate) fn new_owner() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{}-{:x}-{}", std::process::id(), nanos, N.fetch_add(1, Ordering::Relaxed))
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

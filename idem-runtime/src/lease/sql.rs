@@ -1,0 +1,121 @@
+//! Lease records in SQLite, PostgreSQL or MySQL/MariaDB: the `idem_records`
+//! table of the dedup strategy, each step its own short autocommit statement.
+
+use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::Error;
+use crate::sql::{SqlBackend, classify};
+
+/// Lease records in a SQL database, through a connection pool. The lease
+/// deadline and expiry use the database's clock.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem::Error> {
+/// idem::migrate(&pool).await?;
+/// idem::lease::install(idem::lease::SqlStore::new(pool));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqlStore<DB: SqlBackend> {
+    pool: sqlx::Pool<DB>,
+}
+
+impl<DB: SqlBackend> SqlStore<DB> {
+    /// A store on `pool` (run [`crate::migrate`] on it first).
+    pub fn new(pool: sqlx::Pool<DB>) -> SqlStore<DB> {
+        SqlStore { pool }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
+}
+
+/// What a lease-finishing statement does.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum LeaseAction<'a> {
+    Complete(&'a str),
+    Release,
+    Extend,
+}
+
+/// An existing record a claim did not take over.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct LeaseRow {
+    pub status: String,
+    pub fingerprint: Option<String>,
+    pub response: Option<String>,
+    /// Milliseconds left on the lease by the database's clock (may be negative).
+    pub lease_left_ms: Option<i64>,
+}
+
+/// The columns of the backends' lease reads, in order: status, fingerprint,
+/// response, milliseconds left on the lease.
+pub(crate) type LeaseRowColumns = (String, Option<String>, Option<String>, Option<i64>);
+
+impl From<LeaseRowColumns> for LeaseRow {
+    fn from((status, fingerprint, response, lease_left_ms): LeaseRowColumns) -> LeaseRow {
+        LeaseRow { status, fingerprint, response, lease_left_ms }
+    }
+}
+
+/// The fingerprint first, then completed, then busy.
+pub(crate) fn judge_row(req: &LeaseRequest<'_>, row: LeaseRow) -> LeaseClaim {
+    if let (Some(ours), Some(theirs)) = (req.fingerprint, row.fingerprint.as_deref())
+        && ours != theirs
+    {
+        return LeaseClaim::Mismatch;
+    }
+    if row.status == "DONE" {
+        return LeaseClaim::Done { response: row.response.unwrap_or_else(|| "null".to_owned()) };
+    }
+    let left = row.lease_left_ms.unwrap_or(0).max(0);
+    LeaseClaim::Busy { retry_after: std::time::Duration::from_millis(left as u64) }
+}
+
+impl<DB: SqlBackend> LeaseStore for SqlStore<DB>
+where
+    DB::Connection: Send,
+{
+    fn kind(&self) -> &'static str {
+        DB::BACKEND
+    }
+
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            // A record committed while the claim waited can be invisible to
+            // its snapshot: the statement then finds nothing; ask again.
+            for _ in 0..5 {
+                if let Some(claim) = DB::lease_claim(&mut conn, req).await.map_err(classify::<DB>)? {
+                    return Ok(claim);
+                }
+            }
+            Ok(LeaseClaim::Busy { retry_after: std::time::Duration::ZERO })
+        })
+    }
+
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.finish(held, LeaseAction::Complete(response)))
+    }
+
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.finish(held, LeaseAction::Release))
+    }
+
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.finish(held, LeaseAction::Extend))
+    }
+}
+
+impl<DB: SqlBackend> SqlStore<DB>
+where
+    DB::Connection: Send,
+{
+    async fn finish(&self, held: &HeldLease<'_>, action: LeaseAction<'_>) -> Result<bool, Error> {
+        let mut conn = self.pool.acquire().await?;
+        DB::lease_finish(&mut conn, held, action).await.map_err(classify::<DB>)
+    }
+}

@@ -1,0 +1,134 @@
+//! `strategy = "lease"`: a record committed on its own, held for the
+//! duration of the body by a lease the runtime keeps renewing.
+
+use std::time::Duration;
+
+use crate::guard::{Guard, GuardError, Prepared};
+use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, new_owner};
+use crate::record::{Outcome, report};
+use crate::strategy::dedup::Claim;
+use crate::{Error, Replayable};
+
+/// The lease a first call holds while its body runs.
+#[doc(hidden)]
+#[must_use = "a held lease must run the body and settle the record"]
+pub struct LeaseTicket<'s> {
+    prepared: Prepared,
+    store: &'s dyn LeaseStore,
+    owner: String,
+    fence: i64,
+    reclaimed: bool,
+    lease: Duration,
+}
+
+impl Guard {
+    /// Claim the key in `store`: run, replay, or report a live lease.
+    pub async fn lease<'s, T: Replayable>(
+        self,
+        store: &'s dyn LeaseStore,
+        lease: Duration,
+    ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
+        let p = self.prepare()?;
+        let owner = new_owner();
+        let req = LeaseRequest {
+            scope: &p.stored_scope,
+            key: p.key.as_str(),
+            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
+            owner: &owner,
+            lease,
+            retention: p.spec.retention,
+        };
+        match store.claim(&req).await? {
+            LeaseClaim::Acquired { fence, reclaimed } => {
+                if reclaimed {
+                    tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), fence, store = store.kind(),
+                        "reclaimed a record whose lease had passed (its worker stopped mid-work)");
+                }
+                Ok(Claim::Run(LeaseTicket { prepared: p, store, owner, fence, reclaimed, lease }))
+            }
+            LeaseClaim::Done { response } => {
+                let value = serde_json::from_str(&response).map_err(|source| Error::Response {
+                    scope: p.spec.scope.to_owned(),
+                    action: "replayed",
+                    source,
+                })?;
+                report(p.spec.scope, &p.key, Outcome::Replayed);
+                Ok(Claim::Replay(value))
+            }
+            LeaseClaim::Busy { retry_after } => Err(p.in_progress(Some(retry_after))),
+            LeaseClaim::Mismatch => Err(p.mismatch()),
+        }
+    }
+}
+
+impl LeaseTicket<'_> {
+    /// Run the body under the lease, renewing it every third of its length;
+    /// then store the `Ok` value, or remove the record on `Err`. If a renewal
+    /// finds the lease taken over, the body is stopped (dropped): another
+    /// worker owns the key now, and this one's completion would be refused.
+    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        T: Replayable,
+        E: GuardError,
+        F: Future<Output = Result<T, E>>,
+    {
+        let p = &self.prepared;
+        let held = HeldLease {
+            scope: &p.stored_scope,
+            key: p.key.as_str(),
+            owner: &self.owner,
+            fence: self.fence,
+            lease: self.lease,
+            retention: p.spec.retention,
+        };
+        let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
+        let body = CURRENT.scope(info, body);
+        let mut body = std::pin::pin!(body);
+        let every = (self.lease / 3).max(Duration::from_millis(10));
+        let result = loop {
+            tokio::select! {
+                result = &mut body => break result,
+                () = tokio::time::sleep(every) => match self.store.extend(&held).await {
+                    Ok(true) => {}
+                    Ok(false) => return Err(self.lost().into()),
+                    // A failed renewal is not a lost lease: keep going; the
+                    // completion is conditional on owner and fence anyway.
+                    Err(e) => tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
+                        "could not renew the lease"),
+                },
+            }
+        };
+        let value = match result {
+            Ok(value) => value,
+            Err(e) => {
+                if let Err(release) = self.store.release(&held).await {
+                    tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %release,
+                        "the body failed and its record could not be removed; a retry waits for the lease to pass");
+                }
+                return Err(e);
+            }
+        };
+        let json = match serde_json::to_string(&value).and_then(|j| serde_json::from_str::<T>(&j).map(|_| j)) {
+            Ok(json) => json,
+            Err(source) => {
+                let _ = self.store.release(&held).await;
+                return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source }.into());
+            }
+        };
+        match self.store.complete(&held, &json).await {
+            Ok(true) => {
+                report(p.spec.scope, &p.key, Outcome::Executed);
+                Ok(value)
+            }
+            Ok(false) => Err(self.lost().into()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn lost(&self) -> Error {
+        let p = &self.prepared;
+        tracing::error!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), fence = self.fence,
+            store = self.store.kind(), "lease lost: another worker took the record over (or the store lost it)");
+        Error::LeaseLost { scope: p.spec.scope.to_owned(), key_hash: p.key.hash() }
+    }
+}

@@ -1,0 +1,295 @@
+//! `strategy = "lease"` against the memory store, SQLite, PostgreSQL,
+//! MySQL/MariaDB and Redis. One suite, stamped out per store.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use common::{AppError, unique};
+use idem::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use idem::{Error, Outcome, idempotent};
+
+type Store = Arc<dyn LeaseStore>;
+
+/// Work outside any transaction: counts its runs, may fail, may be slow.
+#[idempotent(
+    key = "id",
+    strategy = "lease",
+    lease = "2s",
+    scope = "tests.lease.work",
+    store = "store",
+    fingerprint = "amount"
+)]
+async fn work(
+    store: &dyn LeaseStore,
+    id: &str,
+    amount: i64,
+    runs: &AtomicUsize,
+    millis: u64,
+    fail: bool,
+) -> Result<i64, AppError> {
+    runs.fetch_add(1, SeqCst);
+    tokio::time::sleep(Duration::from_millis(millis)).await;
+    if fail {
+        return Err(AppError::Rule("the bank said no".into()));
+    }
+    Ok(amount)
+}
+
+/// A short lease, kept alive by the runtime while the body runs for longer.
+#[idempotent(key = "id", strategy = "lease", lease = "300ms", scope = "tests.lease.long", store = "store")]
+async fn long_work(store: &dyn LeaseStore, id: &str, runs: &AtomicUsize) -> Result<(), AppError> {
+    runs.fetch_add(1, SeqCst);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    Ok(())
+}
+
+#[idempotent(key = "id", strategy = "lease", scope = "tests.lease.falsy", store = "store")]
+async fn falsy(store: &dyn LeaseStore, id: &str, which: u8) -> Result<serde_json::Value, AppError> {
+    Ok(match which {
+        0 => serde_json::json!(0),
+        1 => serde_json::json!(false),
+        2 => serde_json::json!(""),
+        3 => serde_json::json!(null),
+        _ => serde_json::json!([]),
+    })
+}
+
+#[idempotent(key = "id", strategy = "lease", lease = "300ms", scope = "tests.lease.reclaim", store = "store")]
+async fn reclaiming(store: &dyn LeaseStore, id: &str) -> Result<(i64, bool), AppError> {
+    let lease = idem::lease::current().expect("inside a lease");
+    Ok((lease.fence, lease.reclaimed))
+}
+
+fn request<'a>(scope: &'a str, key: &'a str, owner: &'a str, lease: Duration) -> LeaseRequest<'a> {
+    LeaseRequest { scope, key, fingerprint: None, owner, lease, retention: Duration::from_secs(3600) }
+}
+
+macro_rules! lease_suite {
+    (mod $m:ident; store = $store:expr;) => {
+        mod $m {
+            use super::*;
+
+            macro_rules! store {
+                () => {
+                    match $store {
+                        Some(store) => store,
+                        None => return,
+                    }
+                };
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_calls_on_a_fresh_key_run_once() {
+                let store: Store = store!();
+                let id = unique("conc");
+                let runs = Arc::new(AtomicUsize::new(0));
+                let mut tasks = Vec::new();
+                for _ in 0..64 {
+                    let (store, id, runs) = (store.clone(), id.clone(), runs.clone());
+                    tasks.push(tokio::spawn(
+                        async move { idem::observe(work(&*store, &id, 7, &runs, 200, false)).await },
+                    ));
+                }
+                let (mut ran, mut busy, mut replayed) = (0, 0, 0);
+                for t in tasks {
+                    match t.await.unwrap() {
+                        (Ok(7), Some(Outcome::Executed)) => ran += 1,
+                        (Ok(7), Some(Outcome::Replayed)) => replayed += 1,
+                        (Err(AppError::Idem(Error::InProgress { retry_after, .. })), _) => {
+                            assert!(retry_after.is_some_and(|d| d <= Duration::from_secs(2)), "{retry_after:?}");
+                            busy += 1
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+                assert_eq!(ran, 1);
+                assert_eq!(runs.load(SeqCst), 1);
+                assert_eq!(ran + busy + replayed, 64);
+                // After completion: a replay.
+                let again = idem::observe(work(&*store, &id, 7, &runs, 0, false)).await;
+                assert!(matches!(again, (Ok(7), Some(Outcome::Replayed))), "{again:?}");
+            }
+
+            #[tokio::test]
+            async fn a_live_lease_is_never_reclaimed_as_an_orphan() {
+                let store: Store = store!();
+                let (scope, key) = ("tests.lease.raw", unique("live"));
+                let first = store.claim(&request(scope, &key, "w1", Duration::from_secs(5))).await.unwrap();
+                assert_eq!(first, LeaseClaim::Acquired { fence: 1, reclaimed: false });
+                let second = store.claim(&request(scope, &key, "w2", Duration::from_secs(5))).await.unwrap();
+                assert!(matches!(second, LeaseClaim::Busy { .. }), "{second:?}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn racing_reclaimers_one_wins_and_the_stale_owner_cannot_complete() {
+                let store: Store = store!();
+                let (scope, key) = ("tests.lease.raw", unique("race"));
+                let lease = Duration::from_millis(200);
+                let LeaseClaim::Acquired { fence: old_fence, .. } =
+                    store.claim(&request(scope, &key, "dead", lease)).await.unwrap()
+                else {
+                    panic!("first claim")
+                };
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let mut tasks = Vec::new();
+                for i in 0..8 {
+                    let (store, key) = (store.clone(), key.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let owner = format!("r{i}");
+                        let claim = store.claim(&request(scope, &key, &owner, Duration::from_secs(5))).await.unwrap();
+                        (owner, claim)
+                    }));
+                }
+                let mut winners = Vec::new();
+                for t in tasks {
+                    let (owner, claim) = t.await.unwrap();
+                    match claim {
+                        LeaseClaim::Acquired { fence, reclaimed } => {
+                            assert!(reclaimed);
+                            assert!(fence > old_fence);
+                            winners.push((owner, fence));
+                        }
+                        LeaseClaim::Busy { .. } => {}
+                        other => panic!("{other:?}"),
+                    }
+                }
+                assert_eq!(winners.len(), 1, "{winners:?}");
+                let held = |owner, fence| HeldLease {
+                    scope,
+                    key: &key,
+                    owner,
+                    fence,
+                    lease,
+                    retention: Duration::from_secs(3600),
+                };
+                // The worker that stalled comes back: its completion is refused.
+                assert!(!store.complete(&held("dead", old_fence), "\"stale\"").await.unwrap());
+                assert!(!store.release(&held("dead", old_fence)).await.unwrap());
+                assert!(!store.extend(&held("dead", old_fence)).await.unwrap());
+                let (owner, fence) = &winners[0];
+                assert!(store.complete(&held(owner, *fence), "\"fresh\"").await.unwrap());
+                let replay = store.claim(&request(scope, &key, "late", lease)).await.unwrap();
+                assert_eq!(replay, LeaseClaim::Done { response: "\"fresh\"".into() });
+            }
+
+            #[tokio::test]
+            async fn fingerprint_is_checked_first_and_an_identical_retry_passes() {
+                let store: Store = store!();
+                let id = unique("fp");
+                let runs = Arc::new(AtomicUsize::new(0));
+                let slow = {
+                    let (store, id, runs) = (store.clone(), id.clone(), runs.clone());
+                    tokio::spawn(async move { work(&*store, &id, 100, &runs, 400, false).await })
+                };
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                // While the first call runs: another payload is a mismatch, not "in progress".
+                let other = work(&*store, &id, 999, &runs, 0, false).await;
+                assert!(matches!(other, Err(AppError::Idem(Error::KeyMismatch { .. }))), "{other:?}");
+                assert_eq!(slow.await.unwrap().unwrap(), 100);
+                // After completion too; the identical retry replays.
+                let other = work(&*store, &id, 999, &runs, 0, false).await;
+                assert!(matches!(other, Err(AppError::Idem(Error::KeyMismatch { .. }))), "{other:?}");
+                assert_eq!(work(&*store, &id, 100, &runs, 0, false).await.unwrap(), 100);
+                assert_eq!(runs.load(SeqCst), 1);
+            }
+
+            #[tokio::test]
+            async fn falsy_values_replay_exactly() {
+                let store: Store = store!();
+                for which in 0..5u8 {
+                    let id = unique("falsy");
+                    let first = falsy(&*store, &id, which).await.unwrap();
+                    let (again, outcome) = idem::observe(falsy(&*store, &id, which)).await;
+                    assert_eq!(again.unwrap(), first);
+                    assert_eq!(outcome, Some(Outcome::Replayed));
+                }
+            }
+
+            #[tokio::test]
+            async fn a_failed_body_removes_the_record_so_a_retry_runs() {
+                let store: Store = store!();
+                let id = unique("fail");
+                let runs = AtomicUsize::new(0);
+                assert!(matches!(work(&*store, &id, 5, &runs, 0, true).await, Err(AppError::Rule(_))));
+                assert_eq!(work(&*store, &id, 5, &runs, 0, false).await.unwrap(), 5);
+                assert_eq!(runs.load(SeqCst), 2);
+            }
+
+            #[tokio::test]
+            async fn a_record_stuck_by_a_killed_worker_is_reclaimed_after_its_lease() {
+                let store: Store = store!();
+                let id = unique("stuck");
+                // A worker claimed the key and was killed: nobody completes it.
+                let scope = "tests.lease.reclaim";
+                let stuck = store.claim(&request(scope, &id, "killed", Duration::from_millis(300))).await.unwrap();
+                assert!(matches!(stuck, LeaseClaim::Acquired { .. }));
+                let busy = reclaiming(&*store, &id).await;
+                assert!(matches!(busy, Err(AppError::Idem(Error::InProgress { .. }))), "{busy:?}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let (fence, reclaimed) = reclaiming(&*store, &id).await.unwrap();
+                assert!(reclaimed);
+                assert_eq!(fence, 2);
+                assert_eq!(reclaiming(&*store, &id).await.unwrap(), (2, true), "then it replays");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_runtime_renews_the_lease_of_long_work() {
+                let store: Store = store!();
+                let id = unique("long");
+                let runs = Arc::new(AtomicUsize::new(0));
+                let first = {
+                    let (store, id, runs) = (store.clone(), id.clone(), runs.clone());
+                    tokio::spawn(async move { long_work(&*store, &id, &runs).await })
+                };
+                // Twice the lease later the first call still holds it.
+                tokio::time::sleep(Duration::from_millis(650)).await;
+                let during = long_work(&*store, &id, &runs).await;
+                assert!(matches!(during, Err(AppError::Idem(Error::InProgress { .. }))), "{during:?}");
+                first.await.unwrap().unwrap();
+                long_work(&*store, &id, &runs).await.unwrap();
+                assert_eq!(runs.load(SeqCst), 1);
+            }
+        }
+    };
+}
+
+lease_suite! {
+    mod memory;
+    store = Some(Arc::new(idem::lease::MemoryStore::new()) as Store);
+}
+
+lease_suite! {
+    mod sqlite;
+    store = common::sqlite().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Store);
+}
+
+lease_suite! {
+    mod postgres;
+    store = common::postgres().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Store);
+}
+
+lease_suite! {
+    mod mysql;
+    store = common::mysql().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Store);
+}
+
+lease_suite! {
+    mod redis;
+    store = common::redis().await.map(|c| Arc::new(idem::lease::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
+}
+
+#[tokio::test]
+async fn the_installed_store_is_used_without_store_argument() {
+    #[idempotent(key = "id", strategy = "lease", scope = "tests.lease.default")]
+    async fn default_store(id: &str, runs: &AtomicUsize) -> Result<usize, AppError> {
+        Ok(runs.fetch_add(1, SeqCst))
+    }
+    let runs = AtomicUsize::new(0);
+    let id = unique("default");
+    assert_eq!(default_store(&id, &runs).await.unwrap(), 0);
+    assert_eq!(default_store(&id, &runs).await.unwrap(), 0);
+    assert_eq!(runs.load(SeqCst), 1);
+}
