@@ -174,6 +174,41 @@
 //!   it is still a repeat and returns `silent_repeat()`. On PostgreSQL its
 //!   claim and transition are one statement.
 //!
+//! ## Work outside the transaction: `lease`
+//!
+//! When the guarded work cannot share a transaction with its record (a bank
+//! API call), `strategy = "lease"` claims the key in a [`lease::LeaseStore`]
+//! before the body: a `PROCESSING` record with a lease deadline on the
+//! store's clock, committed on its own. See the [`lease`] module for the
+//! semantics and stores.
+//!
+//! ```no_run
+//! use idem::idempotent;
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum AppError {
+//!     #[error(transparent)] Idem(#[from] idem::Error),
+//!     #[error("the bank refused: {0}")] Bank(String),
+//! }
+//!
+//! #[idempotent(key = "transfer_id", strategy = "lease", lease = "30s", scope = "bank.transfer")]
+//! async fn transfer(transfer_id: &str, cents: i64) -> Result<u64, AppError> {
+//!     // Pass the fencing token on, so a stalled worker's late write is refused.
+//!     let fence = idem::lease::current().expect("inside the lease").fence;
+//!     Ok(fence as u64) // call the bank here
+//! }
+//!
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), AppError> {
+//! idem::migrate(&pool).await?;
+//! idem::lease::install(idem::lease::SqlStore::new(pool));
+//! match transfer("T-1", 500).await {
+//!     Ok(receipt) => {}                                             // ran, or replayed
+//!     Err(AppError::Idem(idem::Error::InProgress { retry_after, .. })) => {} // another worker holds it
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! ## The attribute
 //!
 //! `#[idempotent(key = ..., strategy = ..., scope = ..., fingerprint = ..., retention = ..., claim = ...)]`
@@ -187,9 +222,13 @@
 //!   refused at run time with [`Error::InvalidKey`]. Keys over 128 bytes are
 //!   stored as their SHA-256.
 //! - **`strategy`**: `"dedup"` (the default), `"state"` or `"dedup+state"`
-//!   (see [state machines](#state-machines)). `token`, `token+dedup`,
-//!   `lock+dedup`, `lock+state`, `lease` and `lock` are not available in this
-//!   version and are refused at compile time.
+//!   (see [state machines](#state-machines)), `"lease"` (see
+//!   [work outside the transaction](#work-outside-the-transaction-lease)).
+//!   `token`, `token+dedup`, `lock+dedup`, `lock+state` and `lock` are not
+//!   available in this version and are refused at compile time.
+//! - **`lease`**, **`store`** (`lease` only): the lease length (`"30s"`, the
+//!   default) and an expression naming the [`lease::LeaseStore`] (default:
+//!   the one [`lease::install`]ed).
 //! - **`transition`** (`state`, `dedup+state`): `"Enum::From -> Enum::To"`,
 //!   several sources joined by `|`.
 //! - **`scope`**: the record namespace. Default: `module_path::fn_name`.

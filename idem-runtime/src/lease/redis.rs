@@ -73,7 +73,7 @@ static EXTEND: LazyLock<Script> = LazyLock::new(|| {
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
 /// let conn = redis::aio::ConnectionManager::new(client).await?;
-/// idem::lease::install(idem::lease::RedisStore::new(conn, "idem:"));
+/// idem_runtime::lease::install(idem_runtime::lease::RedisStore::new(conn, "idem:"));
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -9,9 +9,9 @@ use crate::sql::{SqlBackend, classify};
 /// deadline and expiry use the database's clock.
 ///
 /// ```no_run
-/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem::Error> {
-/// idem::migrate(&pool).await?;
-/// idem::lease::install(idem::lease::SqlStore::new(pool));
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
+/// idem_runtime::migrate(&pool).await?;
+/// idem_runtime::lease::install(idem_runtime::lease::SqlStore::new(pool));
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
