@@ -30,6 +30,7 @@
 //! the results.
 
 mod common;
+mod lease_bench;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,6 +47,8 @@ enum Scenario {
     State,
     #[value(name = "dedup+state")]
     DedupState,
+    /// Lease records (memory by default; --redis-url or --database-url).
+    Lease,
 }
 
 impl Scenario {
@@ -54,6 +57,7 @@ impl Scenario {
             Scenario::Dedup => "dedup",
             Scenario::State => "state",
             Scenario::DedupState => "dedup+state",
+            Scenario::Lease => "lease",
         }
     }
 
@@ -61,6 +65,7 @@ impl Scenario {
         match self {
             Scenario::Dedup => &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten],
             Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
+            Scenario::Lease => &[],
         }
     }
 }
@@ -70,9 +75,13 @@ impl Scenario {
 struct Args {
     #[arg(long, value_enum, default_value = "dedup")]
     scenario: Scenario,
-    /// postgres://..., mysql://... or sqlite:PATH; default: SQLite in a temporary file.
+    /// postgres://..., mysql://... or sqlite:PATH; default: SQLite in a temporary file
+    /// (for `lease`: the memory store).
     #[arg(long)]
     database_url: Option<String>,
+    /// `lease` only: keep lease records in this Redis.
+    #[arg(long)]
+    redis_url: Option<String>,
     #[arg(long, default_value_t = 16)]
     clients: usize,
     /// Total measuring time, shared by the three modes.
@@ -309,6 +318,7 @@ where
         (Scenario::DedupState, Mode::Guarded) => {
             guarded_dedup_state(&mut tx, trade_no, user_id).await?;
         }
+        (Scenario::Lease, _) => unreachable!("the lease scenario runs in lease_bench"),
         (Scenario::DedupState, Mode::Handwritten) => {
             if DB::hand_claim(&mut tx, trade_no).await? && hand_pay::<DB>(&mut tx, trade_no).await? {
                 let coupon = business::<DB>(&mut tx, trade_no, user_id).await?;
@@ -490,6 +500,10 @@ where
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
+    if args.scenario == Scenario::Lease {
+        let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
+        return lease_bench::run(db, redis, args.clients, args.seconds, args.rounds).await;
+    }
     let store = Store::connect(args.database_url.as_deref(), args.clients as u32 + 2).await?;
     match &store {
         Store::Sqlite(pool, _) => run(store.name(), pool, &args).await?,

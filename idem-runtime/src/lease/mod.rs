@@ -198,12 +198,16 @@ pub fn current() -> Option<LeaseInfo> {
     CURRENT.try_with(Clone::clone).ok()
 }
 
-/// A fresh owner id: process, time and a counter.
+/// A fresh owner id: this process (its id and start time) and a counter.
 pub(crate) fn new_owner() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    format!("{}-{:x}-{}", std::process::id(), nanos, N.fetch_add(1, Ordering::Relaxed))
+    static PROCESS: OnceLock<String> = OnceLock::new();
+    let process = PROCESS.get_or_init(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        format!("{}-{nanos:x}-", std::process::id())
+    });
+    format!("{process}{:x}", N.fetch_add(1, Ordering::Relaxed))
 }
 
 pub(crate) fn millis(d: Duration) -> i64 {

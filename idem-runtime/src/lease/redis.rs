@@ -2,10 +2,10 @@
 //! trip), so claim, take-over, completion and release are each atomic on the
 //! server, with the lease on Redis's clock (`TIME`).
 //!
-//! A record is a hash at `{prefix}{<key>}:<scope>`: the business key is the
-//! hash tag, so on Redis Cluster every record of one business key lives in
-//! one slot. Fields: `s` status (`P`/`D`), `f` fingerprint, `r` response, `o`
-//! owner, `n` fence, `l` lease deadline (ms). Retention is the key's TTL.
+//! A record is one string at `{prefix}{<key>}:<scope>`: the business key is
+//! the hash tag, so on Redis Cluster every record of one business key lives
+//! in one slot. It holds the status, fingerprint, fence, lease deadline and
+//! owner (or, once done, the response); retention is the key's TTL.
 //!
 //! Redis is not a database of record: a restart without persistence or a
 //! failover can lose records. A completion that finds its record gone is
@@ -22,34 +22,50 @@ use crate::Error;
 
 const NOW: &str = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) ";
 
+// A record is one string, written with its TTL by one SET ... PX:
+// `P<fp 64><fence>:<lease deadline ms>:<owner>` while held,
+// `D<fp 64><response JSON>` once done; `<fp 64>` is the hex fingerprint, or
+// 64 dots without one. One string (rather than a hash plus PEXPIRE) keeps
+// every script to two or three cheap commands.
+const NO_FP: &str = "local nofp = string.rep('.', 64) ";
+
+// A completed record (the replay, the common repeat) is answered before the
+// clock is asked.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{NOW}
-        local lease = tonumber(ARGV[3]) local keep = tonumber(ARGV[4])
-        local r = redis.call('HMGET', KEYS[1], 's', 'f', 'r', 'n', 'l')
+        "{NO_FP}
+        local v = redis.call('GET', KEYS[1])
+        local fp = ARGV[1] if fp == '' then fp = nofp end
         local fence = 1 local reclaimed = 0
-        if r[1] then
-          if ARGV[1] ~= '' and r[2] and r[2] ~= '' and r[2] ~= ARGV[1] then return {{'M'}} end
-          if r[1] == 'D' then return {{'D', r[3]}} end
-          local lu = tonumber(r[5])
+        local lease = tonumber(ARGV[3]) local keep = tonumber(ARGV[4])
+        if v then
+          local theirs = string.sub(v, 2, 65)
+          if fp ~= nofp and theirs ~= nofp and theirs ~= fp then return {{'M'}} end
+          if string.sub(v, 1, 1) == 'D' then return {{'D', string.sub(v, 66)}} end
+          {NOW}
+          local f, lu = string.match(v, '^(%d+):(%d+):', 66)
+          lu = tonumber(lu)
           if lu > now then return {{'B', lu - now}} end
-          fence = tonumber(r[4]) + 1 reclaimed = 1
+          fence = tonumber(f) + 1 reclaimed = 1
+          redis.call('SET', KEYS[1], 'P' .. fp .. fence .. ':' .. (now + lease) .. ':' .. ARGV[2], 'PX', math.max(lease, keep))
+          return {{'A', fence, reclaimed}}
         end
-        redis.call('HSET', KEYS[1], 's', 'P', 'f', ARGV[1], 'r', '', 'o', ARGV[2], 'n', fence, 'l', now + lease)
-        redis.call('PEXPIRE', KEYS[1], math.max(lease, keep))
+        {NOW}
+        redis.call('SET', KEYS[1], 'P' .. fp .. fence .. ':' .. (now + lease) .. ':' .. ARGV[2], 'PX', math.max(lease, keep))
         return {{'A', fence, reclaimed}}"
     ))
 });
 
-/// Runs `ARGV[3]`'s action if `ARGV[1]` (owner) and `ARGV[2]` (fence) still
-/// hold the record: 1 if done, 0 if the record is another's or gone.
-const HELD: &str = "local h = redis.call('HMGET', KEYS[1], 's', 'o', 'n')
-    if h[1] ~= 'P' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 end ";
+/// Runs the rest of the script only if `ARGV[1]` (owner) and `ARGV[2]`
+/// (fence) still hold the record; returns 0 if it is another's or gone.
+const HELD: &str = "local v = redis.call('GET', KEYS[1])
+    if not v or string.sub(v, 1, 1) ~= 'P' then return 0 end
+    local fence, lu, owner = string.match(v, '^(%d+):(%d+):(.*)$', 66)
+    if owner ~= ARGV[1] or fence ~= ARGV[2] then return 0 end ";
 
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{HELD} redis.call('HSET', KEYS[1], 's', 'D', 'r', ARGV[3])
-        redis.call('HDEL', KEYS[1], 'l') redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4])) return 1"
+        "{HELD} redis.call('SET', KEYS[1], 'D' .. string.sub(v, 2, 65) .. ARGV[3], 'PX', tonumber(ARGV[4])) return 1"
     ))
 });
 
@@ -59,8 +75,8 @@ static RELEASE: LazyLock<Script> =
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{HELD} {NOW} local lease = tonumber(ARGV[3])
-        redis.call('HSET', KEYS[1], 'l', now + lease)
-        if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], lease) end
+        local ttl = math.max(redis.call('PTTL', KEYS[1]), lease)
+        redis.call('SET', KEYS[1], 'P' .. string.sub(v, 2, 65) .. fence .. ':' .. (now + lease) .. ':' .. owner, 'PX', ttl)
         return 1"
     ))
 });
@@ -102,20 +118,21 @@ where
         format!("{}{{{key}}}:{scope}", self.prefix)
     }
 
-    async fn call(&self, script: &Script, key: String, args: &[String]) -> Result<redis::Value, Error> {
-        let mut invocation = script.key(key);
-        for a in args {
-            invocation.arg(a);
-        }
+    async fn call(&self, invocation: redis::ScriptInvocation<'_>) -> Result<redis::Value, Error> {
         let mut conn = self.conn.clone();
         invocation.invoke_async(&mut conn).await.map_err(store_error)
     }
 
-    async fn if_held(&self, script: &Script, held: &HeldLease<'_>, extra: Vec<String>) -> Result<bool, Error> {
-        let mut args = vec![held.owner.to_owned(), held.fence.to_string()];
-        args.extend(extra);
-        let done = self.call(script, self.record_key(held.scope, held.key), &args).await?;
-        Ok(matches!(done, redis::Value::Int(1)))
+    /// `script` on the record's key, with the holder's owner and fence as
+    /// its first arguments.
+    fn held<'s>(&self, script: &'s Script, held: &HeldLease<'_>) -> redis::ScriptInvocation<'s> {
+        let mut invocation = script.key(self.record_key(held.scope, held.key));
+        invocation.arg(held.owner).arg(held.fence);
+        invocation
+    }
+
+    async fn done(&self, invocation: redis::ScriptInvocation<'_>) -> Result<bool, Error> {
+        Ok(matches!(self.call(invocation).await?, redis::Value::Int(1)))
     }
 }
 
@@ -152,13 +169,13 @@ where
 
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         Box::pin(async move {
-            let args = [
-                req.fingerprint.unwrap_or("").to_owned(),
-                req.owner.to_owned(),
-                millis(req.lease).to_string(),
-                millis(req.retention).to_string(),
-            ];
-            let reply = self.call(&CLAIM, self.record_key(req.scope, req.key), &args).await?;
+            let mut invocation = CLAIM.key(self.record_key(req.scope, req.key));
+            invocation
+                .arg(req.fingerprint.unwrap_or(""))
+                .arg(req.owner)
+                .arg(millis(req.lease))
+                .arg(millis(req.retention));
+            let reply = self.call(invocation).await?;
             let redis::Value::Array(items) = &reply else { return Err(unexpected(&reply)) };
             let kind = items.first().and_then(text).ok_or_else(|| unexpected(&reply))?;
             Ok(match kind.as_str() {
@@ -177,14 +194,18 @@ where
     }
 
     fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.if_held(&COMPLETE, held, vec![response.to_owned(), millis(held.retention).to_string()]))
+        let mut invocation = self.held(&COMPLETE, held);
+        invocation.arg(response).arg(millis(held.retention));
+        Box::pin(self.done(invocation))
     }
 
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.if_held(&RELEASE, held, Vec::new()))
+        Box::pin(self.done(self.held(&RELEASE, held)))
     }
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.if_held(&EXTEND, held, vec![millis(held.lease).to_string()]))
+        let mut invocation = self.held(&EXTEND, held);
+        invocation.arg(millis(held.lease));
+        Box::pin(self.done(invocation))
     }
 }

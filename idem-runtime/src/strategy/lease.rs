@@ -84,9 +84,19 @@ impl LeaseTicket<'_> {
         let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
         let body = CURRENT.scope(info, body);
         let mut body = std::pin::pin!(body);
+        // Poll the body once before arming the renewal timer: a body that
+        // finishes without waiting never touches the timer wheel (creating
+        // and dropping a timer takes the runtime's timer lock).
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(body.as_mut().poll(cx))).await;
         let every = (self.lease / 3).max(Duration::from_millis(10));
-        let result = loop {
-            tokio::select! {
+        let result = if let std::task::Poll::Ready(result) = first {
+            result
+        } else {
+            loop {
+                tokio::select! {
+                // The body first: a body that is ready at once never starts
+                // the renewal timer.
+                biased;
                 result = &mut body => break result,
                 () = tokio::time::sleep(every) => match self.store.extend(&held).await {
                     Ok(true) => {}
@@ -96,6 +106,7 @@ impl LeaseTicket<'_> {
                     Err(e) => tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
                         "could not renew the lease"),
                 },
+                }
             }
         };
         let value = match result {
