@@ -43,7 +43,8 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| {
           if fp ~= nofp and theirs ~= nofp and theirs ~= fp then return {{'M'}} end
           if string.sub(v, 1, 1) == 'D' then return {{'D', string.sub(v, 66)}} end
           {NOW}
-          local f, lu = string.match(v, '^(%d+):(%d+):', 66)
+          local f, lu, owner = string.match(v, '^(%d+):(%d+):(.*)$', 66)
+          if owner == ARGV[2] then return {{'A', tonumber(f), 0}} end
           lu = tonumber(lu)
           if lu > now then return {{'B', lu - now}} end
           fence = tonumber(f) + 1 reclaimed = 1
@@ -118,9 +119,19 @@ where
         format!("{}{{{key}}}:{scope}", self.prefix)
     }
 
+    /// One script call. A connection that dropped (the server restarted) is
+    /// tried once more: a `ConnectionManager` reconnects in between, and
+    /// every script is safe to repeat (a claim finds its own record, the
+    /// others are conditional on owner and fence).
     async fn call(&self, invocation: redis::ScriptInvocation<'_>) -> Result<redis::Value, Error> {
         let mut conn = self.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(store_error)
+        match invocation.invoke_async(&mut conn).await {
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");
+                invocation.invoke_async(&mut conn).await.map_err(store_error)
+            }
+            other => other.map_err(store_error),
+        }
     }
 
     /// `script` on the record's key, with the holder's owner and fence as
