@@ -82,9 +82,11 @@ static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// Lease records in Redis (standalone through a
-/// [`ConnectionManager`](redis::aio::ConnectionManager), or Cluster through
-/// `redis::cluster_async::ClusterConnection`).
+/// Lease records in Redis: standalone through a
+/// [`ConnectionManager`](redis::aio::ConnectionManager) (reconnects after a
+/// restart) or a `MultiplexedConnection` (no reconnect layer: measurably
+/// faster under load, see BENCHMARKS.md), or Cluster through
+/// `redis::cluster_async::ClusterConnection`.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -67,9 +67,14 @@ const LEASE_TAKE_OVER: &str = "UPDATE idem_records SET status = 'PROCESSING', re
       OR (status <> 'DONE' AND lease_until IS NOT NULL AND lease_until <= UTC_TIMESTAMP(6) \
           AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)))";
 
+/// Status, fingerprint, response, ms left on the lease, past retention (0/1).
+type LeaseReadRow = (String, Option<String>, Option<String>, Option<i64>, i64);
+
+// An autocommit read: its own snapshot, so it sees the latest commit.
 const LEASE_READ: &str = "SELECT status, fingerprint, response, \
-    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) DIV 1000 \
-    FROM idem_records WHERE scope = ? AND idem_key = ? LOCK IN SHARE MODE";
+    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) DIV 1000, \
+    CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
+    FROM idem_records WHERE scope = ? AND idem_key = ?";
 
 const HELD: &str = "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND status = 'PROCESSING'";
 
@@ -229,6 +234,23 @@ impl SqlBackend for MySql {
             Err(e) if is_duplicate_key(&e) => {}
             Err(e) => return Err(e),
         }
+        // Read before trying a take-over: a replay (the common repeat) then
+        // costs two round trips, the failed insert and this read.
+        let row: Option<LeaseReadRow> =
+            sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(&mut *conn).await?;
+        let Some((status, fingerprint, response, lease_left_ms, expired)) = row else {
+            return Ok(None); // removed since the insert failed: ask again
+        };
+        if expired == 0 {
+            let live = status == "DONE" || lease_left_ms.is_some_and(|ms| ms > 0);
+            let mismatch = matches!((req.fingerprint, fingerprint.as_deref()), (Some(a), Some(b)) if a != b);
+            if live || mismatch {
+                let row = LeaseRow { status, fingerprint, response, lease_left_ms };
+                return Ok(Some(crate::lease::sql::judge_row(req, row)));
+            }
+        }
+        // Past its lease or its retention: take it over, in one conditional
+        // statement (it re-checks, so two reclaimers cannot both win).
         let taken = sqlx::query(LEASE_TAKE_OVER)
             .bind(req.owner)
             .bind(lease)
@@ -244,9 +266,7 @@ impl SqlBackend for MySql {
             let fence = i64::try_from(taken.last_insert_id()).unwrap_or(i64::MAX);
             return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: true }));
         }
-        let row: Option<crate::lease::sql::LeaseRowColumns> =
-            sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(conn).await?;
-        Ok(row.map(|columns| crate::lease::sql::judge_row(req, LeaseRow::from(columns))))
+        Ok(None) // another caller took it over first: ask again
     }
 
     async fn lease_finish(
