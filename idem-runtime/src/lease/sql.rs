@@ -53,8 +53,10 @@ pub struct LeaseRow {
 
 /// The columns of the backends' lease reads, in order: status, fingerprint,
 /// response, milliseconds left on the lease.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) type LeaseRowColumns = (String, Option<String>, Option<String>, Option<i64>);
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl From<LeaseRowColumns> for LeaseRow {
     fn from((status, fingerprint, response, lease_left_ms): LeaseRowColumns) -> LeaseRow {
         LeaseRow { status, fingerprint, response, lease_left_ms }
@@ -62,6 +64,7 @@ impl From<LeaseRowColumns> for LeaseRow {
 }
 
 /// The fingerprint first, then completed, then busy.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn judge_row(req: &LeaseRequest<'_>, row: LeaseRow) -> LeaseClaim {
     if let (Some(ours), Some(theirs)) = (req.fingerprint, row.fingerprint.as_deref())
         && ours != theirs

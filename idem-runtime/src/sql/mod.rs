@@ -294,6 +294,7 @@ pub fn connection<T: TxContext + ?Sized>(tx: &mut T) -> Conn<'_, T::Db> {
 /// and continues in a fresh one (`claim = "after"` found a duplicate after
 /// the body ran). Inside a savepoint (a nested `Transaction`), only the
 /// savepoint is rolled back, by the name sqlx gave it.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn restart_sql<DB: SqlBackend>(conn: &DB::Connection) -> sqlx::AssertSqlSafe<String> {
     use sqlx_core::transaction::TransactionManager;
     let depth = <DB::TransactionManager as TransactionManager>::get_transaction_depth(conn);
@@ -309,6 +310,7 @@ pub(crate) fn restart_sql<DB: SqlBackend>(conn: &DB::Connection) -> sqlx::Assert
 /// `first` by `ph`. Table, columns and stored names were checked by the
 /// derive (plain identifiers; names without quotes or backslashes), so they
 /// are written into the SQL as they are; only the key is bound.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn cas_sql(cas: &Cas<'_>, first: usize, ph: fn(usize) -> String) -> String {
     let t = cas.states;
     let from = cas.from.iter().map(|c| literal(*c)).collect::<Vec<_>>().join(", ");
@@ -323,16 +325,19 @@ pub(crate) fn cas_sql(cas: &Cas<'_>, first: usize, ph: fn(usize) -> String) -> S
 
 /// `SELECT <cast status> FROM <table> WHERE <key>`, with the status cast to
 /// the type its codes have (`int_cast` / `text_cast` wrap the column name).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn state_read_sql(cas: &Cas<'_>, ph: fn(usize) -> String, cast: fn(&str, bool) -> String) -> String {
     let t = cas.states;
     let int = matches!(t.codes.first(), Some(StateCode::Int(_)));
     format!("SELECT {} FROM {} WHERE {}", cast(t.status_column, int), t.table, key_where(t, 1, ph))
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn key_where(t: &StateTable, first: usize, ph: fn(usize) -> String) -> String {
     t.key_columns.iter().enumerate().map(|(i, c)| format!("{c} = {}", ph(first + i))).collect::<Vec<_>>().join(" AND ")
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn literal(code: StateCode) -> String {
     match code {
         StateCode::Int(i) => i.to_string(),
@@ -340,10 +345,12 @@ fn literal(code: StateCode) -> String {
     }
 }
 
+#[cfg(feature = "postgres")]
 pub(crate) fn ph_dollar(i: usize) -> String {
     format!("${i}")
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn ph_question(_: usize) -> String {
     "?".to_owned()
 }
@@ -459,6 +466,7 @@ pub async fn find_record<DB: SqlBackend>(
     DB::fetch(&mut conn, &scope, key.as_str()).await.map_err(classify::<DB>)
 }
 
+#[cfg(feature = "sqlite")]
 pub(crate) fn retention_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
