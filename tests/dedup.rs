@@ -30,6 +30,7 @@ macro_rules! dedup_suite {
         count_coupons = $count:literal;
         short_lock_wait = $short_wait:literal;
         unmigrated = $unmigrated:path;
+        count_archived = $count_archived:literal;
     ) => {
         mod $m {
             use super::*;
@@ -634,19 +635,29 @@ macro_rules! dedup_suite {
                 assert_eq!(outcome, Some(Outcome::Executed));
 
                 tokio::time::sleep(Duration::from_millis(1200)).await;
+                // With `archive`, completed records are copied before they go.
                 let one = idem::purge_expired(
                     &pool,
-                    PurgeOptions { batch_size: 2, max_batches: Some(1), ..Default::default() },
+                    PurgeOptions { batch_size: 2, max_batches: Some(1), archive: true, ..Default::default() },
                 )
                 .await
                 .unwrap();
                 assert_eq!((one.deleted, one.batches), (2, 1), "max_batches bounds one run");
                 let rest =
-                    idem::purge_expired(&pool, PurgeOptions { batch_size: 2, ..Default::default() }).await.unwrap();
+                    idem::purge_expired(&pool, PurgeOptions { batch_size: 2, archive: true, ..Default::default() })
+                        .await
+                        .unwrap();
                 assert!(rest.deleted >= 3 && rest.batches >= 2, "{rest:?}");
                 for key in &expired {
                     let found = idem::find_record(&pool, "tests.short_lived", &Key::new(key).unwrap()).await.unwrap();
                     assert_eq!(found, None);
+                    let archived: i64 = sqlx::query_scalar($count_archived)
+                        .bind("tests.short_lived")
+                        .bind(key)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                    assert_eq!(archived, 1, "the completed record of {key} is in the archive");
                 }
                 let still = idem::find_record(&pool, "tests.grant_coupon", &Key::new(&kept).unwrap()).await.unwrap();
                 assert!(still.is_some(), "a live record was purged");
@@ -683,6 +694,7 @@ dedup_suite! {
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
     short_lock_wait = "PRAGMA busy_timeout = 100";
     unmigrated = sqlite_unmigrated;
+    count_archived = "SELECT COUNT(*) FROM idem_records_archive WHERE scope = ? AND idem_key = ? AND status = 'DONE'";
 }
 
 dedup_suite! {
@@ -694,6 +706,7 @@ dedup_suite! {
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = $1";
     short_lock_wait = "SET LOCAL lock_timeout = '200ms'";
     unmigrated = pg_unmigrated;
+    count_archived = "SELECT COUNT(*) FROM idem_records_archive WHERE scope = $1 AND idem_key = $2 AND status = 'DONE'";
 }
 
 dedup_suite! {
@@ -705,4 +718,5 @@ dedup_suite! {
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
     short_lock_wait = "SET SESSION innodb_lock_wait_timeout = 1";
     unmigrated = mysql_unmigrated;
+    count_archived = "SELECT COUNT(*) FROM idem_records_archive WHERE scope = ? AND idem_key = ? AND status = 'DONE'";
 }

@@ -180,9 +180,15 @@ pub trait SqlBackend: sqlx::Database {
         key: &str,
     ) -> impl Future<Output = Result<Option<DedupRecord>, sqlx::Error>> + Send;
 
-    /// Delete at most `batch` expired records in one short statement.
+    /// Delete at most `batch` expired records in one short statement (with
+    /// `archive`, copying the completed ones into `idem_records_archive` in
+    /// the same statement or transaction).
     #[doc(hidden)]
-    fn purge_batch(conn: &mut Self::Connection, batch: u32) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+    fn purge_batch(
+        conn: &mut Self::Connection,
+        batch: u32,
+        archive: bool,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// `UPDATE <table> SET <status> = to WHERE <key> = ? AND <status> IN (from...)`;
     /// returns rows changed.
@@ -406,11 +412,15 @@ pub struct PurgeOptions {
     pub max_batches: Option<u32>,
     /// Pause between batches, to leave room for live traffic. Default 0.
     pub pause: Duration,
+    /// Copy completed (`DONE`) records into `idem_records_archive` before
+    /// deleting them, in the same statement or transaction: for
+    /// reconciliation (which first answers were given, when). Default off.
+    pub archive: bool,
 }
 
 impl Default for PurgeOptions {
     fn default() -> Self {
-        PurgeOptions { batch_size: 1000, max_batches: None, pause: Duration::ZERO }
+        PurgeOptions { batch_size: 1000, max_batches: None, pause: Duration::ZERO, archive: false }
     }
 }
 
@@ -436,7 +446,7 @@ pub async fn purge_expired<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: Purge
         if options.max_batches.is_some_and(|m| report.batches >= m) {
             break;
         }
-        let n = DB::purge_batch(&mut conn, batch).await.map_err(classify::<DB>)?;
+        let n = DB::purge_batch(&mut conn, batch, options.archive).await.map_err(classify::<DB>)?;
         if n == 0 {
             break;
         }

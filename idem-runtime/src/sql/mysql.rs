@@ -80,7 +80,11 @@ const HELD: &str = "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND s
 
 impl SqlBackend for MySql {
     const BACKEND: &'static str = "mysql";
-    const SCHEMA: &'static str = include_str!("../../migrations/mysql/0001_idem_records.sql");
+    const SCHEMA: &'static str = concat!(
+        include_str!("../../migrations/mysql/0001_idem_records.sql"),
+        "\n",
+        include_str!("../../migrations/mysql/0002_idem_records_archive.sql")
+    );
 
     async fn claim(conn: &mut MySqlConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let micros = super::retention_us(r.retention);
@@ -182,12 +186,39 @@ impl SqlBackend for MySql {
         row.map(|row| super::decode_record(&row)).transpose()
     }
 
-    async fn purge_batch(conn: &mut MySqlConnection, batch: u32) -> Result<u64, sqlx::Error> {
-        let gone =
-            sqlx::query("DELETE FROM idem_records WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?")
-                .bind(batch)
-                .execute(conn)
-                .await?;
+    async fn purge_batch(conn: &mut MySqlConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
+        const EXPIRED: &str = "expires_at <= CAST(? AS DATETIME(6)) ORDER BY expires_at, scope, idem_key LIMIT ?";
+        if !archive {
+            let gone = sqlx::query(
+                "DELETE FROM idem_records WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?",
+            )
+            .bind(batch)
+            .execute(conn)
+            .await?;
+            return Ok(gone.rows_affected());
+        }
+        // One short transaction: the same rows (one cut-off, one order) are
+        // copied, then deleted; the copy's shared locks keep them in place.
+        use sqlx::Connection;
+        let mut tx = conn.begin().await?;
+        let cut: String = sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)").fetch_one(&mut *tx).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
+             lease_until, created_at, updated_at, expires_at, archived_at) \
+             SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
+             expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM idem_records WHERE {EXPIRED}) AS expired \
+             WHERE status = 'DONE'"
+        )))
+        .bind(&cut)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?;
+        let gone = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {EXPIRED}")))
+            .bind(&cut)
+            .bind(batch)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(gone.rows_affected())
     }
 

@@ -80,7 +80,11 @@ type LeaseClaimRow = (bool, i64, bool, Option<String>, Option<String>, Option<St
 
 impl SqlBackend for Postgres {
     const BACKEND: &'static str = "postgres";
-    const SCHEMA: &'static str = include_str!("../../migrations/postgres/0001_idem_records.sql");
+    const SCHEMA: &'static str = concat!(
+        include_str!("../../migrations/postgres/0001_idem_records.sql"),
+        "\n",
+        include_str!("../../migrations/postgres/0002_idem_records_archive.sql")
+    );
 
     async fn claim(conn: &mut PgConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let done =
@@ -154,18 +158,25 @@ impl SqlBackend for Postgres {
         row.map(|row| super::decode_record(&row)).transpose()
     }
 
-    async fn purge_batch(conn: &mut PgConnection, batch: u32) -> Result<u64, sqlx::Error> {
+    async fn purge_batch(conn: &mut PgConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
         // SKIP LOCKED: a purge never waits behind (or blocks) a live transaction
-        // that is replaying one of these records.
-        let gone = sqlx::query(
-            "DELETE FROM idem_records WHERE (scope, idem_key) IN (\
+        // that is replaying one of these records. With `archive`, the deleted
+        // completed records go to the archive in the same statement.
+        let keep = if archive {
+            ", kept AS (INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
+               lease_until, created_at, updated_at, expires_at, archived_at) \
+               SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
+               expires_at, now() FROM gone WHERE status = 'DONE' ON CONFLICT DO NOTHING)"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "WITH gone AS (DELETE FROM idem_records WHERE (scope, idem_key) IN (\
                 SELECT scope, idem_key FROM idem_records WHERE expires_at <= now() \
-                LIMIT $1 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind(i64::from(batch))
-        .execute(conn)
-        .await?;
-        Ok(gone.rows_affected())
+                LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING *){keep} SELECT count(*) FROM gone"
+        );
+        let gone: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch)).fetch_one(conn).await?;
+        Ok(u64::try_from(gone).unwrap_or(0))
     }
 
     async fn transition(conn: &mut PgConnection, cas: &Cas<'_>) -> Result<u64, sqlx::Error> {

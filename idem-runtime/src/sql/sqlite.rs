@@ -97,7 +97,11 @@ const HELD: &str = "scope = ?1 AND idem_key = ?2 AND owner = ?3 AND fence = ?4 A
 
 impl SqlBackend for Sqlite {
     const BACKEND: &'static str = "sqlite";
-    const SCHEMA: &'static str = include_str!("../../migrations/sqlite/0001_idem_records.sql");
+    const SCHEMA: &'static str = concat!(
+        include_str!("../../migrations/sqlite/0001_idem_records.sql"),
+        "\n",
+        include_str!("../../migrations/sqlite/0002_idem_records_archive.sql")
+    );
 
     async fn claim(conn: &mut SqliteConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let inserted = sqlx::query(CLAIM)
@@ -184,15 +188,32 @@ impl SqlBackend for Sqlite {
         row.map(|row| super::decode_record(&row)).transpose()
     }
 
-    async fn purge_batch(conn: &mut SqliteConnection, batch: u32) -> Result<u64, sqlx::Error> {
-        let gone = sqlx::query(concat!(
-            "DELETE FROM idem_records WHERE rowid IN (SELECT rowid FROM idem_records WHERE expires_at <= ",
-            now_ms!(),
-            " LIMIT ?1)"
-        ))
-        .bind(i64::from(batch))
-        .execute(conn)
-        .await?;
+    async fn purge_batch(conn: &mut SqliteConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
+        // One cut-off for both statements; the transaction holds the write
+        // lock from its first statement, so the two see the same rows.
+        const EXPIRED: &str =
+            "rowid IN (SELECT rowid FROM idem_records WHERE expires_at <= ?1 ORDER BY rowid LIMIT ?2)";
+        use sqlx::Connection;
+        let mut tx = conn.begin().await?;
+        let cut: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *tx).await?;
+        if archive {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT OR IGNORE INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, \
+                 fence, lease_until, created_at, updated_at, expires_at, archived_at) \
+                 SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, \
+                 updated_at, expires_at, ?1 FROM idem_records WHERE {EXPIRED} AND status = 'DONE'"
+            )))
+            .bind(cut)
+            .bind(i64::from(batch))
+            .execute(&mut *tx)
+            .await?;
+        }
+        let gone = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {EXPIRED}")))
+            .bind(cut)
+            .bind(i64::from(batch))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(gone.rows_affected())
     }
 
