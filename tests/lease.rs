@@ -176,6 +176,26 @@ macro_rules! lease_suite {
             }
 
             #[tokio::test]
+            async fn a_completion_repeated_by_its_holder_succeeds_again() {
+                let store: Store = store!();
+                let (scope, key) = ("tests.lease.raw", unique("twice"));
+                let lease = Duration::from_secs(5);
+                let LeaseClaim::Acquired { fence, .. } = store.claim(&request(scope, &key, "w", lease)).await.unwrap()
+                else {
+                    panic!("claim")
+                };
+                let held =
+                    HeldLease { scope, key: &key, owner: "w", fence, lease, retention: Duration::from_secs(3600) };
+                // The first reply was lost: the runtime sends it again.
+                assert!(store.complete(&held, "[1]").await.unwrap());
+                assert!(store.complete(&held, "[1]").await.unwrap());
+                let other = HeldLease { owner: "x", ..held.clone() };
+                assert!(!store.complete(&other, "[2]").await.unwrap(), "another owner is refused");
+                let replay = store.claim(&request(scope, &key, "late", lease)).await.unwrap();
+                assert_eq!(replay, LeaseClaim::Done { response: "[1]".into() });
+            }
+
+            #[tokio::test]
             async fn fingerprint_is_checked_first_and_an_identical_retry_passes() {
                 let store: Store = store!();
                 let id = unique("fp");

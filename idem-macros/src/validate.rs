@@ -316,7 +316,24 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     };
 
     let lease_ms = match &raw.lease {
-        Some(l) if is_lease => parse_duration("lease", l.as_str(), l.span()).map_err(|e| errors.push(e)).ok(),
+        Some(l) if is_lease => match parse_duration("lease", l.as_str(), l.span()) {
+            Ok(ms) if ms < 100 => {
+                errors.push(syn::Error::new(
+                    l.span(),
+                    format!(
+                        "`lease = \"{}\"` is too short: the runtime renews a lease every third of its length, \
+                         and a store round trip can take longer than that; use at least \"100ms\" (seconds are usual)",
+                        l.as_str()
+                    ),
+                ));
+                None
+            }
+            Ok(ms) => Some(ms),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        },
         _ => None,
     };
     if is_lease && let Some(c) = &raw.claim {
@@ -471,6 +488,12 @@ pub fn parse_duration(arg: &str, text: &str, span: Span) -> Result<u64, syn::Err
     })?;
     if d.is_zero() {
         return Err(syn::Error::new(span, format!("`{arg}` must be longer than zero")));
+    }
+    if d.as_millis() == 0 {
+        return Err(syn::Error::new(
+            span,
+            format!("`{arg} = \"{text}\"` is under a millisecond, the stores' resolution"),
+        ));
     }
     u64::try_from(d.as_millis()).map_err(|_| syn::Error::new(span, format!("`{arg}` is too long")))
 }

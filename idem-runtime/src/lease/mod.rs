@@ -13,6 +13,18 @@
 //!
 //! Stores: [`MemoryStore`] (one process), [`SqlStore`] (SQLite, PostgreSQL,
 //! MySQL/MariaDB) and, with the `redis` feature, [`RedisStore`].
+//!
+//! Limits worth knowing:
+//! - the fencing token counts up while the record exists. A failed body
+//!   removes its record (so a retry runs at once), and so does retention;
+//!   the next claim then starts again at 1. Writes fenced elsewhere should
+//!   also carry the key, or keep their own high-water mark per key;
+//! - `reclaimed` says the claim took over an existing record: a passed lease,
+//!   and on the SQL stores also a record past its retention;
+//! - a guarded future dropped mid-body (cancelled) leaves its record
+//!   `PROCESSING` until the lease passes; then the next call reclaims it;
+//! - renewals that fail for a whole lease stop the body with
+//!   [`Error::LeaseLost`]: by then another worker may hold the key.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -24,7 +24,8 @@ const NOW: &str = "local t = redis.call('TIME') local now = tonumber(t[1]) * 100
 
 // A record is one string, written with its TTL by one SET ... PX:
 // `P<fp 64><fence>:<lease deadline ms>:<owner>` while held,
-// `D<fp 64><response JSON>` once done; `<fp 64>` is the hex fingerprint, or
+// `D<fp 64><fence>:<owner>|<response JSON>` once done (owner ids hold no
+// `|`); `<fp 64>` is the hex fingerprint, or
 // 64 dots without one. One string (rather than a hash plus PEXPIRE) keeps
 // every script to two or three cheap commands.
 const NO_FP: &str = "local nofp = string.rep('.', 64) ";
@@ -41,7 +42,7 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| {
         if v then
           local theirs = string.sub(v, 2, 65)
           if fp ~= nofp and theirs ~= nofp and theirs ~= fp then return {{'M'}} end
-          if string.sub(v, 1, 1) == 'D' then return {{'D', string.sub(v, 66)}} end
+          if string.sub(v, 1, 1) == 'D' then return {{'D', string.sub(v, string.find(v, '|', 66, true) + 1)}} end
           {NOW}
           local f, lu, owner = string.match(v, '^(%d+):(%d+):(.*)$', 66)
           if owner == ARGV[2] then return {{'A', tonumber(f), 0}} end
@@ -64,9 +65,16 @@ const HELD: &str = "local v = redis.call('GET', KEYS[1])
     local fence, lu, owner = string.match(v, '^(%d+):(%d+):(.*)$', 66)
     if owner ~= ARGV[1] or fence ~= ARGV[2] then return 0 end ";
 
+// A completion repeated by the same holder (its reply was lost) finds its
+// own `D` record and succeeds again.
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{HELD} redis.call('SET', KEYS[1], 'D' .. string.sub(v, 2, 65) .. ARGV[3], 'PX', tonumber(ARGV[4])) return 1"
+        "local d = redis.call('GET', KEYS[1])
+        if d and string.sub(d, 1, 1) == 'D' and string.sub(d, 66, 65 + #ARGV[2] + #ARGV[1] + 2) == ARGV[2] .. ':' .. ARGV[1] .. '|' then
+          return 1
+        end
+        {HELD} redis.call('SET', KEYS[1], 'D' .. string.sub(v, 2, 65) .. fence .. ':' .. owner .. '|' .. ARGV[3],
+          'PX', tonumber(ARGV[4])) return 1"
     ))
 });
 

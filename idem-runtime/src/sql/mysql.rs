@@ -78,6 +78,11 @@ const LEASE_READ: &str = "SELECT status, fingerprint, response, \
 
 const HELD: &str = "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND status = 'PROCESSING'";
 
+// Completion may be repeated by the same holder (its reply was lost): the
+// owner and fence stay on the completed row, so the repeat matches it.
+const HELD_OR_DONE: &str =
+    "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND status IN ('PROCESSING', 'DONE')";
+
 impl SqlBackend for MySql {
     const BACKEND: &'static str = "mysql";
     const SCHEMA: &'static str = concat!(
@@ -308,7 +313,7 @@ impl SqlBackend for MySql {
         let sql = match action {
             LeaseAction::Complete(_) => format!(
                 "UPDATE idem_records SET status = 'DONE', response = ?, lease_until = NULL, \
-                 updated_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE {HELD}"
+                 updated_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE {HELD_OR_DONE}"
             ),
             LeaseAction::Release => format!("DELETE FROM idem_records WHERE {HELD}"),
             LeaseAction::Extend => format!(

@@ -54,7 +54,9 @@ const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owne
 // Lease claim, one statement: insert, or take over a record whose retention
 // or lease has passed (fingerprint permitting), or return the record that
 // holds the key. The second SELECT sees the statement's snapshot: a record
-// committed while the insert waited is not in it, and the caller asks again.
+// committed while the insert waited is not in it, nor is one only visible in
+// an expired version (another caller took it over since); then nothing comes
+// back and the caller asks again.
 const LEASE_CLAIM: &str = "\
 WITH claim AS (
   INSERT INTO idem_records AS r (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, updated_at, expires_at)
@@ -72,9 +74,15 @@ SELECT true, fence, reclaimed, NULL::text, NULL::text, NULL::text, NULL::int8 FR
 UNION ALL
 SELECT false, fence, false, status::text, fingerprint::text, response,
        (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::int8
-FROM idem_records WHERE scope = $1 AND idem_key = $2 AND NOT EXISTS (SELECT 1 FROM claim)";
+FROM idem_records WHERE scope = $1 AND idem_key = $2 AND expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM claim)";
 
 const HELD: &str = "scope = $1 AND idem_key = $2 AND owner = $3 AND fence = $4 AND status = 'PROCESSING'";
+
+// Completion may be repeated by the same holder (its reply was lost): the
+// owner and fence stay on the completed row, so the repeat matches it.
+const HELD_OR_DONE: &str =
+    "scope = $1 AND idem_key = $2 AND owner = $3 AND fence = $4 AND status IN ('PROCESSING', 'DONE')";
 
 type LeaseClaimRow = (bool, i64, bool, Option<String>, Option<String>, Option<String>, Option<i64>);
 
@@ -249,7 +257,7 @@ impl SqlBackend for Postgres {
         let sql = match action {
             LeaseAction::Complete(_) => format!(
                 "UPDATE idem_records SET status = 'DONE', response = $5, lease_until = NULL, \
-                 updated_at = clock_timestamp(), expires_at = clock_timestamp() + $6::interval WHERE {HELD}"
+                 updated_at = clock_timestamp(), expires_at = clock_timestamp() + $6::interval WHERE {HELD_OR_DONE}"
             ),
             LeaseAction::Release => format!("DELETE FROM idem_records WHERE {HELD}"),
             LeaseAction::Extend => format!(

@@ -95,6 +95,11 @@ const LEASE_READ: &str = concat!(
 
 const HELD: &str = "scope = ?1 AND idem_key = ?2 AND owner = ?3 AND fence = ?4 AND status = 'PROCESSING'";
 
+// Completion may be repeated by the same holder (its reply was lost): the
+// owner and fence stay on the completed row, so the repeat matches it.
+const HELD_OR_DONE: &str =
+    "scope = ?1 AND idem_key = ?2 AND owner = ?3 AND fence = ?4 AND status IN ('PROCESSING', 'DONE')";
+
 impl SqlBackend for Sqlite {
     const BACKEND: &'static str = "sqlite";
     const SCHEMA: &'static str = concat!(
@@ -276,7 +281,7 @@ impl SqlBackend for Sqlite {
         let sql = match action {
             LeaseAction::Complete(_) => format!(
                 "UPDATE idem_records SET status = 'DONE', response = ?5, lease_until = NULL, updated_at = {now}, \
-                 expires_at = {now} + ?6 WHERE {HELD}"
+                 expires_at = {now} + ?6 WHERE {HELD_OR_DONE}"
             ),
             LeaseAction::Release => format!("DELETE FROM idem_records WHERE {HELD}"),
             LeaseAction::Extend => format!(

@@ -92,20 +92,28 @@ impl LeaseTicket<'_> {
         let result = if let std::task::Poll::Ready(result) = first {
             result
         } else {
+            // Renewals are bounded by `every` each; if none has succeeded for
+            // a whole lease, another worker may hold the key by now: stop.
+            let mut renewed = tokio::time::Instant::now();
             loop {
                 tokio::select! {
-                // The body first: a body that is ready at once never starts
-                // the renewal timer.
-                biased;
-                result = &mut body => break result,
-                () = tokio::time::sleep(every) => match self.store.extend(&held).await {
-                    Ok(true) => {}
-                    Ok(false) => return Err(self.lost().into()),
-                    // A failed renewal is not a lost lease: keep going; the
-                    // completion is conditional on owner and fence anyway.
-                    Err(e) => tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
-                        "could not renew the lease"),
-                },
+                    // The body first: a body that is ready at once never starts
+                    // the renewal timer.
+                    biased;
+                    result = &mut body => break result,
+                    () = tokio::time::sleep(every) => {
+                        match tokio::time::timeout(every, self.store.extend(&held)).await {
+                            Ok(Ok(true)) => renewed = tokio::time::Instant::now(),
+                            Ok(Ok(false)) => return Err(self.lost().into()),
+                            Ok(Err(e)) => tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(),
+                                error = %e, "could not renew the lease"),
+                            Err(_) => tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(),
+                                "renewing the lease timed out"),
+                        }
+                        if renewed.elapsed() >= self.lease {
+                            return Err(self.lost().into());
+                        }
+                    }
                 }
             }
         };
@@ -126,13 +134,25 @@ impl LeaseTicket<'_> {
                 return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source }.into());
             }
         };
-        match self.store.complete(&held, &json).await {
-            Ok(true) => {
-                report(p.spec.scope, &p.key, Outcome::Executed);
-                Ok(value)
+        // A completion that failed on the store is tried again (a repeat by
+        // the same holder is harmless on every store): a record left
+        // PROCESSING would make the next caller run the body again.
+        let mut attempt = 0;
+        loop {
+            match self.store.complete(&held, &json).await {
+                Ok(true) => {
+                    report(p.spec.scope, &p.key, Outcome::Executed);
+                    return Ok(value);
+                }
+                Ok(false) => return Err(self.lost().into()),
+                Err(e) if attempt < 2 => {
+                    attempt += 1;
+                    tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e, attempt,
+                        "storing the response failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+                }
+                Err(e) => return Err(e.into()),
             }
-            Ok(false) => Err(self.lost().into()),
-            Err(e) => Err(e.into()),
         }
     }
 
