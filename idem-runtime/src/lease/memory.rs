@@ -167,17 +167,21 @@ impl LeaseStore for MemoryStore {
     }
 
     fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        // Repeated by the same holder: already done, by it.
         let id = Self::id(held.scope, held.key);
-        if self.shard(&id).get(&id).is_some_and(|r| r.done && r.owner == held.owner && r.fence == held.fence) {
-            return Box::pin(std::future::ready(Ok(true)));
-        }
-        let done = self.if_held(held, |rec, now| {
-            rec.done = true;
-            rec.response = response.to_owned();
-            rec.expires_at = now.saturating_add(millis(held.retention));
-            false
-        });
+        let now = self.now();
+        let mut map = self.shard(&id);
+        let done = match map.get_mut(&id) {
+            Some(rec) if rec.owner == held.owner && rec.fence == held.fence => {
+                // Already done by this holder: a repeated completion.
+                if !rec.done {
+                    rec.done = true;
+                    rec.response = response.to_owned();
+                    rec.expires_at = now.saturating_add(millis(held.retention));
+                }
+                true
+            }
+            _ => false,
+        };
         Box::pin(std::future::ready(Ok(done)))
     }
 

@@ -100,16 +100,7 @@ pub(crate) async fn claim_record<DB: SqlBackend>(
 pub(crate) fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Error> {
     p.check_fingerprint(existing.fingerprint.as_deref())?;
     match RecordStatus::parse(&existing.status) {
-        Some(RecordStatus::Done) => {
-            let json = existing.response.as_deref().unwrap_or("null");
-            let value = serde_json::from_str(json).map_err(|source| Error::Response {
-                scope: p.spec.scope.to_owned(),
-                action: "replayed",
-                source,
-            })?;
-            report(p.spec.scope, &p.key, Outcome::Replayed);
-            Ok(value)
-        }
+        Some(RecordStatus::Done) => replayed(p, existing.response.as_deref().unwrap_or("null")),
         // A committed PROCESSING record in dedup mode means the guarded future
         // was dropped mid-body and the caller committed anyway: whether the
         // effect happened is unknown, so never run it again silently, and do
@@ -235,10 +226,21 @@ fn vanished(p: &Prepared) -> Error {
 /// The JSON to store, after checking it decodes back into `T`: a value JSON
 /// cannot carry (`f64::NAN` becomes `null`) fails the first call, which rolls
 /// back, instead of failing every repeat later.
-fn stored_response<T: Replayable>(value: &T) -> Result<String, serde_json::Error> {
+pub(crate) fn stored_response<T: Replayable>(value: &T) -> Result<String, serde_json::Error> {
     let json = serde_json::to_string(value)?;
     serde_json::from_str::<T>(&json)?;
     Ok(json)
+}
+
+/// Decode a stored first answer for a repeat, and report the replay.
+pub(crate) fn replayed<T: Replayable>(p: &Prepared, json: &str) -> Result<T, Error> {
+    let value = serde_json::from_str(json).map_err(|source| Error::Response {
+        scope: p.spec.scope.to_owned(),
+        action: "replayed",
+        source,
+    })?;
+    report(p.spec.scope, &p.key, Outcome::Replayed);
+    Ok(value)
 }
 
 /// The body failed (or its answer cannot be stored): remove the record and

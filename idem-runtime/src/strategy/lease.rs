@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, new_owner};
 use crate::record::{Outcome, report};
-use crate::strategy::dedup::Claim;
+use crate::strategy::dedup::{Claim, replayed, stored_response};
 use crate::{Error, Replayable};
 
 /// The lease a first call holds while its body runs.
@@ -46,15 +46,7 @@ impl Guard {
                 }
                 Ok(Claim::Run(LeaseTicket { prepared: p, store, owner, fence, reclaimed, lease }))
             }
-            LeaseClaim::Done { response } => {
-                let value = serde_json::from_str(&response).map_err(|source| Error::Response {
-                    scope: p.spec.scope.to_owned(),
-                    action: "replayed",
-                    source,
-                })?;
-                report(p.spec.scope, &p.key, Outcome::Replayed);
-                Ok(Claim::Replay(value))
-            }
+            LeaseClaim::Done { response } => replayed(&p, &response).map(Claim::Replay),
             LeaseClaim::Busy { retry_after } => Err(p.in_progress(Some(retry_after))),
             LeaseClaim::Mismatch => Err(p.mismatch()),
         }
@@ -127,7 +119,7 @@ impl LeaseTicket<'_> {
                 return Err(e);
             }
         };
-        let json = match serde_json::to_string(&value).and_then(|j| serde_json::from_str::<T>(&j).map(|_| j)) {
+        let json = match stored_response(&value) {
             Ok(json) => json,
             Err(source) => {
                 let _ = self.store.release(&held).await;
