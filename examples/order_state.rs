@@ -185,7 +185,7 @@ where
     let prefix = format!("S{}-", common::run_id());
     DB::create_orders(pool, &prefix, 1, 2).await?;
     let trade_no = format!("{prefix}1");
-    let status = |code: i64| OrderStatus::from_code(code).map_or("?", OrderStatus::label);
+    let status = OrderStatus::label;
     println!("store={store}: order {trade_no} is {}", status(DB::order_status(pool, &trade_no).await?));
     let tally = Arc::new(Tally::default());
 

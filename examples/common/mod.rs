@@ -89,48 +89,33 @@ pub fn run_id() -> String {
     format!("{:x}", nanos)
 }
 
-/// The seed's order lifecycle, stored as integer codes in `shop_orders.status`.
+/// The seed's order lifecycle, stored as integer codes (the discriminants)
+/// in `shop_orders.status`.
 #[derive(idem::StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
 #[state(table = "shop_orders", key_column = "trade_no", status_column = "status")]
 pub enum OrderStatus {
-    #[state(code = 1, to(Paid, Canceled))]
-    WaitPay,
-    #[state(code = 2, to(Shipped, Canceled))]
-    Paid,
-    #[state(code = 3, to(Finished))]
-    Shipped,
-    #[state(code = 4)]
-    Finished,
-    #[state(code = 9)]
-    Canceled,
+    #[state(to(Paid, Canceled))]
+    WaitPay = 1,
+    #[state(to(Shipped, Canceled))]
+    Paid = 2,
+    #[state(to(Finished))]
+    Shipped = 3,
+    Finished = 4,
+    Canceled = 9,
 }
 
 impl OrderStatus {
+    /// The stored code.
     pub fn code(self) -> i64 {
-        match self {
-            OrderStatus::WaitPay => 1,
-            OrderStatus::Paid => 2,
-            OrderStatus::Shipped => 3,
-            OrderStatus::Finished => 4,
-            OrderStatus::Canceled => 9,
-        }
+        self as i64
     }
 
-    pub fn from_code(code: i64) -> Option<OrderStatus> {
-        [Self::WaitPay, Self::Paid, Self::Shipped, Self::Finished, Self::Canceled]
-            .into_iter()
-            .find(|s| s.code() == code)
-    }
-
-    /// `WAIT_PAY`, `PAID`, ... as the seed writes them.
-    pub fn label(self) -> &'static str {
-        match self {
-            OrderStatus::WaitPay => "WAIT_PAY",
-            OrderStatus::Paid => "PAID",
-            OrderStatus::Shipped => "SHIPPED",
-            OrderStatus::Finished => "FINISHED",
-            OrderStatus::Canceled => "CANCELED",
-        }
+    /// The seed's name (`WAIT_PAY`, ...) of a stored code, `?` for none.
+    pub fn label(code: i64) -> &'static str {
+        // In declaration order, like the derive's table.
+        const LABELS: [&str; 5] = ["WAIT_PAY", "PAID", "SHIPPED", "FINISHED", "CANCELED"];
+        let states = <OrderStatus as idem::StateMachine>::STATES;
+        states.variant_of(&idem::state::StoredState::Int(code)).map_or("?", |i| LABELS[i])
     }
 }
 
