@@ -288,7 +288,11 @@ pub use idem_runtime::{
     PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend, StateMachine, TxContext, find_record,
     migrate, observe, purge_expired,
 };
-pub use idem_runtime::{error, key, lease, record, sql, state};
+pub use idem_runtime::{MemoryStore, error, key, lease, lock, record, sql, state, token};
+
+/// Lease records, tokens and locks in Redis; see [`lease`], [`token`], [`lock`].
+#[cfg(feature = "redis")]
+pub use idem_runtime::RedisStore;
 
 #[doc(hidden)]
 pub use idem_runtime::__private;

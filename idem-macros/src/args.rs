@@ -24,6 +24,10 @@ pub struct RawArgs {
     pub store: Option<Expr>,
     pub precheck: Option<SpannedValue<String>>,
     pub concurrency_only: Option<SpannedValue<bool>>,
+    /// Lock strategies: how long to wait for a busy lock (default: not at all).
+    pub wait: Option<SpannedValue<String>>,
+    /// Token strategies: `"reject"` (default) or `"allow"` when the store is down.
+    pub on_store_error: Option<SpannedValue<String>>,
     /// `"before"` (default) or `"after"` the body: when the dedup record is written.
     pub claim: Option<SpannedValue<String>>,
 }

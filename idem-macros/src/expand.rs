@@ -12,8 +12,23 @@ use crate::validate::{Plan, Strategy};
 pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let fn_name = func.sig.ident.to_string();
     let block = &func.block;
-    let Plan { strategy, key, scope, fingerprint, retention_ms, claim_after, transition, tx, lease_ms, store, ret } =
-        plan;
+    let Plan {
+        strategy,
+        key,
+        scope,
+        fingerprint,
+        retention_ms,
+        claim_after,
+        transition,
+        tx,
+        lease_ms,
+        store,
+        token,
+        allow_on_store_error,
+        ttl_ms,
+        wait_ms,
+        ret,
+    } = plan;
 
     let scope = match scope {
         Some(s) => quote!(#s),
@@ -27,10 +42,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     // Each part is spanned at its own expression, so a part that is no key type
     // is reported there (with the message of `IdempotencyKey`).
     // State strategies also bind each part to the entity's key column.
-    let key_method = match strategy {
-        Strategy::Dedup | Strategy::Lease => "key",
-        Strategy::State | Strategy::DedupState => "entity_key",
-    };
+    let key_method = if strategy.moves_state() { "entity_key" } else { "key" };
     let key_parts = key.parts.iter().map(|part| {
         let method = syn::Ident::new(key_method, part.span());
         quote_spanned!(part.span()=> .#method(&(#part)))
@@ -74,30 +86,68 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
             #(#key_parts)*
             #fingerprint
     };
+    // Strategies with a store of their own (lease, token, lock) name it
+    // `__idem_store`: the expression given as `store`, or the installed one.
+    // `let x = &(expr);` keeps a temporary alive for the whole body.
+    let store = |wrap: &str, module: &str| {
+        let module = syn::Ident::new(module, proc_macro2::Span::call_site());
+        match &store {
+            Some(expr) => {
+                // Spanned at the expression: a value that is no store of the
+                // right kind is reported there.
+                let wrap = syn::Ident::new(wrap, expr.span());
+                quote_spanned! {expr.span()=>
+                let __idem_store = &(#expr);
+                let __idem_store = ::idem::__private::#wrap(__idem_store);
+                }
+            }
+            None => quote!(let __idem_store = ::idem::#module::installed();),
+        }
+    };
+    let millis = |ms: Option<u64>, default: TokenStream| match ms {
+        Some(ms) => quote!(::idem::__private::Duration::from_millis(#ms)),
+        None => default,
+    };
+    let on_store_error = if allow_on_store_error {
+        quote!(::idem::__private::OnStoreError::Allow)
+    } else {
+        quote!(::idem::__private::OnStoreError::Reject)
+    };
+    // The token is read at its parameter's span: a type that cannot carry a
+    // token is reported there.
+    let token = token.map(|t| quote_spanned!(t.span()=> ::idem::__private::token_param(&(#t))));
+    let ttl = millis(ttl_ms, quote!(::idem::__private::Duration::ZERO));
+    let wait = millis(wait_ms, quote!(::idem::__private::Duration::ZERO));
+    // `Claim::Run` goes on; a replay or a guard failure returns at once.
+    let claimed = |claim: TokenStream| {
+        quote! {
+            match #claim {
+                ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => __idem_run,
+                __idem_other => return #settle,
+            }
+        }
+    };
     let body = match tx {
         None => {
-            // `lease`: the record lives in a store of its own; the body runs
-            // under the lease, which `run` renews and settles.
-            // `let x = &(expr);` keeps a temporary alive for the whole body.
-            let store = match store {
-                Some(expr) => {
-                    quote_spanned!(expr.span()=> let __idem_store = ::idem::__private::lease_store(&(#expr));)
+            // `lease`, `token` and `lock` alone: no transaction; the body
+            // runs under the ticket, which settles the store afterwards.
+            let (setup, claim) = match strategy {
+                Strategy::Token => {
+                    (store("token_store", "token"), quote!(token(__idem_store, #token, #on_store_error)))
                 }
-                None => quote!(let __idem_store = ::idem::lease::installed();),
+                Strategy::Lock => (store("lock_store", "lock"), quote!(lock_only(__idem_store, #ttl, #wait))),
+                _ => {
+                    let lease = millis(lease_ms, quote!(::idem::lease::DEFAULT_LEASE));
+                    (store("lease_store", "lease"), quote!(lease(__idem_store, #lease)))
+                }
             };
-            let lease = match lease_ms {
-                Some(ms) => quote!(::idem::__private::Duration::from_millis(#ms)),
-                None => quote!(::idem::lease::DEFAULT_LEASE),
-            };
+            let ticket = claimed(quote!(#guard.#claim.await));
             let run = quote_spanned!(ret_span=> __idem_ticket.run(__idem_body).await);
             quote! {
                 {
                     #spec
-                    #store
-                    let __idem_ticket = match #guard.lease(__idem_store, #lease).await {
-                        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => __idem_run,
-                        __idem_other => return #settle,
-                    };
+                    #setup
+                    let __idem_ticket = #ticket;
                     let __idem_body = async #block;
                     let __idem_result: #ret = #run;
                     __idem_result
@@ -114,28 +164,56 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
             tx_at_type.set_span(tx_span);
             let conn = quote_spanned!(tx_span=> ::idem::__private::connection(&mut *#tx_at_type));
             let claim = match strategy {
-                Strategy::Dedup | Strategy::Lease => quote_spanned!(ret_span=> dedup(#conn)),
-                Strategy::State => quote_spanned!(ret_span=> state(#conn, &__IDEM_TRANSITION)),
+                Strategy::State | Strategy::LockState => quote_spanned!(ret_span=> state(#conn, &__IDEM_TRANSITION)),
                 Strategy::DedupState => quote_spanned!(ret_span=> dedup_state(#conn, &__IDEM_TRANSITION)),
+                Strategy::TokenDedup => {
+                    quote_spanned!(ret_span=> dedup_token(#conn, __idem_store, #token, #on_store_error))
+                }
+                _ => quote_spanned!(ret_span=> dedup(#conn)),
             };
-            quote! {
-                {
-                    #spec
-                    #transition
-                    let __idem_ticket = match #guard.#claim.await {
-                        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => __idem_run,
-                        __idem_other => return #settle,
-                    };
-                    let __idem_result: #ret = async {
-                        // The body may move its transaction handle; it gets a
-                        // reborrow, so the record can still be completed after it.
-                        #[allow(unused_variables)]
-                        let #tx = &mut *#tx;
-                        #block
+            let locked = strategy.is_lock();
+            let ticket =
+                if locked { claimed(quote!(__idem_guard.#claim.await)) } else { claimed(quote!(#guard.#claim.await)) };
+            let in_tx = quote! {
+                let __idem_ticket = #ticket;
+                let __idem_result: #ret = async {
+                    // The body may move its transaction handle; it gets a
+                    // reborrow, so the record can still be completed after it.
+                    #[allow(unused_variables)]
+                    let #tx = &mut *#tx;
+                    #block
+                }
+                .await;
+                let #completed = __idem_ticket.complete(#conn, __idem_result).await;
+                #finish
+            };
+            if locked {
+                // The lock is taken first and held (renewed) while the claim,
+                // the body and the completion run in the transaction.
+                let setup = store("lock_store", "lock");
+                let lock = claimed(quote!(__idem_guard.lock(__idem_store, #ttl, #wait).await));
+                let run = quote_spanned!(ret_span=> __idem_lock.run(__idem_body).await);
+                quote! {
+                    {
+                        #spec
+                        #transition
+                        #setup
+                        let __idem_guard = #guard;
+                        let __idem_lock = #lock;
+                        let __idem_body = async { #in_tx };
+                        let __idem_result: #ret = #run;
+                        __idem_result
                     }
-                    .await;
-                    let #completed = __idem_ticket.complete(#conn, __idem_result).await;
-                    #finish
+                }
+            } else {
+                let setup = strategy.is_token().then(|| store("token_store", "token"));
+                quote! {
+                    {
+                        #spec
+                        #transition
+                        #setup
+                        #in_tx
+                    }
                 }
             }
         }

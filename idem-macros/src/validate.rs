@@ -9,17 +9,17 @@ use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 
 use crate::args::{KeyArg, RawArgs};
 
-/// Every strategy DESIGN.md names, with whether this version implements it.
-const STRATEGIES: &[(&str, bool)] = &[
-    ("dedup", true),
-    ("state", true),
-    ("dedup+state", true),
-    ("token", false),
-    ("token+dedup", false),
-    ("lock+dedup", false),
-    ("lock+state", false),
-    ("lease", true),
-    ("lock", false),
+/// Every strategy DESIGN.md names.
+const STRATEGIES: &[(&str, Strategy)] = &[
+    ("dedup", Strategy::Dedup),
+    ("state", Strategy::State),
+    ("dedup+state", Strategy::DedupState),
+    ("token", Strategy::Token),
+    ("token+dedup", Strategy::TokenDedup),
+    ("lock+dedup", Strategy::LockDedup),
+    ("lock+state", Strategy::LockState),
+    ("lease", Strategy::Lease),
+    ("lock", Strategy::Lock),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,21 +27,47 @@ pub enum Strategy {
     Dedup,
     State,
     DedupState,
+    Token,
+    TokenDedup,
+    LockDedup,
+    LockState,
     Lease,
+    Lock,
 }
 
 impl Strategy {
     fn name(self) -> &'static str {
-        match self {
-            Strategy::Dedup => "dedup",
-            Strategy::State => "state",
-            Strategy::DedupState => "dedup+state",
-            Strategy::Lease => "lease",
-        }
+        STRATEGIES.iter().find(|(_, s)| *s == self).map_or("?", |(n, _)| n)
     }
 
-    fn moves_state(self) -> bool {
-        matches!(self, Strategy::State | Strategy::DedupState)
+    pub fn moves_state(self) -> bool {
+        matches!(self, Strategy::State | Strategy::DedupState | Strategy::LockState)
+    }
+
+    pub fn is_token(self) -> bool {
+        matches!(self, Strategy::Token | Strategy::TokenDedup)
+    }
+
+    pub fn is_lock(self) -> bool {
+        matches!(self, Strategy::LockDedup | Strategy::LockState | Strategy::Lock)
+    }
+
+    /// Works in the caller's transaction (a dedup record or a state change).
+    fn needs_tx(self) -> bool {
+        !matches!(self, Strategy::Token | Strategy::Lease | Strategy::Lock)
+    }
+
+    /// Keeps a record: something to fingerprint and retain.
+    fn keeps_record(self) -> bool {
+        matches!(
+            self,
+            Strategy::Dedup | Strategy::DedupState | Strategy::TokenDedup | Strategy::LockDedup | Strategy::Lease
+        )
+    }
+
+    /// Uses a store besides the caller's database (`store = "..."`).
+    fn has_store(self) -> bool {
+        self.is_token() || self.is_lock() || self == Strategy::Lease
     }
 }
 
@@ -69,8 +95,16 @@ pub struct Plan {
     pub tx: Option<(Ident, Type)>,
     /// `lease`: the lease length (`None`: the runtime's default).
     pub lease_ms: Option<u64>,
-    /// `lease`: the store expression (`None`: the installed store).
+    /// `lease`, token and lock strategies: the store expression (`None`: the
+    /// installed store).
     pub store: Option<Expr>,
+    /// Token strategies: the `#[idem(token)]` parameter.
+    pub token: Option<Ident>,
+    /// Token strategies: `on_store_error = "allow"`.
+    pub allow_on_store_error: bool,
+    /// Lock strategies: the lock's TTL and how long to wait for it.
+    pub ttl_ms: Option<u64>,
+    pub wait_ms: Option<u64>,
     pub ret: Type,
 }
 
@@ -78,12 +112,13 @@ pub struct Plan {
 /// that the function can be emitted unchanged even when validation fails.
 pub struct Marks {
     pub tx: Vec<(Ident, Span)>,
+    pub token: Vec<(Ident, Span)>,
     pub errors: Vec<syn::Error>,
 }
 
 /// Remove `#[idem(...)]` from the parameters, remembering what they marked.
 pub fn strip_marks(func: &mut ItemFn) -> Marks {
-    let mut marks = Marks { tx: Vec::new(), errors: Vec::new() };
+    let mut marks = Marks { tx: Vec::new(), token: Vec::new(), errors: Vec::new() };
     for input in func.sig.inputs.iter_mut() {
         let FnArg::Typed(pt) = input else { continue };
         let mut kept = Vec::new();
@@ -94,20 +129,27 @@ pub fn strip_marks(func: &mut ItemFn) -> Marks {
             }
             let parsed = attr.parse_args::<Ident>();
             match parsed {
-                Ok(word) if word == "tx" => match &*pt.pat {
-                    Pat::Ident(pi) => marks.tx.push((pi.ident.clone(), attr.span())),
+                Ok(word) if word == "tx" || word == "token" => match &*pt.pat {
+                    Pat::Ident(pi) if word == "tx" => marks.tx.push((pi.ident.clone(), attr.span())),
+                    Pat::Ident(pi) => marks.token.push((pi.ident.clone(), attr.span())),
                     other => marks.errors.push(syn::Error::new_spanned(
                         other,
-                        "name the transaction parameter (e.g. `tx`): the guard passes it to the store",
+                        format!(
+                            "name the `#[idem({word})]` parameter (e.g. `{word}`): the guard passes it to the store"
+                        ),
                     )),
                 },
                 Ok(word) => marks.errors.push(syn::Error::new_spanned(
                     &word,
-                    format!("unknown parameter marker `{word}`; `#[idem(tx)]` marks the transaction the record is written in"),
+                    format!(
+                        "unknown parameter marker `{word}`; `#[idem(tx)]` marks the transaction the record is \
+                         written in, `#[idem(token)]` the one-time token a token guard consumes"
+                    ),
                 )),
                 Err(_) => marks.errors.push(syn::Error::new_spanned(
                     &attr,
-                    "expected `#[idem(tx)]`, marking the transaction the record is written in",
+                    "expected `#[idem(tx)]` (the transaction the record is written in) or `#[idem(token)]` \
+                     (the one-time token a token guard consumes)",
                 )),
             }
         }
@@ -163,50 +205,83 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
 
     // Arguments that belong to other strategies.
     let is_lease = strategy == Some(Strategy::Lease);
-    let foreign: [(&str, Option<Span>); 6] = [
+    let is_lock = strategy.is_some_and(Strategy::is_lock);
+    let is_token = strategy.is_some_and(Strategy::is_token);
+    let foreign: [(&str, Option<Span>); 8] = [
         (
             "transition",
             raw.transition.as_ref().filter(|_| !strategy.is_some_and(Strategy::moves_state)).map(|v| v.span()),
         ),
-        ("ttl", raw.ttl.as_ref().map(|v| v.span())),
+        ("ttl", raw.ttl.as_ref().filter(|_| !is_lock).map(|v| v.span())),
         ("lease", raw.lease.as_ref().filter(|_| !is_lease).map(|v| v.span())),
-        ("store", raw.store.as_ref().filter(|_| !is_lease).map(|v| v.span())),
+        ("store", raw.store.as_ref().filter(|_| !strategy.is_some_and(Strategy::has_store)).map(|v| v.span())),
         ("precheck", raw.precheck.as_ref().map(|v| v.span())),
-        ("concurrency_only", raw.concurrency_only.as_ref().map(|v| v.span())),
+        (
+            "concurrency_only",
+            raw.concurrency_only.as_ref().filter(|_| strategy != Some(Strategy::Lock)).map(|v| v.span()),
+        ),
+        ("wait", raw.wait.as_ref().filter(|_| !is_lock).map(|v| v.span())),
+        ("on_store_error", raw.on_store_error.as_ref().filter(|_| !is_token).map(|v| v.span())),
     ];
     if let Some(strategy) = strategy {
         let name = strategy.name();
         for (arg, span) in foreign {
             let Some(span) = span else { continue };
             let hint = match arg {
-                "lease" => format!(
+                "lease" if is_lock => "a lock's length is its `ttl`; write `ttl = \"30s\"` instead".to_owned(),
+                "lease" if strategy.needs_tx() => format!(
                     "`{name}` works in your transaction, so it needs no lease; `lease` is for work outside a \
                      transaction (strategy = \"lease\"). Remove one of them"
                 ),
-                "transition" => "a transition is made by strategy `state` or `dedup+state`; remove it, or choose \
-                                 one of those"
+                "lease" => format!(
+                    "`{name}` needs no lease; `lease` is for work outside a transaction (strategy = \"lease\"). \
+                     Remove one of them"
+                ),
+                "ttl" if is_lease => "a lease's length is `lease`; write `lease = \"30s\"` instead".to_owned(),
+                "ttl" => "`ttl` is how long a lock holds (strategies `lock+dedup`, `lock+state`, `lock`); a \
+                          token's TTL is given when it is issued (`idem::token::issue`). Remove it"
                     .to_owned(),
-                "store" => "the record is written in your transaction; `store` names where a `lease` record lives \
-                            (strategy = \"lease\", for work outside a transaction). Remove one of them"
+                "transition" => "a transition is made by strategy `state`, `dedup+state` or `lock+state`; remove \
+                                 it, or choose one of those"
+                    .to_owned(),
+                "store" => "the record is written in your transaction; `store` names where a lease, token or \
+                            lock lives (strategies `lease`, `token`, `lock+...`). Remove one of them"
+                    .to_owned(),
+                "concurrency_only" if is_lock => format!(
+                    "`{name}` already stops repeats (its `{}` part); `concurrency_only = true` is for `lock` \
+                     alone. Remove it",
+                    name.trim_start_matches("lock+")
+                ),
+                "concurrency_only" => "`concurrency_only = true` goes with strategy `lock`; remove it".to_owned(),
+                "wait" => "`wait` is how long a lock guard waits for a busy lock; remove it".to_owned(),
+                "on_store_error" => "`on_store_error` is what a token guard does when its token store is \
+                                     down; remove it"
                     .to_owned(),
                 _ => "remove it, or choose the strategy it belongs to".to_owned(),
             };
             errors.push(syn::Error::new(span, format!("`{arg}` has no meaning for strategy `{name}`: {hint}")));
         }
     }
-    // `state` alone keeps no record: nothing to fingerprint or retain.
-    if strategy == Some(Strategy::State) {
+    // `state`, `token` and `lock` alone keep no record: nothing to
+    // fingerprint or retain.
+    if let Some(s) = strategy.filter(|s| !s.keeps_record()) {
         let recordless = [
             ("fingerprint", raw.fingerprint.as_ref().map(|f| f.span())),
             ("retention", raw.retention.as_ref().map(|r| r.span())),
         ];
+        let (memory, with_record) = match s {
+            Strategy::Token => ("the spent token is its only memory", "token+dedup"),
+            Strategy::Lock => ("a lock remembers nothing once released", "lock+dedup"),
+            _ => ("the entity's status is its only memory", "dedup+state"),
+        };
         for (arg, span) in recordless {
             let Some(span) = span else { continue };
             errors.push(syn::Error::new(
                 span,
                 format!(
-                    "`{arg}` needs a dedup record, and strategy `state` keeps none (the entity's status is its \
-                     only memory); use strategy = \"dedup+state\" to keep a record too, or remove `{arg}`"
+                    "`{arg}` needs a dedup record, and strategy `{}` keeps none ({memory}); use strategy = \
+                     \"{with_record}\" to keep a record too, or remove `{arg}`",
+                    s.name()
                 ),
             ));
         }
@@ -237,9 +312,60 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
             format!("unknown source `{}`; expected \"frontend\", \"callback\", \"mq\" or \"rpc\"", source.as_str()),
         ));
     }
+    if let Some(source) = &raw.source
+        && is_token
+        && ["callback", "mq", "rpc"].contains(&source.as_str())
+    {
+        let (who, fix) = match source.as_str() {
+            "callback" => ("a payment gateway's callback", "`dedup` on the trade number, or `dedup+state`"),
+            "mq" => ("a message broker's redelivery", "`dedup` on the message's business key"),
+            _ => ("an RPC framework's retry", "`dedup` on the request id"),
+        };
+        errors.push(syn::Error::new(
+            source.span(),
+            format!(
+                "a one-time token stops a user's double submit, but {who} never fetched a token (it repeats the \
+                 request as it was): with `source = \"{}\"` use {fix}, or `state` where the call moves a status",
+                source.as_str()
+            ),
+        ));
+    }
+    // Tokens are issued for a scope (`idem::token::issue(store, scope, ttl)`),
+    // so the guard must say which: a default derived from the module path
+    // would silently change when the function moves.
+    if is_token && raw.scope.is_none() {
+        errors.push(syn::Error::new(
+            raw.strategy.as_ref().map_or(attr_span, |s| s.span()),
+            format!(
+                "strategy `{}` needs an explicit `scope`: tokens are issued for a scope \
+                 (`idem::token::issue(&store, \"orders.create\", ttl)`) and this guard only accepts that scope's; \
+                 add e.g. `scope = \"orders.create\"`, the same string you issue with",
+                strategy.map_or("token", Strategy::name)
+            ),
+        ));
+    }
+    if strategy == Some(Strategy::Lock) && !raw.concurrency_only.as_ref().is_some_and(|c| **c) {
+        errors.push(syn::Error::new(
+            raw.strategy.as_ref().map_or(attr_span, |s| s.span()),
+            "a lock stops concurrency, not repetition: once it is released, the same request runs again. \
+             To stop repeats use `lock+dedup` or `lock+state` (or plain `dedup`); if you only need mutual \
+             exclusion, say so with `concurrency_only = true`",
+        ));
+    }
 
     let params = param_names(func);
     let key = match raw.key {
+        // The token is the key: two submits are the same request when they
+        // carry the same token.
+        Some(key) if strategy == Some(Strategy::Token) => {
+            errors.push(syn::Error::new(
+                key.span,
+                "strategy `token` keys on the token itself (the `#[idem(token)]` parameter); remove `key`, or use \
+                 `token+dedup` to also keep a record under this key (a retry then replays the first answer)",
+            ));
+            None
+        }
+        None if strategy == Some(Strategy::Token) => None,
         None => {
             errors.push(syn::Error::new(
                 attr_span,
@@ -301,6 +427,14 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
             ));
             false
         }
+        Some(c) if c.as_str() == "after" && (is_token || is_lock) => {
+            errors.push(syn::Error::new(
+                c.span(),
+                "`claim = \"after\"` applies to strategy `dedup` only: a token is spent, and a lock taken, \
+                 before the body runs; remove `claim`",
+            ));
+            false
+        }
         Some(c) if c.as_str() == "after" => true,
         Some(c) => {
             errors.push(syn::Error::new(
@@ -336,6 +470,60 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         },
         _ => None,
     };
+    let ttl_ms = match &raw.ttl {
+        Some(t) if is_lock => match parse_duration("ttl", t.as_str(), t.span()) {
+            Ok(ms) if ms < 100 => {
+                errors.push(syn::Error::new(
+                    t.span(),
+                    format!(
+                        "`ttl = \"{}\"` is too short: the guard renews its lock every third of the TTL, and a \
+                         store round trip can take longer than that; use at least \"100ms\" (seconds are usual)",
+                        t.as_str()
+                    ),
+                ));
+                None
+            }
+            Ok(ms) => Some(ms),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        },
+        None if is_lock => {
+            errors.push(syn::Error::new(
+                raw.strategy.as_ref().map_or(attr_span, |s| s.span()),
+                format!(
+                    "strategy `{}` needs `ttl`: how long the lock holds if its holder dies. Make it longer than \
+                     the work usually takes (the guard renews it while the body runs), e.g. `ttl = \"30s\"`",
+                    strategy.map_or("lock", Strategy::name)
+                ),
+            ));
+            None
+        }
+        _ => None,
+    };
+    let wait_ms = match &raw.wait {
+        Some(w) if is_lock => parse_duration("wait", w.as_str(), w.span()).map_err(|e| errors.push(e)).ok(),
+        _ => None,
+    };
+    let allow_on_store_error = match &raw.on_store_error {
+        Some(o) if is_token => match o.as_str() {
+            "reject" => false,
+            "allow" => true,
+            other => {
+                errors.push(syn::Error::new(
+                    o.span(),
+                    format!(
+                        "`on_store_error = \"{other}\"`: expected \"reject\" (the default: refuse the call while \
+                         the token store is down) or \"allow\" (let it through unchecked, with a unique index \
+                         behind the guard as the backstop)"
+                    ),
+                ));
+                false
+            }
+        },
+        _ => false,
+    };
     if is_lease && let Some(c) = &raw.claim {
         errors.push(syn::Error::new(
             c.span(),
@@ -346,8 +534,39 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     // No transaction check when the strategy itself is wrong: its error is
     // the one to fix first.
     let tx = match strategy {
-        Some(Strategy::Lease) | None => None,
-        Some(s) => find_tx(func, &marks.tx, s).map_err(|e| errors.push(e)).ok(),
+        Some(s) if s.needs_tx() => find_tx(func, &marks.tx, s).map_err(|e| errors.push(e)).ok(),
+        _ => None,
+    };
+    let token = match (strategy, marks.token.as_slice()) {
+        (Some(s), [(ident, _)]) if s.is_token() => Some(ident.clone()),
+        (Some(s), [_, (_, second), ..]) if s.is_token() => {
+            errors.push(syn::Error::new(*second, "only one parameter can be `#[idem(token)]`"));
+            None
+        }
+        (Some(s), []) if s.is_token() => {
+            errors.push(syn::Error::new(
+                sig.ident.span(),
+                format!(
+                    "strategy `{}` consumes a one-time token, but no parameter of `{fn_name}` carries it: mark \
+                     it with `#[idem(token)]`, e.g. `#[idem(token)] token: &str` (the token your form got from \
+                     `idem::token::issue`)",
+                    s.name()
+                ),
+            ));
+            None
+        }
+        (Some(s), [(_, span), ..]) => {
+            errors.push(syn::Error::new(
+                *span,
+                format!(
+                    "`#[idem(token)]` marks the one-time token of strategy `token` or `token+dedup`, and this \
+                     guard is `{}`; remove the marker, or choose a token strategy",
+                    s.name()
+                ),
+            ));
+            None
+        }
+        _ => None,
     };
 
     let mut all = errors.into_iter();
@@ -357,9 +576,11 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         }
         return Err(first);
     }
+    let strategy = strategy.expect("no error means a strategy");
     Ok(Plan {
-        strategy: strategy.expect("no error means a strategy"),
-        key: key.expect("no error means a key"),
+        strategy,
+        // `token` keys on the token: the expansion adds it as the one part.
+        key: key.unwrap_or(KeyArg { parts: Vec::new(), source: "<token>".to_owned(), span: attr_span }),
         scope: raw.scope.map(|s| s.as_str().to_owned()),
         fingerprint: raw.fingerprint,
         retention_ms,
@@ -367,7 +588,11 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         transition,
         tx,
         lease_ms,
-        store: raw.store.filter(|_| is_lease),
+        store: raw.store.filter(|_| strategy.has_store()),
+        token,
+        allow_on_store_error,
+        ttl_ms,
+        wait_ms,
         ret: ret.expect("no error means a return type"),
     })
 }
@@ -396,18 +621,7 @@ fn is_result(ty: &Type) -> bool {
 fn parse_strategy(name: &str, span: Span) -> Result<Strategy, syn::Error> {
     let normalized: String = name.chars().filter(|c| !c.is_whitespace()).collect();
     match STRATEGIES.iter().find(|(n, _)| *n == normalized) {
-        Some(("dedup", true)) => Ok(Strategy::Dedup),
-        Some(("state", true)) => Ok(Strategy::State),
-        Some(("dedup+state", true)) => Ok(Strategy::DedupState),
-        Some(("lease", true)) => Ok(Strategy::Lease),
-        Some((n, true)) => unreachable!("strategy `{n}` is marked available but has no Strategy variant"),
-        Some((n, false)) => {
-            let available = STRATEGIES.iter().filter(|(_, a)| *a).map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>();
-            Err(syn::Error::new(
-                span,
-                format!("strategy `{n}` is not available in this version of idem; {} are", available.join(", ")),
-            ))
-        }
+        Some((_, s)) => Ok(*s),
         None if normalized.contains("dedup") && normalized.contains("lease") => Err(syn::Error::new(
             span,
             "`dedup` and `lease` contradict each other: `dedup` writes its record in your transaction \
@@ -584,14 +798,15 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: Strategy) -> Resul
                  (or mark yours with `#[idem(tx)]`) so {} with your change",
                 strategy.name(),
                 match strategy {
-                    Strategy::Dedup | Strategy::Lease => "writes its record in your transaction",
-                    Strategy::State => "moves the entity's status in your transaction",
+                    Strategy::State | Strategy::LockState => "moves the entity's status in your transaction",
                     Strategy::DedupState => "writes its record and moves the entity's status in your transaction",
+                    _ => "writes its record in your transaction",
                 },
                 sig.ident,
-                match strategy {
-                    Strategy::Dedup => "the record commits or rolls back",
-                    _ => "the status change commits or rolls back",
+                if strategy.moves_state() {
+                    "the status change commits or rolls back"
+                } else {
+                    "the record commits or rolls back"
                 }
             ),
         )),

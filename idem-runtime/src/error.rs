@@ -11,9 +11,9 @@ use std::time::Duration;
 /// A **duplicate is never an error**: a repeat of a completed call replays the
 /// first answer as `Ok`. The variants below are what a caller has to act on.
 ///
-/// `IllegalTransition`, `NotFound`, `TokenRejected`, `LockBusy` and `LeaseLost`
-/// belong to the strategies still to come (`state`, `token`, `lock`, `lease`);
-/// `dedup` never returns them.
+/// `IllegalTransition` and `NotFound` come from the state strategies,
+/// `TokenRejected` from `token`, `LockBusy` and `LockLost` from the lock
+/// strategies, `LeaseLost` (and most `InProgress`) from `lease`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -94,7 +94,7 @@ pub enum Error {
     #[error("the request token was already used or has expired; please do not submit twice")]
     TokenRejected,
 
-    /// Another holder has the lock.
+    /// Another holder has the lock (a concurrent call with the same key).
     #[error("the lock `{name}` is held by another caller; retry later")]
     LockBusy {
         /// Lock name.
@@ -107,6 +107,22 @@ pub enum Error {
     /// not written.
     #[error("the lease on key {key_hash} in scope `{scope}` was lost to another worker; nothing was overwritten")]
     LeaseLost {
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the key.
+        key_hash: String,
+    },
+
+    /// The lock a `lock+dedup`, `lock+state` or `lock` guard held expired
+    /// while the body ran (its renewals failed), and another caller may have
+    /// taken it. The body was stopped, or its result withheld: with a
+    /// transaction, roll it back (returning this error through `?` does);
+    /// without one (`lock` alone), whatever the body did outside stands.
+    #[error(
+        "the lock on key {key_hash} in scope `{scope}` was lost while the call ran; another caller may hold it, \
+         so this call's work must not be committed"
+    )]
+    LockLost {
         /// Scope of the guard.
         scope: String,
         /// Short hash of the key.
@@ -164,7 +180,7 @@ pub enum Error {
     /// timed out, or answered something unexpected. Never a duplicate.
     #[error("{store} store error: {source}")]
     Store {
-        /// `redis`.
+        /// `redis`, or `os random` (token generation).
         store: &'static str,
         /// What the client library reported.
         #[source]
@@ -182,7 +198,7 @@ impl Error {
     /// (`InProgress`, `LockBusy`, and transient database failures).
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::InProgress { .. } | Error::LockBusy { .. } | Error::Store { .. } => true,
+            Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } | Error::Store { .. } => true,
             Error::Database(e) => matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed),
             _ => false,
         }

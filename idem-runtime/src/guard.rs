@@ -32,7 +32,7 @@ pub struct GuardSpec {
 #[doc(hidden)]
 pub struct Guard {
     pub(crate) spec: &'static GuardSpec,
-    key: KeyBuilder,
+    pub(crate) key: KeyBuilder,
     fingerprint: Option<Result<Fingerprint, String>>,
 }
 

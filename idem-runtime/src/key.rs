@@ -215,6 +215,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// Collects the parts of a composite key; used by the code `#[idempotent]`
 /// generates, one `part` call per comma-separated key expression.
 #[doc(hidden)]
+#[derive(Clone)]
 pub struct KeyBuilder {
     scope: &'static str,
     sources: &'static str,

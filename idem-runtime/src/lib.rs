@@ -7,6 +7,8 @@
 //! - [`key`]: what may be a key part ([`IdempotencyKey`]), composite and long keys, fingerprints;
 //! - [`record`]: the stored record and whether a call ran or replayed ([`observe`]);
 //! - [`sql`]: dedup records in PostgreSQL, MySQL/MariaDB and SQLite (one file each);
+//! - [`lease`], [`token`], [`lock`]: lease records, one-time tokens and locks,
+//!   in [`MemoryStore`] and (feature `redis`) `RedisStore`;
 //! - `strategy`: one module per strategy, entered through the hidden `Guard`.
 
 #![warn(missing_docs)]
@@ -15,14 +17,19 @@ pub mod error;
 mod guard;
 pub mod key;
 pub mod lease;
+pub mod lock;
 pub mod record;
 pub mod sql;
 pub mod state;
 mod strategy;
+pub mod token;
 
 pub use error::{Error, Result};
 pub use guard::{DEFAULT_RETENTION, GuardError};
 pub use key::{Fingerprint, IdempotencyKey, Key};
+pub use lease::MemoryStore;
+#[cfg(feature = "redis")]
+pub use lease::RedisStore;
 pub use record::{DedupRecord, Outcome, RecordStatus, observe};
 pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, purge_expired};
 pub use state::{SilentRepeat, StateMachine};
@@ -51,6 +58,19 @@ pub mod __private {
     pub use crate::state::Transition;
     pub use crate::strategy::dedup::{Claim, Ticket, finish, settle};
     pub use crate::strategy::lease::LeaseTicket;
+    pub use crate::strategy::lock::LockTicket;
+    pub use crate::strategy::token::{TokenTicket, token_param};
+    pub use crate::token::OnStoreError;
+
+    /// The store named by `store = "..."` of a token guard.
+    pub fn token_store<S: crate::token::TokenStore>(store: &S) -> &dyn crate::token::TokenStore {
+        store
+    }
+
+    /// The store named by `store = "..."` of a lock guard.
+    pub fn lock_store<S: crate::lock::LockStore>(store: &S) -> &dyn crate::lock::LockStore {
+        store
+    }
 
     /// The store named by `store = "..."`, as the guard takes it.
     pub fn lease_store<S: crate::lease::LeaseStore>(store: &S) -> &dyn crate::lease::LeaseStore {

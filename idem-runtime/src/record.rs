@@ -74,8 +74,9 @@ pub enum Outcome {
     /// [`crate::SilentRepeat`] answer).
     Replayed,
     /// The guard refused the call without running the body: an illegal state
-    /// transition ([`crate::Error::IllegalTransition`]). Counted apart from
-    /// repeats, and logged as an `ERROR` event.
+    /// transition ([`crate::Error::IllegalTransition`], also logged as an
+    /// `ERROR` event) or a spent token ([`crate::Error::TokenRejected`]).
+    /// Counted apart from repeats.
     Rejected,
 }
 

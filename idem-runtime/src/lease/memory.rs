@@ -1,10 +1,11 @@
-//! Lease records in this process's memory: for tests and single-process
-//! services. Sharded by key, so calls on different keys rarely share a lock;
-//! no lock is held across an `.await`.
+//! Lease records, one-time tokens and locks in this process's memory: for
+//! tests and single-process services. Sharded by key, so calls on different
+//! keys rarely share a lock; no lock is held across an `.await`.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Mutex;
+use std::sync::atomic::AtomicI64;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore, millis};
@@ -22,10 +23,53 @@ struct Rec {
     expires_at: i64,
 }
 
-/// Lease records in memory. The clock is this process's monotonic clock.
-pub struct MemoryStore {
-    shards: Box<[Mutex<HashMap<String, Rec>>]>,
+/// String-keyed maps behind 64 locks, picked by the key's hash.
+pub(crate) struct Shards<V> {
+    maps: Box<[Mutex<HashMap<String, V>>]>,
     hasher: RandomState,
+}
+
+impl<V> Shards<V> {
+    fn new() -> Shards<V> {
+        Shards { maps: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(), hasher: RandomState::new() }
+    }
+
+    /// The map `id` lives in, locked.
+    pub(crate) fn lock(&self, id: &str) -> MutexGuard<'_, HashMap<String, V>> {
+        let i = (self.hasher.hash_one(id) as usize) % SHARDS;
+        // A panic while holding a shard cannot leave an entry half-written
+        // (every change is one assignment), so a poisoned lock is still usable.
+        self.maps[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn len(&self) -> usize {
+        self.maps.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+    }
+
+    /// Keep the entries `keep` accepts; returns how many went. One shard at a
+    /// time, so live calls wait at most one shard's sweep.
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> usize {
+        let mut gone = 0;
+        for shard in self.maps.iter() {
+            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let before = map.len();
+            map.retain(|_, v| keep(v));
+            gone += before - map.len();
+        }
+        gone
+    }
+}
+
+/// Lease records, one-time tokens and locks in memory. The clock is this
+/// process's monotonic clock.
+pub struct MemoryStore {
+    shards: Shards<Rec>,
+    /// token -> (scope, expires at): see `token`.
+    pub(crate) tokens: Shards<(String, i64)>,
+    /// lock name -> holder: see `lock`.
+    pub(crate) locks: Shards<crate::lock::memory::Held>,
+    /// The last fencing token granted by any lock of this store.
+    pub(crate) fences: AtomicI64,
     epoch: Instant,
 }
 
@@ -44,46 +88,45 @@ impl std::fmt::Debug for MemoryStore {
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> MemoryStore {
+        // Fencing tokens start at the wall clock's microseconds, so a store
+        // made after a restart still grants tokens above the old ones.
+        let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: Shards::new(),
+            tokens: Shards::new(),
+            locks: Shards::new(),
+            fences: AtomicI64::new(i64::try_from(micros).unwrap_or(0)),
             epoch: Instant::now(),
         }
     }
 
-    fn now(&self) -> i64 {
+    /// Milliseconds on this store's clock.
+    pub(crate) fn now(&self) -> i64 {
         millis(self.epoch.elapsed())
     }
 
-    fn shard(&self, id: &str) -> std::sync::MutexGuard<'_, HashMap<String, Rec>> {
-        let i = (self.hasher.hash_one(id) as usize) % SHARDS;
-        // A panic while holding a shard cannot leave a record half-written
-        // (every change is one assignment), so a poisoned lock is still usable.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    fn shard(&self, id: &str) -> MutexGuard<'_, HashMap<String, Rec>> {
+        self.shards.lock(id)
     }
 
-    /// Records held, expired ones included until purged.
+    /// Lease records held, expired ones included until purged.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+        self.shards.len()
     }
 
-    /// True when no record is held.
+    /// True when no lease record is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Drop records past their retention; returns how many. One shard at a
-    /// time, so live calls wait at most one shard's sweep.
+    /// Drop lease records past their retention, and tokens and locks past
+    /// their TTL; returns how many. One shard at a time, so live calls wait at most one
+    /// shard's sweep.
     pub fn purge_expired(&self) -> usize {
         let now = self.now();
-        let mut gone = 0;
-        for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
-            let before = map.len();
-            map.retain(|_, r| r.expires_at > now);
-            gone += before - map.len();
-        }
-        gone
+        self.shards.retain(|r| r.expires_at > now)
+            + self.tokens.retain(|(_, until)| *until > now)
+            + self.locks.retain(|held| held.until > now)
     }
 
     fn id(scope: &str, key: &str) -> String {

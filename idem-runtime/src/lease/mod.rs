@@ -33,9 +33,9 @@ use std::time::Duration;
 
 use crate::Error;
 
-mod memory;
+pub(crate) mod memory;
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
 pub(crate) mod sql;
 
 pub use memory::MemoryStore;

@@ -124,6 +124,16 @@ where
         RedisStore { conn, prefix: prefix.into() }
     }
 
+    /// A handle on the connection (cheap: connections are shared handles).
+    pub(crate) fn connection(&self) -> C {
+        self.conn.clone()
+    }
+
+    /// The prefix every key of this store starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The Redis key of a record: `{prefix}{<key>}:<scope>`.
     pub fn record_key(&self, scope: &str, key: &str) -> String {
         format!("{}{{{key}}}:{scope}", self.prefix)
@@ -133,7 +143,7 @@ where
     /// tried once more: a `ConnectionManager` reconnects in between, and
     /// every script is safe to repeat (a claim finds its own record, the
     /// others are conditional on owner and fence).
-    async fn call(&self, invocation: redis::ScriptInvocation<'_>) -> Result<redis::Value, Error> {
+    pub(crate) async fn call(&self, invocation: redis::ScriptInvocation<'_>) -> Result<redis::Value, Error> {
         let mut conn = self.conn.clone();
         match invocation.invoke_async(&mut conn).await {
             Err(e) if e.is_connection_dropped() || e.is_io_error() => {
@@ -157,15 +167,15 @@ where
     }
 }
 
-fn store_error(e: redis::RedisError) -> Error {
+pub(crate) fn store_error(e: redis::RedisError) -> Error {
     Error::Store { store: "redis", source: Box::new(e) }
 }
 
-fn unexpected(what: &redis::Value) -> Error {
-    Error::Store { store: "redis", source: format!("unexpected reply from the claim script: {what:?}").into() }
+pub(crate) fn unexpected(what: &redis::Value) -> Error {
+    Error::Store { store: "redis", source: format!("unexpected reply from a script: {what:?}").into() }
 }
 
-fn text(v: &redis::Value) -> Option<String> {
+pub(crate) fn text(v: &redis::Value) -> Option<String> {
     match v {
         redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
         redis::Value::SimpleString(s) => Some(s.clone()),
@@ -173,7 +183,7 @@ fn text(v: &redis::Value) -> Option<String> {
     }
 }
 
-fn int(v: &redis::Value) -> Option<i64> {
+pub(crate) fn int(v: &redis::Value) -> Option<i64> {
     match v {
         redis::Value::Int(i) => Some(*i),
         other => text(other).and_then(|t| t.parse().ok()),

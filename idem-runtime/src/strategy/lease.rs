@@ -7,6 +7,7 @@ use crate::guard::{Guard, GuardError, Prepared};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, new_owner};
 use crate::record::{Outcome, report};
 use crate::strategy::dedup::{Claim, replayed, stored_response};
+use crate::strategy::renew::under_renewal;
 use crate::{Error, Replayable};
 
 /// The lease a first call holds while its body runs.
@@ -75,39 +76,9 @@ impl LeaseTicket<'_> {
         };
         let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
         let body = CURRENT.scope(info, body);
-        let mut body = std::pin::pin!(body);
-        // Poll the body once before arming the renewal timer: a body that
-        // finishes without waiting never touches the timer wheel (creating
-        // and dropping a timer takes the runtime's timer lock).
-        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(body.as_mut().poll(cx))).await;
-        let every = (self.lease / 3).max(Duration::from_millis(10));
-        let result = if let std::task::Poll::Ready(result) = first {
-            result
-        } else {
-            // Renewals are bounded by `every` each; if none has succeeded for
-            // a whole lease, another worker may hold the key by now: stop.
-            let mut renewed = tokio::time::Instant::now();
-            loop {
-                tokio::select! {
-                    // The body first: a body that is ready at once never starts
-                    // the renewal timer.
-                    biased;
-                    result = &mut body => break result,
-                    () = tokio::time::sleep(every) => {
-                        match tokio::time::timeout(every, self.store.extend(&held)).await {
-                            Ok(Ok(true)) => renewed = tokio::time::Instant::now(),
-                            Ok(Ok(false)) => return Err(self.lost().into()),
-                            Ok(Err(e)) => tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(),
-                                error = %e, "could not renew the lease"),
-                            Err(_) => tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(),
-                                "renewing the lease timed out"),
-                        }
-                        if renewed.elapsed() >= self.lease {
-                            return Err(self.lost().into());
-                        }
-                    }
-                }
-            }
+        let renew = || self.store.extend(&held);
+        let Some(result) = under_renewal(body, self.lease, renew, "lease", p.spec.scope).await else {
+            return Err(self.lost().into());
         };
         let value = match result {
             Ok(value) => value,

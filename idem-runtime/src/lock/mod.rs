@@ -1,0 +1,236 @@
+//! Owner-checked locks with renewal and fencing (`strategy = "lock+dedup"`,
+//! `"lock+state"`, and `"lock"` with `concurrency_only = true`).
+//!
+//! A lock stops **concurrency, not repetition**: once released, the same
+//! request can take it again and run again. That is why the attribute pairs
+//! it with `dedup` or `state`, which stop repeats, and accepts it alone only
+//! when told `concurrency_only = true`.
+//!
+//! What the stores guarantee:
+//! - acquiring is one atomic step with the TTL in it (Redis: `SET key owner
+//!   NX PX ttl` inside the acquire script; never SETNX then EXPIRE, where a
+//!   crash between the two leaves a lock that never expires);
+//! - releasing and extending compare the owner first, in one step: a holder
+//!   whose lock expired and was taken by another cannot delete or extend the
+//!   new holder's lock;
+//! - each grant carries a **fencing token**, strictly increasing per lock.
+//!   A TTL can always pass while its holder stalls (a pause, a slow disk), so
+//!   writes a lock protects should also check the token
+//!   (`UPDATE ... SET fence = $1 WHERE id = $2 AND fence < $1`): the stalled
+//!   holder's late write then changes nothing. See `examples/stock_deduct.rs`.
+//!
+//! The guard renews its lock every third of the TTL while the body runs. If
+//! a renewal finds the lock gone, or none succeeds for a whole TTL, the body
+//! is stopped and the call returns [`Error::LockLost`]: with `lock+dedup` and
+//! `lock+state` that reaches the caller before it commits, so the change
+//! rolls back.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::Error;
+use crate::lease::{BoxFuture, MemoryStore, new_owner};
+
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+
+/// What an acquire found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockAttempt {
+    /// This owner holds the lock now.
+    Acquired {
+        /// Fencing token: higher than every earlier grant of this lock.
+        fence: i64,
+    },
+    /// Another owner holds it.
+    Busy {
+        /// Until its TTL ends, by the store's clock (it may be renewed).
+        retry_after: Duration,
+    },
+}
+
+/// A store of locks.
+///
+/// [`MemoryStore`] and, with the `redis` feature,
+/// [`RedisStore`](crate::lease::RedisStore) implement it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a lock store",
+    label = "`store` must name a lock store",
+    note = "use `idem::MemoryStore` or `idem::RedisStore::new(conn, prefix)` (or a type implementing `idem::lock::LockStore`); leave `store` out to use the one installed with `idem::lock::install`"
+)]
+pub trait LockStore: Send + Sync {
+    /// `memory` or `redis`, for logs.
+    fn kind(&self) -> &'static str;
+    /// Take lock `name` for `owner` for `ttl` (store's clock), if free.
+    fn acquire<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration)
+    -> BoxFuture<'a, Result<LockAttempt, Error>>;
+    /// Delete the lock if `owner` still holds it; `false` if it does not.
+    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+    /// Reset the TTL if `owner` still holds it; `false` if it does not.
+    fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
+}
+
+impl<S: LockStore + ?Sized> LockStore for Arc<S> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
+        (**self).acquire(name, owner, ttl)
+    }
+    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).release(name, owner)
+    }
+    fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).extend(name, owner, ttl)
+    }
+}
+
+impl<S: LockStore + ?Sized> LockStore for &S {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
+        (**self).acquire(name, owner, ttl)
+    }
+    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).release(name, owner)
+    }
+    fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).extend(name, owner, ttl)
+    }
+}
+
+/// A lock taken with [`acquire`], outside any guard: the caller releases
+/// it. Nothing renews it; for work that may outlast the TTL, call
+/// [`HeldLock::extend`] or use the attribute, whose guard renews for you.
+#[must_use = "a held lock should be released when the work is done"]
+#[derive(Debug)]
+pub struct HeldLock<'s, S: LockStore + ?Sized> {
+    store: &'s S,
+    name: String,
+    owner: String,
+    fence: i64,
+    ttl: Duration,
+}
+
+impl<S: LockStore + ?Sized> HeldLock<'_, S> {
+    /// This grant's fencing token.
+    pub fn fence(&self) -> i64 {
+        self.fence
+    }
+    /// This grant's owner id.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+    /// Reset the TTL; `false` if the lock was lost (expired and taken, or gone).
+    pub async fn extend(&self) -> Result<bool, Error> {
+        self.store.extend(&self.name, &self.owner, self.ttl).await
+    }
+    /// Release the lock; `false` if it was no longer this holder's (it
+    /// expired, and perhaps another holder has it now: that one is untouched).
+    pub async fn release(self) -> Result<bool, Error> {
+        self.store.release(&self.name, &self.owner).await
+    }
+}
+
+/// Take lock `name` for `ttl`, waiting up to `wait` for it to be free;
+/// [`Error::LockBusy`] if it is still held then.
+///
+/// ```
+/// # async fn demo() -> Result<(), idem_runtime::Error> {
+/// use std::time::Duration;
+/// let store = idem_runtime::MemoryStore::new();
+/// let held = idem_runtime::lock::acquire(&store, "stock:42", Duration::from_secs(5), Duration::ZERO).await?;
+/// let fence = held.fence(); // pass it along with every write the lock protects
+/// # let _ = fence;
+/// assert!(held.release().await?);
+/// # Ok(()) }
+/// ```
+pub async fn acquire<'s, S: LockStore + ?Sized>(
+    store: &'s S,
+    name: &str,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<HeldLock<'s, S>, Error> {
+    let owner = new_owner();
+    let fence = acquire_as(store, name, &owner, ttl, wait).await?;
+    Ok(HeldLock { store, name: name.to_owned(), owner, fence, ttl })
+}
+
+/// Acquire, polling while busy until `wait` has passed.
+pub(crate) async fn acquire_as<S: LockStore + ?Sized>(
+    store: &S,
+    name: &str,
+    owner: &str,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<i64, Error> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match store.acquire(name, owner, ttl).await? {
+            LockAttempt::Acquired { fence } => return Ok(fence),
+            LockAttempt::Busy { retry_after } => {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Err(Error::LockBusy { name: name.to_owned(), retry_after: Some(retry_after) });
+                }
+                // Poll again soon (the holder may release early), backing
+                // off to at most 100 ms, never past the deadline or the TTL.
+                let sleep = pause.min(retry_after.max(Duration::from_millis(1))).min(deadline - now);
+                tokio::time::sleep(sleep).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+static DEFAULT_STORE: OnceLock<Box<dyn LockStore>> = OnceLock::new();
+
+/// Install the store lock guards use when the attribute names no `store`.
+/// Call it once at start-up; returns `false` (and keeps the first) if one
+/// was installed already.
+pub fn install(store: impl LockStore + 'static) -> bool {
+    DEFAULT_STORE.set(Box::new(store)).is_ok()
+}
+
+/// The installed store; a process-wide [`MemoryStore`] if none was installed
+/// (it locks out only this process's callers; several processes need a
+/// shared store).
+pub fn installed() -> &'static dyn LockStore {
+    &**DEFAULT_STORE.get_or_init(|| {
+        tracing::warn!(target: "idem", "no lock store installed (idem::lock::install): using an in-process memory \
+            store, which other processes cannot see");
+        Box::new(MemoryStore::new())
+    })
+}
+
+/// What the body of a lock-guarded call can know about its lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The fencing token of this grant: pass it with the writes the lock
+    /// protects, so that a stalled earlier holder's writes are refused.
+    pub fence: i64,
+    /// This grant's owner id.
+    pub owner: String,
+}
+
+tokio::task_local! {
+    pub(crate) static CURRENT: LockInfo;
+}
+
+/// Inside the body of a lock-guarded function: its lock.
+pub fn current() -> Option<LockInfo> {
+    CURRENT.try_with(Clone::clone).ok()
+}

@@ -1,0 +1,118 @@
+//! Locks in Redis. The lock is `{prefix}{<name>}:lock` holding its owner
+//! id, taken with `SET ... NX PX ttl`; its fencing counter is
+//! `{prefix}{<name>}:fence` (same hash tag, so one Cluster slot). Acquire,
+//! release and extend are each one Lua script call.
+//!
+//! The counter starts at Redis's clock in microseconds the first time a lock
+//! is taken (and again if the counter is ever lost: expired after a week
+//! unused, or flushed), then counts up by one per grant. So tokens keep
+//! increasing across a lost counter, as long as Redis's clock does not step
+//! back.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+use super::{LockAttempt, LockStore};
+use crate::Error;
+use crate::lease::redis::{int, store_error, unexpected};
+use crate::lease::{BoxFuture, RedisStore, millis};
+
+/// How long a lock's fencing counter outlives its last grant.
+const FENCE_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+          local t = redis.call('TIME')
+          redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])), 'NX')
+          local fence = redis.call('INCR', KEYS[2])
+          redis.call('PEXPIRE', KEYS[2], ARGV[3])
+          return {1, fence}
+        end
+        return {0, redis.call('PTTL', KEYS[1])}",
+    )
+});
+
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+        return 0",
+    )
+});
+
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+        return 0",
+    )
+});
+
+impl<C> RedisStore<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The Redis key of a lock: `{prefix}{<name>}:lock`.
+    pub fn lock_key(&self, name: &str) -> String {
+        format!("{}{{{name}}}:lock", self.prefix())
+    }
+
+    fn fence_key(&self, name: &str) -> String {
+        format!("{}{{{name}}}:fence", self.prefix())
+    }
+}
+
+impl<C> LockStore for RedisStore<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
+        Box::pin(async move {
+            let mut invocation = ACQUIRE.key(self.lock_key(name));
+            invocation.key(self.fence_key(name)).arg(owner).arg(millis(ttl).max(1)).arg(millis(FENCE_KEEP));
+            // Not retried after a dropped connection: if the first attempt
+            // took the lock, a second would find it busy (held by this very
+            // owner) and the lock would then sit until its TTL. The caller
+            // gets a store error and retries as a new owner.
+            let mut conn = self.connection();
+            let reply = invocation.invoke_async(&mut conn).await.map_err(store_error)?;
+            let redis::Value::Array(items) = &reply else { return Err(unexpected(&reply)) };
+            let (Some(kind), Some(n)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
+                return Err(unexpected(&reply));
+            };
+            Ok(if kind == 1 {
+                LockAttempt::Acquired { fence: n }
+            } else {
+                // PTTL is -1 for a lock without TTL (written by something
+                // else); report a short hint rather than none.
+                LockAttempt::Busy { retry_after: Duration::from_millis(n.max(1) as u64) }
+            })
+        })
+    }
+
+    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut invocation = RELEASE.key(self.lock_key(name));
+            invocation.arg(owner);
+            Ok(matches!(self.call(invocation).await?, redis::Value::Int(1)))
+        })
+    }
+
+    fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut invocation = EXTEND.key(self.lock_key(name));
+            invocation.arg(owner).arg(millis(ttl).max(1));
+            Ok(matches!(self.call(invocation).await?, redis::Value::Int(1)))
+        })
+    }
+}

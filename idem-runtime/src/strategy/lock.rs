@@ -1,0 +1,113 @@
+//! `strategy = "lock+dedup"`, `"lock+state"` and `"lock"`: an owner-checked
+//! lock on the key, renewed while the body runs, released after it.
+
+use std::time::Duration;
+
+use crate::Error;
+use crate::guard::{Guard, GuardError, stored_scope};
+use crate::key::Key;
+use crate::lease::new_owner;
+use crate::lock::{CURRENT, LockInfo, LockStore, acquire_as};
+use crate::record::{Outcome, report};
+use crate::strategy::dedup::Claim;
+use crate::strategy::renew::under_renewal;
+
+/// The lock a call holds while its body runs.
+#[doc(hidden)]
+#[must_use = "a held lock must run the body and be released"]
+pub struct LockTicket<'s> {
+    store: &'s dyn LockStore,
+    scope: &'static str,
+    key: Key,
+    name: String,
+    owner: String,
+    fence: i64,
+    ttl: Duration,
+    /// `lock` alone: this ticket is the whole guard, and reports the run.
+    alone: bool,
+}
+
+impl Guard {
+    /// Take the lock on this guard's key, waiting up to `wait`; the guard
+    /// then makes its `dedup` or `state` claim inside the locked body.
+    pub async fn lock<'s, T>(
+        &self,
+        store: &'s dyn LockStore,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Claim<T, LockTicket<'s>>, Error> {
+        let key = self.key.clone().finish()?;
+        lock(self.spec.scope, key, store, ttl, wait, false).await
+    }
+
+    /// `lock` with `concurrency_only = true`: the lock is the whole guard.
+    pub async fn lock_only<'s, T>(
+        self,
+        store: &'s dyn LockStore,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Claim<T, LockTicket<'s>>, Error> {
+        let key = self.key.finish()?;
+        lock(self.spec.scope, key, store, ttl, wait, true).await
+    }
+}
+
+async fn lock<'s, T>(
+    scope: &'static str,
+    key: Key,
+    store: &'s dyn LockStore,
+    ttl: Duration,
+    wait: Duration,
+    alone: bool,
+) -> Result<Claim<T, LockTicket<'s>>, Error> {
+    // `scope:key`, both as stored (long ones hashed), so a lock name is
+    // bounded however long the key.
+    let name = format!("{}:{}", stored_scope(scope), key.as_str());
+    let owner = new_owner();
+    let fence = acquire_as(store, &name, &owner, ttl, wait).await.map_err(|e| match e {
+        // The lock name holds the key, which can carry personal data: name
+        // the lock by scope and key hash instead, as every other error does.
+        Error::LockBusy { retry_after, .. } => {
+            tracing::info!(target: "idem", scope, key = %key.hash(), "lock busy: another call with this key is running");
+            Error::LockBusy { name: format!("{scope} (key {})", key.hash()), retry_after }
+        }
+        other => other,
+    })?;
+    Ok(Claim::Run(LockTicket { store, scope, key, name, owner, fence, ttl, alone }))
+}
+
+impl LockTicket<'_> {
+    /// Run the body holding the lock, renewing it every third of its TTL,
+    /// then release it. A lock lost on the way (a renewal found another
+    /// holder, renewals failed for a whole TTL, or the release found the lock
+    /// gone) stops the body or fails its completion with
+    /// [`Error::LockLost`].
+    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        E: GuardError,
+        F: Future<Output = Result<T, E>>,
+    {
+        let info = LockInfo { fence: self.fence, owner: self.owner.clone() };
+        let body = CURRENT.scope(info, body);
+        let renew = || self.store.extend(&self.name, &self.owner, self.ttl);
+        let Some(result) = under_renewal(body, self.ttl, renew, "lock", self.scope).await else {
+            return Err(self.lost().into());
+        };
+        match self.store.release(&self.name, &self.owner).await {
+            Ok(true) => {}
+            Ok(false) => return Err(self.lost().into()),
+            Err(e) => tracing::warn!(target: "idem", scope = self.scope, key = %self.key.hash(), error = %e,
+                "could not release the lock; it frees itself when its TTL passes"),
+        }
+        if self.alone && result.is_ok() {
+            report(self.scope, &self.key, Outcome::Executed);
+        }
+        result
+    }
+
+    fn lost(&self) -> Error {
+        tracing::error!(target: "idem", scope = self.scope, key = %self.key.hash(), fence = self.fence,
+            store = self.store.kind(), "lock lost while the body ran: another caller may hold it now");
+        Error::LockLost { scope: self.scope.to_owned(), key_hash: self.key.hash() }
+    }
+}

@@ -1,0 +1,186 @@
+//! One-time tokens against double submits (`strategy = "token"` and
+//! `"token+dedup"`).
+//!
+//! The server issues a token when it renders a form ([`issue`]); the form
+//! sends it back with the submit; the guarded handler consumes it. Consuming
+//! is one atomic compare-and-delete on the store (one Lua call on Redis, one
+//! locked map operation in memory), never a read followed by a delete: of any
+//! number of concurrent submits carrying one token, exactly one passes. The
+//! others get [`Error::TokenRejected`], whose message is the one to show the
+//! user: "please do not submit twice".
+//!
+//! A token is bound to the scope it was issued for: a token of
+//! `orders.create` does not pass the guard of `payments.refund`, and is not
+//! spent by trying.
+//!
+//! Limits worth knowing:
+//! - a token stops front-end resubmission only. Payment callbacks, broker
+//!   redeliveries and RPC retries never fetch a token: guard those with
+//!   `dedup` or `state` (the attribute refuses `token` with such a `source`);
+//! - a token is spent even if the body then fails: a retry fetches a new one
+//!   (render the form again). `token+dedup` keeps a record as well, so a
+//!   retry after a *successful* submit whose answer was lost replays that
+//!   answer instead of being rejected;
+//! - with `on_store_error = "allow"` a call passes unchecked while the store
+//!   is unreachable (logged as a warning): keep a unique index on the
+//!   business row as the backstop, as `examples/order_create.rs` does.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::Error;
+use crate::lease::{BoxFuture, MemoryStore};
+
+mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+
+/// Longest token the stores accept; longer input is rejected without a
+/// round trip.
+pub const MAX_TOKEN_LEN: usize = 128;
+
+/// A store of one-time tokens.
+///
+/// [`MemoryStore`] and, with the `redis` feature, [`RedisStore`](crate::lease::RedisStore)
+/// implement it (the same store types that hold lease records and locks).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a token store",
+    label = "`store` must name a token store",
+    note = "use `idem::MemoryStore` or `idem::RedisStore::new(conn, prefix)` (or a type implementing `idem::token::TokenStore`); leave `store` out to use the one installed with `idem::token::install`"
+)]
+pub trait TokenStore: Send + Sync {
+    /// `memory` or `redis`, for logs.
+    fn kind(&self) -> &'static str;
+    /// Keep `token` for `scope` (as stored) for `ttl`. Never overwrites an
+    /// existing token.
+    fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>>;
+    /// Delete `token` if it was issued for `scope` and has not expired, in
+    /// one atomic step; `true` if this call deleted it. A token of another
+    /// scope is left alone.
+    fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+}
+
+impl<S: TokenStore + ?Sized> TokenStore for Arc<S> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).put(scope, token, ttl)
+    }
+    fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).consume(scope, token)
+    }
+}
+
+impl<S: TokenStore + ?Sized> TokenStore for &S {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).put(scope, token, ttl)
+    }
+    fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).consume(scope, token)
+    }
+}
+
+/// Issue a one-time token for `scope` (the `scope` of the guard that will
+/// consume it), valid for `ttl`: 128 random bits as 32 hex digits.
+///
+/// ```
+/// # async fn demo() -> Result<(), idem_runtime::Error> {
+/// use std::time::Duration;
+/// let store = idem_runtime::MemoryStore::new();
+/// let token = idem_runtime::token::issue(&store, "orders.create", Duration::from_secs(600)).await?;
+/// assert_eq!(token.len(), 32);
+/// # Ok(()) }
+/// ```
+pub async fn issue<S: TokenStore + ?Sized>(store: &S, scope: &str, ttl: Duration) -> Result<String, Error> {
+    let token = new_token()?;
+    store.put(&crate::guard::stored_scope(scope), &token, ttl).await?;
+    Ok(token)
+}
+
+/// Consume `token` for `scope` outside a guard: `Ok(true)` for the one call
+/// that spends it.
+pub async fn consume<S: TokenStore + ?Sized>(store: &S, scope: &str, token: &str) -> Result<bool, Error> {
+    if !well_formed(token) {
+        return Ok(false);
+    }
+    store.consume(&crate::guard::stored_scope(scope), token).await
+}
+
+fn new_token() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| Error::Store { store: "os random", source: Box::new(e) })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Tokens come from clients: anything empty, too long or not printable
+/// ASCII is rejected before it reaches a store (or a Redis key).
+pub(crate) fn well_formed(token: &str) -> bool {
+    !token.is_empty() && token.len() <= MAX_TOKEN_LEN && token.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// What a token guard does when its store cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// Refuse the call with the store's error (retryable). The default.
+    Reject,
+    /// Let the call through unchecked, with a warning: for forms where a
+    /// unique index behind the guard stops doubles anyway.
+    Allow,
+}
+
+/// A token parameter: `&str`, `String`, or an `Option` of one (`None`, a
+/// submit without a token, is rejected).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot carry a one-time token",
+    label = "the `#[idem(token)]` parameter must be a string",
+    note = "take the token as `&str`, `String` or `Option<String>`"
+)]
+pub trait TokenParam {
+    /// The token, if the request carried one.
+    fn token(&self) -> Option<&str>;
+}
+
+impl TokenParam for str {
+    fn token(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+impl TokenParam for String {
+    fn token(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+impl<T: TokenParam + ?Sized> TokenParam for &T {
+    fn token(&self) -> Option<&str> {
+        (**self).token()
+    }
+}
+impl<T: TokenParam> TokenParam for Option<T> {
+    fn token(&self) -> Option<&str> {
+        self.as_ref().and_then(TokenParam::token)
+    }
+}
+
+static DEFAULT_STORE: OnceLock<Box<dyn TokenStore>> = OnceLock::new();
+
+/// Install the store token guards use when the attribute names no `store`.
+/// Call it once at start-up; returns `false` (and keeps the first) if one
+/// was installed already.
+pub fn install(store: impl TokenStore + 'static) -> bool {
+    DEFAULT_STORE.set(Box::new(store)).is_ok()
+}
+
+/// The installed store; a process-wide [`MemoryStore`] if none was installed
+/// (fine for one process; several processes need a shared store, since a
+/// token issued by one must be consumable by all).
+pub fn installed() -> &'static dyn TokenStore {
+    &**DEFAULT_STORE.get_or_init(|| {
+        tracing::warn!(target: "idem", "no token store installed (idem::token::install): using an in-process memory \
+            store, which other processes cannot see");
+        Box::new(MemoryStore::new())
+    })
+}

@@ -1,0 +1,17 @@
+use idem::idempotent;
+
+#[derive(Debug)]
+pub struct AppError;
+impl From<idem::Error> for AppError {
+    fn from(_: idem::Error) -> Self {
+        AppError
+    }
+}
+
+// A lock's length is its `ttl`.
+#[idempotent(key = "sku", strategy = "lock+dedup", lease = "30s")]
+async fn deduct(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, sku: i64) -> Result<(), AppError> {
+    let _ = (tx, sku);
+    Ok(())
+}
+fn main() {}
