@@ -209,6 +209,58 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Double submits: `token`; concurrency: locks
+//!
+//! A user who double-clicks "pay" sends one request twice, with nothing to
+//! tell them apart. `strategy = "token"` makes the form carry a one-time
+//! token ([`token::issue`] when it is rendered); the guard spends it in one
+//! atomic step, so of any number of concurrent submits exactly one runs and
+//! the others get [`Error::TokenRejected`] ("please do not submit twice").
+//! `"token+dedup"` also keeps a dedup record in your transaction, so a retry
+//! of a submit that succeeded replays its answer. See the [`token`] module.
+//!
+//! ```no_run
+//! use idem::idempotent;
+//! # #[derive(Debug, thiserror::Error)]
+//! # enum AppError { #[error(transparent)] Idem(#[from] idem::Error) }
+//!
+//! #[idempotent(strategy = "token", scope = "orders.create")]
+//! async fn create_order(#[idem(token)] token: &str, user_id: i64) -> Result<i64, AppError> {
+//!     Ok(user_id) // insert the order; a unique index on its token is the backstop
+//! }
+//!
+//! # async fn run(client: redis::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! let store = idem::RedisStore::new(redis::aio::ConnectionManager::new(client).await?, "idem:");
+//! idem::token::install(store.clone());
+//! // When the form is rendered:
+//! let token = idem::token::issue(&store, "orders.create", std::time::Duration::from_secs(600)).await?;
+//! // When it is submitted (twice):
+//! assert!(create_order(&token, 7).await.is_ok());
+//! assert!(matches!(create_order(&token, 7).await, Err(AppError::Idem(idem::Error::TokenRejected))));
+//! # Ok(()) }
+//! ```
+//!
+//! A lock stops **concurrency, not repetition**: `"lock+dedup"` and
+//! `"lock+state"` take an owner-checked lock on the key (`ttl`, renewed
+//! while the body runs; `wait` to queue for it instead of failing with
+//! [`Error::LockBusy`]) around a `dedup` or `state` guard, which is what
+//! stops repeats; `"lock"` alone needs `concurrency_only = true`. The body
+//! reads its fencing token with [`lock::current`]. See the [`lock`] module.
+//!
+//! ```no_run
+//! use idem::idempotent;
+//! # #[derive(Debug, thiserror::Error)]
+//! # enum AppError { #[error(transparent)] Idem(#[from] idem::Error), #[error(transparent)] Db(#[from] sqlx::Error) }
+//!
+//! #[idempotent(key = "order_no", strategy = "lock+dedup", ttl = "10s", wait = "2s", scope = "stock.deduct")]
+//! async fn deduct(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, order_no: &str, sku: i64) -> Result<bool, AppError> {
+//!     // The conditional decrement stays the backstop: never below zero.
+//!     let sold = sqlx::query("UPDATE stock SET num = num - 1 WHERE id = $1 AND num > 0")
+//!         .bind(sku).execute(&mut **tx).await?.rows_affected() == 1;
+//!     Ok(sold)
+//! }
+//! ```
+//!
 //! ## The attribute
 //!
 //! `#[idempotent(key = ..., strategy = ..., scope = ..., fingerprint = ..., retention = ..., claim = ...)]`
@@ -223,12 +275,23 @@
 //!   stored as their SHA-256.
 //! - **`strategy`**: `"dedup"` (the default), `"state"` or `"dedup+state"`
 //!   (see [state machines](#state-machines)), `"lease"` (see
-//!   [work outside the transaction](#work-outside-the-transaction-lease)).
-//!   `token`, `token+dedup`, `lock+dedup`, `lock+state` and `lock` are not
-//!   available in this version and are refused at compile time.
-//! - **`lease`**, **`store`** (`lease` only): the lease length (`"30s"`, the
-//!   default) and an expression naming the [`lease::LeaseStore`] (default:
-//!   the one [`lease::install`]ed).
+//!   [work outside the transaction](#work-outside-the-transaction-lease)),
+//!   `"token"`, `"token+dedup"`, `"lock+dedup"`, `"lock+state"` and `"lock"`
+//!   (see [double submits and locks](#double-submits-token-concurrency-locks)).
+//!   `key` is required except for `"token"`, which keys on the token.
+//! - **`lease`** (`lease` only): the lease length (`"30s"`, the default).
+//! - **`store`** (`lease`, token and lock strategies): an expression naming
+//!   the [`lease::LeaseStore`], [`token::TokenStore`] or [`lock::LockStore`]
+//!   (`store = "self.redis"`; for a `static` behind a `LazyLock`, `"*STORE"`).
+//!   Default: the one installed with [`lease::install`], [`token::install`]
+//!   or [`lock::install`].
+//! - **`ttl`**, **`wait`** (lock strategies): the lock's TTL (required;
+//!   renewed every third of it while the body runs) and how long to wait for
+//!   a busy lock (default: not at all, [`Error::LockBusy`] at once).
+//! - **`on_store_error`** (token strategies): `"reject"` (default) or
+//!   `"allow"`, what to do while the token store is unreachable.
+//! - **`concurrency_only = true`** (`lock` only): the acknowledgement that a
+//!   lock alone does not stop repeats.
 //! - **`transition`** (`state`, `dedup+state`): `"Enum::From -> Enum::To"`,
 //!   several sources joined by `|`.
 //! - **`scope`**: the record namespace. Default: `module_path::fn_name`.
@@ -246,8 +309,9 @@
 //!   7 days). After it, a repeat runs again. [`purge_expired`] deletes expired
 //!   records in bounded batches; schedule it.
 //! - **`source`**: `"frontend" | "callback" | "mq" | "rpc"`, who sends the
-//!   requests. Validated; it changes nothing for `dedup` (the `token` strategy,
-//!   still to come, will refuse callers that never fetch a token).
+//!   requests. The token strategies refuse `callback`, `mq` and `rpc`: those
+//!   callers never fetch a token. Token strategies also require an explicit
+//!   `scope`, the one tokens are issued for.
 //! - **`claim`**: `"before"` (default) or `"after"`, see below.
 //!
 //! The transaction parameter is found by its type (`&mut

@@ -89,6 +89,32 @@ pub fn run_id() -> String {
     format!("{:x}", nanos)
 }
 
+/// SQL written with `?` placeholders, numbered `$1, $2, ...` for PostgreSQL
+/// (`backend`: [`Store::name`] or `idem::SqlBackend::BACKEND`).
+pub fn sql(backend: &str, text: &'static str) -> sqlx::AssertSqlSafe<String> {
+    let mut parts = text.split('?').enumerate();
+    let first = parts.next().map_or("", |(_, part)| part).to_owned();
+    sqlx::AssertSqlSafe(parts.fold(first, |out, (n, part)| match backend {
+        "postgres" => format!("{out}${n}{part}"),
+        _ => format!("{out}?{part}"),
+    }))
+}
+
+/// `on_pool!(store, pool => body)`: `body` once per database, with `pool`
+/// bound to the [`Store`]'s typed pool (each arm is compiled on its own).
+#[allow(unused_macros)]
+macro_rules! on_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match $store {
+            $crate::common::Store::Sqlite($pool, _) => $body,
+            $crate::common::Store::Postgres($pool) => $body,
+            $crate::common::Store::MySql($pool) => $body,
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_pool;
+
 /// The seed's order lifecycle, stored as integer codes (the discriminants)
 /// in `shop_orders.status`.
 #[derive(idem::StateMachine, Clone, Copy, Debug, PartialEq, Eq)]

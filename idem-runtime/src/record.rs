@@ -119,6 +119,17 @@ pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
         .await
 }
 
+/// Forget what earlier guards in this `observe` reported, so that
+/// [`reported`] tells whether a guard nested in the current one did.
+pub(crate) fn forget_reported() {
+    let _ = OBSERVED.try_with(|c| c.set(None));
+}
+
+/// Whether a guard reported since [`forget_reported`].
+pub(crate) fn reported() -> bool {
+    OBSERVED.try_with(|c| c.get().is_some()).unwrap_or(false)
+}
+
 pub(crate) fn report(scope: &str, key: &crate::Key, outcome: Outcome) {
     let _ = OBSERVED.try_with(|c| c.set(Some(outcome)));
     // The key hash is only computed when someone listens.

@@ -27,7 +27,8 @@ impl Bank {
             retention: ::idem::DEFAULT_RETENTION,
             claim_after: false,
         };
-        let __idem_store = ::idem::__private::lease_store(&(self.leases));
+        let __idem_store = &(self.leases);
+        let __idem_store = ::idem::__private::lease_store(__idem_store);
         let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
             .key(&(transfer_id))
             .lease(__idem_store, ::idem::__private::Duration::from_millis(30000u64))

@@ -19,11 +19,22 @@
 //!   (`UPDATE ... SET fence = $1 WHERE id = $2 AND fence < $1`): the stalled
 //!   holder's late write then changes nothing. See `examples/stock_deduct.rs`.
 //!
+//! Waiting (`wait = "2s"`) polls the store with short, randomised pauses;
+//! waiters are not served in arrival order.
+//!
 //! The guard renews its lock every third of the TTL while the body runs. If
 //! a renewal finds the lock gone, or none succeeds for a whole TTL, the body
 //! is stopped and the call returns [`Error::LockLost`]: with `lock+dedup` and
 //! `lock+state` that reaches the caller before it commits, so the change
 //! rolls back.
+//!
+//! The lock is released when the guarded function returns, which is before
+//! the caller commits its transaction. In that window a concurrent repeat
+//! can take the lock; it then meets the first call's dedup record (or the
+//! entity's row) in the database, waits on its row lock and replays, as
+//! `dedup` alone would. To hold a lock across the commit, guard a function
+//! that begins and commits the transaction itself with `lock` alone (see
+//! `examples/stock_deduct.rs`).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -177,7 +188,7 @@ pub(crate) async fn acquire_as<S: LockStore + ?Sized>(
     wait: Duration,
 ) -> Result<i64, Error> {
     let deadline = tokio::time::Instant::now() + wait;
-    let mut pause = Duration::from_millis(5);
+    let mut pause = Duration::from_millis(2);
     loop {
         match store.acquire(name, owner, ttl).await? {
             LockAttempt::Acquired { fence } => return Ok(fence),
@@ -187,13 +198,25 @@ pub(crate) async fn acquire_as<S: LockStore + ?Sized>(
                     return Err(Error::LockBusy { name: name.to_owned(), retry_after: Some(retry_after) });
                 }
                 // Poll again soon (the holder may release early), backing
-                // off to at most 100 ms, never past the deadline or the TTL.
-                let sleep = pause.min(retry_after.max(Duration::from_millis(1))).min(deadline - now);
+                // off to at most 50 ms, never past the deadline or the TTL.
+                // Each pause is drawn from its upper half at random, so that
+                // waiters who started together do not all retry at the same
+                // instants (and leave a freed lock idle in between).
+                let upper = pause.min(retry_after.max(Duration::from_millis(1)));
+                let sleep = jitter(upper).min(deadline - now);
                 tokio::time::sleep(sleep).await;
-                pause = (pause * 2).min(Duration::from_millis(100));
+                pause = (pause * 2).min(Duration::from_millis(50));
             }
         }
     }
+}
+
+/// A duration in `[d / 2, d]`, from a per-call random hash (no RNG state).
+fn jitter(d: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    let r = std::hash::RandomState::new().hash_one(std::time::SystemTime::now());
+    let half = d / 2;
+    half + Duration::from_nanos(r % (half.as_nanos() as u64).max(1))
 }
 
 static DEFAULT_STORE: OnceLock<Box<dyn LockStore>> = OnceLock::new();

@@ -8,7 +8,7 @@ use crate::guard::{Guard, GuardError, stored_scope};
 use crate::key::Key;
 use crate::lease::new_owner;
 use crate::lock::{CURRENT, LockInfo, LockStore, acquire_as};
-use crate::record::{Outcome, report};
+use crate::record::{Outcome, forget_reported, report, reported};
 use crate::strategy::dedup::Claim;
 use crate::strategy::renew::under_renewal;
 
@@ -87,6 +87,9 @@ impl LockTicket<'_> {
         E: GuardError,
         F: Future<Output = Result<T, E>>,
     {
+        if self.alone {
+            forget_reported();
+        }
         let info = LockInfo { fence: self.fence, owner: self.owner.clone() };
         let body = CURRENT.scope(info, body);
         let renew = || self.store.extend(&self.name, &self.owner, self.ttl);
@@ -99,7 +102,9 @@ impl LockTicket<'_> {
             Err(e) => tracing::warn!(target: "idem", scope = self.scope, key = %self.key.hash(), error = %e,
                 "could not release the lock; it frees itself when its TTL passes"),
         }
-        if self.alone && result.is_ok() {
+        // A guard nested in the body (a dedup call inside a `lock` alone)
+        // knows better whether the work ran or replayed.
+        if self.alone && result.is_ok() && !reported() {
             report(self.scope, &self.key, Outcome::Executed);
         }
         result
