@@ -261,6 +261,28 @@
 //! }
 //! ```
 //!
+//! ## Consumers: `precheck = "redis"`
+//!
+//! Where repeats are the common case (a broker redelivering, producers
+//! re-publishing), `precheck = "redis"` on `dedup` (or `lease`) asks a marker
+//! store "seen before?" in one round trip first. A seen key whose completed
+//! record is there replays after one plain read, without the claim; a
+//! marker whose record is missing (a crash or rollback after it was written)
+//! takes the normal path. The record stays the truth: losing every marker
+//! costs speed, never correctness. See the [`precheck`] module.
+//!
+//! ```no_run
+//! use idem::idempotent;
+//! # #[derive(Debug, thiserror::Error)]
+//! # enum AppError { #[error(transparent)] Idem(#[from] idem::Error) }
+//!
+//! // The producer's business key (a header), never the broker's delivery tag.
+//! #[idempotent(key = "business_key", scope = "ledger.apply", precheck = "redis", ttl = "2d")]
+//! async fn apply(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, business_key: &str) -> Result<(), AppError> {
+//!     Ok(()) // write the ledger entry in `tx`
+//! }
+//! ```
+//!
 //! ## The attribute
 //!
 //! `#[idempotent(key = ..., strategy = ..., scope = ..., fingerprint = ..., retention = ..., claim = ...)]`
@@ -288,6 +310,9 @@
 //! - **`ttl`**, **`wait`** (lock strategies): the lock's TTL (required;
 //!   renewed every third of it while the body runs) and how long to wait for
 //!   a busy lock (default: not at all, [`Error::LockBusy`] at once).
+//! - **`precheck = "redis"`** (`dedup`, `lease`): a marker cache in front
+//!   of the record, in the store named by `store` (`dedup`) or installed with
+//!   [`precheck::install`]; `ttl` is the marker's lifetime (default 24 h).
 //! - **`on_store_error`** (token strategies): `"reject"` (default) or
 //!   `"allow"`, what to do while the token store is unreachable.
 //! - **`concurrency_only = true`** (`lock` only): the acknowledgement that a
@@ -352,7 +377,7 @@ pub use idem_runtime::{
     PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend, StateMachine, TxContext, find_record,
     migrate, observe, purge_expired,
 };
-pub use idem_runtime::{MemoryStore, error, key, lease, lock, record, sql, state, token};
+pub use idem_runtime::{MemoryStore, error, key, lease, lock, precheck, record, sql, state, token};
 
 /// Lease records, tokens and locks in Redis; see [`lease`], [`token`], [`lock`].
 #[cfg(feature = "redis")]

@@ -412,22 +412,9 @@ async fn fencing_tokens_keep_increasing_after_the_counter_is_lost() {
     assert!(after.fence() > old, "{} after {old}", after.fence());
 }
 
-/// A token store that cannot be reached: a real client on a port where no
-/// server listens.
-async fn unreachable_redis() -> Option<idem::RedisStore> {
-    common::redis().await?; // the suite's Redis decides whether Redis tests run at all
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
-    let config = ::redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_millis(300)))
-        .set_number_of_retries(0);
-    let conn = ::redis::aio::ConnectionManager::new_lazy_with_config(client, config).unwrap();
-    Some(idem::RedisStore::new(conn, "idem-test:"))
-}
-
 #[tokio::test]
 async fn a_down_token_store_rejects_by_default_and_allows_when_told() {
-    let Some(down) = unreachable_redis().await else { return };
+    let Some(down) = common::unreachable_redis().await else { return };
     let runs = AtomicUsize::new(0);
     let rejected = create_order(&down, "0123456789abcdef0123456789abcdef", &runs).await;
     match rejected {

@@ -25,6 +25,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
         store,
         token,
         allow_on_store_error,
+        precheck,
         ttl_ms,
         wait_ms,
         ret,
@@ -116,7 +117,11 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     // The token is read at its parameter's span: a type that cannot carry a
     // token is reported there.
     let token = token.map(|t| quote_spanned!(t.span()=> ::idem::__private::token_param(&(#t))));
-    let ttl = millis(ttl_ms, quote!(::idem::__private::Duration::ZERO));
+    let ttl = if precheck {
+        millis(ttl_ms, quote!(::idem::precheck::DEFAULT_TTL))
+    } else {
+        millis(ttl_ms, quote!(::idem::__private::Duration::ZERO))
+    };
     let wait = millis(wait_ms, quote!(::idem::__private::Duration::ZERO));
     // `Claim::Run` goes on; a replay or a guard failure returns at once.
     let claimed = |claim: TokenStream| {
@@ -138,7 +143,18 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                 Strategy::Lock => (store("lock_store", "lock"), quote!(lock_only(__idem_store, #ttl, #wait))),
                 _ => {
                     let lease = millis(lease_ms, quote!(::idem::lease::DEFAULT_LEASE));
-                    (store("lease_store", "lease"), quote!(lease(__idem_store, #lease)))
+                    let setup = store("lease_store", "lease");
+                    if precheck {
+                        // `store` names the lease store; markers go to the
+                        // installed precheck store.
+                        let setup = quote! {
+                            #setup
+                            let __idem_precheck = ::idem::precheck::installed();
+                        };
+                        (setup, quote!(lease_prechecked(__idem_store, #lease, __idem_precheck, #ttl)))
+                    } else {
+                        (setup, quote!(lease(__idem_store, #lease)))
+                    }
                 }
             };
             let ticket = claimed(quote!(#guard.#claim.await));
@@ -169,6 +185,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                 Strategy::TokenDedup => {
                     quote_spanned!(ret_span=> dedup_token(#conn, __idem_store, #token, #on_store_error))
                 }
+                _ if precheck => quote_spanned!(ret_span=> dedup_prechecked(#conn, __idem_store, #ttl)),
                 _ => quote_spanned!(ret_span=> dedup(#conn)),
             };
             let locked = strategy.is_lock();
@@ -206,7 +223,13 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                     }
                 }
             } else {
-                let setup = strategy.is_token().then(|| store("token_store", "token"));
+                let setup = if strategy.is_token() {
+                    Some(store("token_store", "token"))
+                } else if precheck {
+                    Some(store("precheck_store", "precheck"))
+                } else {
+                    None
+                };
                 quote! {
                     {
                         #spec

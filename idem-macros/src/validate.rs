@@ -102,7 +102,10 @@ pub struct Plan {
     pub token: Option<Ident>,
     /// Token strategies: `on_store_error = "allow"`.
     pub allow_on_store_error: bool,
-    /// Lock strategies: the lock's TTL and how long to wait for it.
+    /// `precheck = "redis"` on `dedup` or `lease`.
+    pub precheck: bool,
+    /// Lock strategies: the lock's TTL and how long to wait for it; with
+    /// `precheck`, the marker's TTL.
     pub ttl_ms: Option<u64>,
     pub wait_ms: Option<u64>,
     pub ret: Type,
@@ -207,15 +210,21 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     let is_lease = strategy == Some(Strategy::Lease);
     let is_lock = strategy.is_some_and(Strategy::is_lock);
     let is_token = strategy.is_some_and(Strategy::is_token);
+    // `precheck` puts a marker cache in front of a dedup or lease record.
+    let precheck_fits = matches!(strategy, Some(Strategy::Dedup | Strategy::Lease));
+    let precheck = raw.precheck.is_some() && precheck_fits;
     let foreign: [(&str, Option<Span>); 8] = [
         (
             "transition",
             raw.transition.as_ref().filter(|_| !strategy.is_some_and(Strategy::moves_state)).map(|v| v.span()),
         ),
-        ("ttl", raw.ttl.as_ref().filter(|_| !is_lock).map(|v| v.span())),
+        ("ttl", raw.ttl.as_ref().filter(|_| !is_lock && !precheck).map(|v| v.span())),
         ("lease", raw.lease.as_ref().filter(|_| !is_lease).map(|v| v.span())),
-        ("store", raw.store.as_ref().filter(|_| !strategy.is_some_and(Strategy::has_store)).map(|v| v.span())),
-        ("precheck", raw.precheck.as_ref().map(|v| v.span())),
+        (
+            "store",
+            raw.store.as_ref().filter(|_| !strategy.is_some_and(Strategy::has_store) && !precheck).map(|v| v.span()),
+        ),
+        ("precheck", raw.precheck.as_ref().filter(|_| !precheck_fits).map(|v| v.span())),
         (
             "concurrency_only",
             raw.concurrency_only.as_ref().filter(|_| strategy != Some(Strategy::Lock)).map(|v| v.span()),
@@ -238,14 +247,22 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
                      Remove one of them"
                 ),
                 "ttl" if is_lease => "a lease's length is `lease`; write `lease = \"30s\"` instead".to_owned(),
-                "ttl" => "`ttl` is how long a lock holds (strategies `lock+dedup`, `lock+state`, `lock`); a \
-                          token's TTL is given when it is issued (`idem::token::issue`). Remove it"
+                "ttl" => "`ttl` is how long a lock holds (strategies `lock+dedup`, `lock+state`, `lock`) or a \
+                          precheck marker lives (with `precheck`); a token's TTL is given when it is issued \
+                          (`idem::token::issue`). Remove it"
                     .to_owned(),
+                "precheck" => format!(
+                    "`precheck` is a cache in front of a `dedup` or `lease` record, and the cache is not the \
+                     source of truth: a \"seen\" marker must be confirmed against that record, which `{name}` \
+                     {}. Use strategy = \"dedup\" (or \"lease\") with it, or remove `precheck`",
+                    if strategy.keeps_record() { "does not read back" } else { "does not keep" }
+                ),
                 "transition" => "a transition is made by strategy `state`, `dedup+state` or `lock+state`; remove \
                                  it, or choose one of those"
                     .to_owned(),
-                "store" => "the record is written in your transaction; `store` names where a lease, token or \
-                            lock lives (strategies `lease`, `token`, `lock+...`). Remove one of them"
+                "store" => "the record is written in your transaction; `store` names where a lease, token, \
+                            lock or precheck marker lives (strategies `lease`, `token`, `lock+...`, or \
+                            `precheck`). Remove one of them"
                     .to_owned(),
                 "concurrency_only" if is_lock => format!(
                     "`{name}` already stops repeats (its `{}` part); `concurrency_only = true` is for `lock` \
@@ -502,6 +519,23 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         }
         _ => None,
     };
+    if let Some(p) = &raw.precheck
+        && precheck_fits
+        && p.as_str() != "redis"
+    {
+        errors.push(syn::Error::new(
+            p.span(),
+            format!(
+                "`precheck = \"{}\"`: the one precheck is \"redis\" (a SET NX marker per key, in the store \
+                 named by `store` or installed with `idem::precheck::install`)",
+                p.as_str()
+            ),
+        ));
+    }
+    let ttl_ms = match &raw.ttl {
+        Some(t) if precheck => parse_duration("ttl", t.as_str(), t.span()).map_err(|e| errors.push(e)).ok(),
+        _ => ttl_ms,
+    };
     let wait_ms = match &raw.wait {
         Some(w) if is_lock => parse_duration("wait", w.as_str(), w.span()).map_err(|e| errors.push(e)).ok(),
         _ => None,
@@ -588,9 +622,10 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         transition,
         tx,
         lease_ms,
-        store: raw.store.filter(|_| strategy.has_store()),
+        store: raw.store.filter(|_| strategy.has_store() || precheck),
         token,
         allow_on_store_error,
+        precheck,
         ttl_ms,
         wait_ms,
         ret: ret.expect("no error means a return type"),

@@ -18,6 +18,7 @@ mod guard;
 pub mod key;
 pub mod lease;
 pub mod lock;
+pub mod precheck;
 pub mod record;
 pub mod sql;
 pub mod state;
@@ -64,6 +65,11 @@ pub mod __private {
 
     /// The store named by `store = "..."` of a token guard.
     pub fn token_store<S: crate::token::TokenStore>(store: &S) -> &dyn crate::token::TokenStore {
+        store
+    }
+
+    /// The store named by `store = "..."` of a precheck.
+    pub fn precheck_store<S: crate::precheck::PrecheckStore>(store: &S) -> &dyn crate::precheck::PrecheckStore {
         store
     }
 

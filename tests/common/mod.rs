@@ -119,6 +119,38 @@ pub async fn redis() -> Option<redis::aio::ConnectionManager> {
     }
 }
 
+/// A real Redis client pointed at a port where no server listens: a store
+/// that is down. `None` when Redis tests are skipped altogether.
+pub async fn unreachable_redis() -> Option<idem::RedisStore> {
+    redis().await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_millis(300)))
+        .set_number_of_retries(0);
+    let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, config).unwrap();
+    Some(idem::RedisStore::new(conn, "idem-test:"))
+}
+
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// A connection to RabbitMQ at `IDEM_AMQP_URL` (default: the local broker).
+pub async fn amqp() -> Option<lapin::Connection> {
+    let url = std::env::var("IDEM_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
+    let connect = lapin::Connection::connect(&url, lapin::ConnectionProperties::default());
+    match tokio::time::timeout(std::time::Duration::from_secs(5), connect).await {
+        Ok(Ok(conn)) => Some(conn),
+        Ok(Err(e)) => {
+            unavailable("RabbitMQ", &url, &e);
+            None
+        }
+        Err(_) => {
+            unavailable("RabbitMQ", &url, &"no answer within 5s");
+            None
+        }
+    }
+}
+
 /// The application error of the test services.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {

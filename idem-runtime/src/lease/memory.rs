@@ -66,6 +66,8 @@ pub struct MemoryStore {
     shards: Shards<Rec>,
     /// token -> (scope, expires at): see `token`.
     pub(crate) tokens: Shards<(String, i64)>,
+    /// scope + key -> marker deadline: see `precheck`.
+    pub(crate) markers: Shards<i64>,
     /// lock name -> holder: see `lock`.
     pub(crate) locks: Shards<crate::lock::memory::Held>,
     /// The last fencing token granted by any lock of this store.
@@ -94,6 +96,7 @@ impl MemoryStore {
         MemoryStore {
             shards: Shards::new(),
             tokens: Shards::new(),
+            markers: Shards::new(),
             locks: Shards::new(),
             fences: AtomicI64::new(i64::try_from(micros).unwrap_or(0)),
             epoch: Instant::now(),
@@ -119,14 +122,15 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Drop lease records past their retention, and tokens and locks past
-    /// their TTL; returns how many. One shard at a time, so live calls wait at most one
+    /// Drop lease records past their retention, and tokens, locks and
+    /// precheck markers past their TTL; returns how many. One shard at a time, so live calls wait at most one
     /// shard's sweep.
     pub fn purge_expired(&self) -> usize {
         let now = self.now();
         self.shards.retain(|r| r.expires_at > now)
             + self.tokens.retain(|(_, until)| *until > now)
             + self.locks.retain(|held| held.until > now)
+            + self.markers.retain(|until| *until > now)
     }
 
     fn id(scope: &str, key: &str) -> String {

@@ -131,6 +131,15 @@ pub trait LeaseStore: Send + Sync {
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>>;
     /// Renew the lease from the store's now, if still held.
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>>;
+    /// Read the record without claiming it (for `precheck`): `Done` or
+    /// `Mismatch` when that settles the call, `None` when only a claim can.
+    /// The default is `None`, right for stores whose claim of a completed
+    /// record is already a pure read (memory, Redis); the SQL store reads
+    /// with a plain `SELECT` instead of its claiming upsert.
+    fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
+        let _ = req;
+        Box::pin(std::future::ready(Ok(None)))
+    }
 }
 
 impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
@@ -149,6 +158,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         (**self).extend(held)
     }
+    fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
+        (**self).peek(req)
+    }
 }
 
 impl<S: LeaseStore + ?Sized> LeaseStore for &S {
@@ -166,6 +178,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     }
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         (**self).extend(held)
+    }
+    fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
+        (**self).peek(req)
     }
 }
 

@@ -111,6 +111,26 @@ where
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(self.finish(held, LeaseAction::Extend))
     }
+
+    fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            let existing = DB::read(&mut conn, req.scope, req.key).await.map_err(classify::<DB>)?;
+            Ok(existing.filter(|e| !e.expired).and_then(|e| {
+                if let (Some(ours), Some(theirs)) = (req.fingerprint, e.fingerprint.as_deref())
+                    && ours != theirs
+                {
+                    return Some(LeaseClaim::Mismatch);
+                }
+                match crate::record::RecordStatus::parse(&e.status) {
+                    Some(crate::record::RecordStatus::Done) => {
+                        Some(LeaseClaim::Done { response: e.response.unwrap_or_else(|| "null".to_owned()) })
+                    }
+                    _ => None,
+                }
+            }))
+        })
+    }
 }
 
 impl<DB: SqlBackend> SqlStore<DB>

@@ -133,6 +133,18 @@ pub trait SqlBackend: sqlx::Database {
         key: &str,
     ) -> impl Future<Output = Result<Option<ExistingRecord>, sqlx::Error>> + Send;
 
+    /// [`SqlBackend::read`], in a transaction that may claim the key right
+    /// after (the precheck's confirmation). SQLite takes its write lock
+    /// first: a transaction that has read cannot wait for the lock later
+    /// (its snapshot would be stale) and fails with "database is locked".
+    fn read_then_claim(
+        conn: &mut Self::Connection,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<ExistingRecord>, sqlx::Error>> + Send {
+        Self::read(conn, scope, key)
+    }
+
     /// Store the response and mark the record `DONE`; returns rows changed.
     #[doc(hidden)]
     fn complete(

@@ -119,6 +119,15 @@ impl SqlBackend for Sqlite {
         Ok(if inserted.rows_affected() == 1 { ClaimResult::Claimed } else { ClaimResult::Conflict })
     }
 
+    async fn read_then_claim(
+        conn: &mut SqliteConnection,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        sqlx::query("UPDATE idem_records SET status = status WHERE 0").execute(&mut *conn).await?;
+        Self::read(conn, scope, key).await
+    }
+
     async fn read(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
         let row: Option<SqliteRow> = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_existing(&row)).transpose()

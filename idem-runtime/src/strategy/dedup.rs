@@ -6,6 +6,7 @@
 //! replays (or claims, if the first call rolled back).
 
 use crate::guard::{Guard, GuardError, Prepared};
+use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
 use crate::record::{Outcome, RecordStatus, report};
 use crate::sql::{Cas, ClaimResult, Conn, ExistingRecord, InsertDone, SqlBackend, classify, in_transaction};
 use crate::strategy::state::{Moved, revert};
@@ -42,15 +43,48 @@ impl Guard {
         let p = self.prepare()?;
         let conn = conn.0;
         require_transaction::<DB>(conn, &p)?;
-        if p.spec.claim_after {
-            // Nothing to do before the body: the record is written with its
-            // response in `Ticket::complete`.
-            return Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None }));
+        dedup_prepared::<T, DB>(conn, p).await
+    }
+
+    /// `dedup` with `precheck`: a "seen" marker first; a seen key whose
+    /// completed record is there replays without the claim.
+    pub async fn dedup_prechecked<T: Replayable, DB: SqlBackend>(
+        self,
+        conn: Conn<'_, DB>,
+        store: &dyn PrecheckStore,
+        ttl: std::time::Duration,
+    ) -> Result<Claim<T>, Error> {
+        let p = self.prepare()?;
+        let conn = conn.0;
+        require_transaction::<DB>(conn, &p)?;
+        if let Sight::Seen = look(store, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await {
+            let existing = DB::read_then_claim(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)?;
+            match existing {
+                Some(existing)
+                    if !existing.expired && RecordStatus::parse(&existing.status) == Some(RecordStatus::Done) =>
+                {
+                    precheck_confirmed(true);
+                    return judge(&p, existing).map(Claim::Replay);
+                }
+                _ => precheck_confirmed(false),
+            }
         }
-        match claim_record::<DB>(conn, &p, None).await? {
-            Claimed::Fresh { .. } => Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None })),
-            Claimed::Existing(existing) => judge(&p, existing).map(Claim::Replay),
-        }
+        dedup_prepared::<T, DB>(conn, p).await
+    }
+}
+
+async fn dedup_prepared<T: Replayable, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: Prepared,
+) -> Result<Claim<T>, Error> {
+    if p.spec.claim_after {
+        // Nothing to do before the body: the record is written with its
+        // response in `Ticket::complete`.
+        return Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None }));
+    }
+    match claim_record::<DB>(conn, &p, None).await? {
+        Claimed::Fresh { .. } => Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None })),
+        Claimed::Existing(existing) => judge(&p, existing).map(Claim::Replay),
     }
 }
 

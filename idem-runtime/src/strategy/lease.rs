@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, new_owner};
+use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
 use crate::record::{Outcome, report};
 use crate::strategy::dedup::{Claim, replayed, stored_response};
 use crate::strategy::renew::under_renewal;
@@ -29,6 +30,28 @@ impl Guard {
         store: &'s dyn LeaseStore,
         lease: Duration,
     ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
+        self.lease_with(store, lease, None).await
+    }
+
+    /// `lease` with `precheck`: a "seen" marker first; a seen key is read
+    /// before it is claimed (on SQL stores a plain read instead of the
+    /// claiming upsert), and a completed record replays from that read.
+    pub async fn lease_prechecked<'s, T: Replayable>(
+        self,
+        store: &'s dyn LeaseStore,
+        lease: Duration,
+        precheck: &dyn PrecheckStore,
+        ttl: Duration,
+    ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
+        self.lease_with(store, lease, Some((precheck, ttl))).await
+    }
+
+    async fn lease_with<'s, T: Replayable>(
+        self,
+        store: &'s dyn LeaseStore,
+        lease: Duration,
+        precheck: Option<(&dyn PrecheckStore, Duration)>,
+    ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
         let p = self.prepare()?;
         let owner = new_owner();
         let req = LeaseRequest {
@@ -39,7 +62,25 @@ impl Guard {
             lease,
             retention: p.spec.retention,
         };
-        match store.claim(&req).await? {
+        let mut seen = false;
+        if let Some((marks, ttl)) = precheck
+            && let Sight::Seen = look(marks, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await
+        {
+            match store.peek(&req).await? {
+                Some(LeaseClaim::Done { response }) => {
+                    precheck_confirmed(true);
+                    return replayed(&p, &response).map(Claim::Replay);
+                }
+                Some(LeaseClaim::Mismatch) => return Err(p.mismatch()),
+                // The claim answers; a completed record still replays from it.
+                _ => seen = true,
+            }
+        }
+        let claim = store.claim(&req).await?;
+        if seen {
+            precheck_confirmed(matches!(claim, LeaseClaim::Done { .. }));
+        }
+        match claim {
             LeaseClaim::Acquired { fence, reclaimed } => {
                 if reclaimed {
                     tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), fence, store = store.kind(),

@@ -1,0 +1,211 @@
+//! `precheck = "redis"`: a cache in front of the dedup record, for
+//! consumers whose repeats are common (a broker redelivering, a producer
+//! re-publishing).
+//!
+//! Before the claim, one `SET NX PX ttl` marker per key answers "seen
+//! before?" in one round trip:
+//! - **not seen**: the marker is written and the normal dedup claim runs;
+//! - **seen**: the dedup record is read in the caller's transaction. A
+//!   completed record replays its answer without the claim's INSERT; no
+//!   completed record (the marker outlived a crash or a rollback, or the
+//!   first call is still running) means the normal claim decides, exactly
+//!   as without the precheck.
+//!
+//! The marker is only a hint and the database stays the truth: the marker
+//! is written before the first call commits, which is safe because "seen"
+//! is always confirmed against the record. Losing markers (a flush, a
+//! failover, an expiry) costs the saved statement, never correctness, and
+//! an unreachable precheck store is logged and skipped. What it saves is the
+//! claim on every repeat: the INSERT that conflicts (and, on PostgreSQL and
+//! MySQL, waits on the first call's row lock), leaving one plain read.
+//!
+//! Give the marker a TTL longer than the window in which repeats arrive (the
+//! broker's redelivery and the producers' retry window): after it, repeats
+//! take the normal path again.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::Error;
+use crate::lease::{BoxFuture, MemoryStore, millis};
+
+/// Marker TTL when the attribute gives none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// A store of "seen" markers.
+///
+/// [`MemoryStore`] and, with the `redis` feature,
+/// [`RedisStore`](crate::lease::RedisStore) implement it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a precheck store",
+    label = "`store` must name a precheck store",
+    note = "use `idem::RedisStore::new(conn, prefix)` or `idem::MemoryStore` (or a type implementing `idem::precheck::PrecheckStore`); leave `store` out to use the one installed with `idem::precheck::install`"
+)]
+pub trait PrecheckStore: Send + Sync {
+    /// `memory` or `redis`, for logs.
+    fn kind(&self) -> &'static str;
+    /// Mark `key` of `scope` seen for `ttl`, if it is not already: `true`
+    /// when this call wrote the marker (first sight). One atomic step.
+    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
+}
+
+impl<S: PrecheckStore + ?Sized> PrecheckStore for Arc<S> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).mark(scope, key, ttl)
+    }
+}
+
+impl<S: PrecheckStore + ?Sized> PrecheckStore for &S {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).mark(scope, key, ttl)
+    }
+}
+
+impl PrecheckStore for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        let now = self.now();
+        let id = format!("{scope}\0{key}");
+        let mut map = self.markers.lock(&id);
+        if map.len() % 1024 == 1023 {
+            map.retain(|_, until| *until > now);
+        }
+        let fresh = match map.get_mut(&id) {
+            Some(until) if *until > now => false,
+            Some(until) => {
+                *until = now.saturating_add(millis(ttl));
+                true
+            }
+            None => {
+                map.insert(id, now.saturating_add(millis(ttl)));
+                true
+            }
+        };
+        Box::pin(std::future::ready(Ok(fresh)))
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<C> PrecheckStore for crate::lease::RedisStore<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(self.marker_key(scope, key)).arg("1").arg("NX").arg("PX").arg(millis(ttl).max(1));
+            let mut conn = self.connection();
+            let reply: redis::Value = cmd.query_async(&mut conn).await.map_err(crate::lease::redis::store_error)?;
+            Ok(!matches!(reply, redis::Value::Nil))
+        })
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<C> crate::lease::RedisStore<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The Redis key of a precheck marker: `{prefix}{<key>}:<scope>:seen`,
+    /// in the same Cluster slot as the key's lease record.
+    pub fn marker_key(&self, scope: &str, key: &str) -> String {
+        format!("{}{{{key}}}:{scope}:seen", self.prefix())
+    }
+}
+
+static DEFAULT_STORE: OnceLock<Box<dyn PrecheckStore>> = OnceLock::new();
+
+/// Install the store `precheck` guards use when the attribute names no
+/// `store`. Call it once at start-up; returns `false` (and keeps the first)
+/// if one was installed already.
+pub fn install(store: impl PrecheckStore + 'static) -> bool {
+    DEFAULT_STORE.set(Box::new(store)).is_ok()
+}
+
+/// The installed store; a process-wide [`MemoryStore`] if none was installed
+/// (it still saves the claim for repeats this process sees).
+pub fn installed() -> &'static dyn PrecheckStore {
+    &**DEFAULT_STORE.get_or_init(|| {
+        tracing::warn!(target: "idem", "no precheck store installed (idem::precheck::install): using an in-process \
+            memory store");
+        Box::new(MemoryStore::new())
+    })
+}
+
+/// What the prechecks of this process found, since it started. Monotonic:
+/// take differences between two readings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// First sight: the marker was written, the normal claim ran.
+    pub marked: u64,
+    /// The marker was there (a precheck hit).
+    pub seen: u64,
+    /// Seen, and a completed record confirmed it: replayed without a claim.
+    pub confirmed: u64,
+    /// Seen, but no completed record: the normal claim ran (a crash or
+    /// rollback after the marker, or the first call still running).
+    pub missing: u64,
+    /// The precheck store failed: the database alone decided.
+    pub unavailable: u64,
+}
+
+static MARKED: AtomicU64 = AtomicU64::new(0);
+static SEEN: AtomicU64 = AtomicU64::new(0);
+static CONFIRMED: AtomicU64 = AtomicU64::new(0);
+static MISSING: AtomicU64 = AtomicU64::new(0);
+static UNAVAILABLE: AtomicU64 = AtomicU64::new(0);
+
+/// This process's precheck counters.
+pub fn counters() -> Counters {
+    Counters {
+        marked: MARKED.load(Ordering::Relaxed),
+        seen: SEEN.load(Ordering::Relaxed),
+        confirmed: CONFIRMED.load(Ordering::Relaxed),
+        missing: MISSING.load(Ordering::Relaxed),
+        unavailable: UNAVAILABLE.load(Ordering::Relaxed),
+    }
+}
+
+/// What a precheck found, as the dedup guard acts on it.
+pub(crate) enum Sight {
+    First,
+    Seen,
+    Unknown,
+}
+
+pub(crate) async fn look(store: &dyn PrecheckStore, scope: &str, key: &str, ttl: Duration, guard: &str) -> Sight {
+    match store.mark(scope, key, ttl).await {
+        Ok(true) => {
+            MARKED.fetch_add(1, Ordering::Relaxed);
+            Sight::First
+        }
+        Ok(false) => {
+            SEEN.fetch_add(1, Ordering::Relaxed);
+            Sight::Seen
+        }
+        Err(e) => {
+            UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "idem", scope = guard, store = store.kind(), error = %e,
+                "precheck store unreachable; the database record alone decides");
+            Sight::Unknown
+        }
+    }
+}
+
+pub(crate) fn confirmed(yes: bool) {
+    if yes { &CONFIRMED } else { &MISSING }.fetch_add(1, Ordering::Relaxed);
+}
