@@ -388,3 +388,370 @@ impl Shop for MySql {
         Ok(done.rows_affected())
     }
 }
+
+/// The ledger of the message-consumer demo (`mq_consumer`): `mq_ledger`
+/// holds one entry per business key, its unique index the last line of
+/// defence; `mq_applied` logs every committed run of the handler's body and
+/// has no unique index, so a duplicate effect would show there.
+pub trait Ledger: idem::SqlBackend {
+    /// Create the two tables if missing.
+    fn setup_ledger(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Book one entry of run `run` and log the application; the entry's id.
+    fn book(
+        conn: &mut Self::Connection,
+        run: &str,
+        key: &str,
+        account: i64,
+        amount_cents: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+    /// Of run `run`: (entries, applications, distinct keys applied).
+    fn ledger_report(
+        pool: &sqlx::Pool<Self>,
+        run: &str,
+    ) -> impl Future<Output = Result<(i64, i64, i64), sqlx::Error>> + Send;
+}
+
+const LEDGER_REPORT: &str = "SELECT (SELECT COUNT(*) FROM mq_ledger WHERE run = ?), \
+     (SELECT COUNT(*) FROM mq_applied WHERE run = ?), (SELECT COUNT(DISTINCT business_key) FROM mq_applied WHERE run = ?)";
+
+impl Ledger for Sqlite {
+    async fn setup_ledger(pool: &SqlitePool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS mq_ledger (id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, \
+               business_key TEXT NOT NULL UNIQUE, account INTEGER NOT NULL, amount_cents INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS mq_applied (id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, business_key TEXT NOT NULL);
+             CREATE INDEX IF NOT EXISTS mq_applied_run ON mq_applied (run);",
+        )
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+    async fn book(
+        conn: &mut sqlx::SqliteConnection,
+        run: &str,
+        key: &str,
+        account: i64,
+        cents: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let id = sqlx::query("INSERT INTO mq_ledger (run, business_key, account, amount_cents) VALUES (?, ?, ?, ?)")
+            .bind(run)
+            .bind(key)
+            .bind(account)
+            .bind(cents)
+            .execute(&mut *conn)
+            .await?
+            .last_insert_rowid();
+        sqlx::query("INSERT INTO mq_applied (run, business_key) VALUES (?, ?)")
+            .bind(run)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(id)
+    }
+    async fn ledger_report(pool: &SqlitePool, run: &str) -> Result<(i64, i64, i64), sqlx::Error> {
+        sqlx::query_as(LEDGER_REPORT).bind(run).bind(run).bind(run).fetch_one(pool).await
+    }
+}
+
+impl Ledger for Postgres {
+    async fn setup_ledger(pool: &PgPool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS mq_ledger (id BIGSERIAL PRIMARY KEY, run VARCHAR(64) NOT NULL, \
+               business_key VARCHAR(191) NOT NULL UNIQUE, account BIGINT NOT NULL, amount_cents BIGINT NOT NULL);
+             CREATE INDEX IF NOT EXISTS mq_ledger_run ON mq_ledger (run);
+             CREATE TABLE IF NOT EXISTS mq_applied (id BIGSERIAL PRIMARY KEY, run VARCHAR(64) NOT NULL, business_key VARCHAR(191) NOT NULL);
+             CREATE INDEX IF NOT EXISTS mq_applied_run ON mq_applied (run);",
+        )
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+    async fn book(
+        conn: &mut sqlx::PgConnection,
+        run: &str,
+        key: &str,
+        account: i64,
+        cents: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let id = sqlx::query_scalar(
+            "INSERT INTO mq_ledger (run, business_key, account, amount_cents) VALUES ($1, $2, $3, $4) RETURNING id",
+        )
+        .bind(run)
+        .bind(key)
+        .bind(account)
+        .bind(cents)
+        .fetch_one(&mut *conn)
+        .await?;
+        sqlx::query("INSERT INTO mq_applied (run, business_key) VALUES ($1, $2)")
+            .bind(run)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(id)
+    }
+    async fn ledger_report(pool: &PgPool, run: &str) -> Result<(i64, i64, i64), sqlx::Error> {
+        sqlx::query_as(sql("postgres", LEDGER_REPORT)).bind(run).bind(run).bind(run).fetch_one(pool).await
+    }
+}
+
+impl Ledger for MySql {
+    async fn setup_ledger(pool: &MySqlPool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS mq_ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, run VARCHAR(64) NOT NULL, \
+               business_key VARCHAR(191) NOT NULL, account BIGINT NOT NULL, amount_cents BIGINT NOT NULL, \
+               UNIQUE INDEX mq_ledger_key (business_key), INDEX mq_ledger_run (run)) ENGINE = InnoDB;
+             CREATE TABLE IF NOT EXISTS mq_applied (id BIGINT AUTO_INCREMENT PRIMARY KEY, run VARCHAR(64) NOT NULL, \
+               business_key VARCHAR(191) NOT NULL, INDEX mq_applied_run (run)) ENGINE = InnoDB;",
+        )
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+    async fn book(
+        conn: &mut sqlx::MySqlConnection,
+        run: &str,
+        key: &str,
+        account: i64,
+        cents: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let id = sqlx::query("INSERT INTO mq_ledger (run, business_key, account, amount_cents) VALUES (?, ?, ?, ?)")
+            .bind(run)
+            .bind(key)
+            .bind(account)
+            .bind(cents)
+            .execute(&mut *conn)
+            .await?
+            .last_insert_id();
+        sqlx::query("INSERT INTO mq_applied (run, business_key) VALUES (?, ?)")
+            .bind(run)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(id as i64)
+    }
+    async fn ledger_report(pool: &MySqlPool, run: &str) -> Result<(i64, i64, i64), sqlx::Error> {
+        sqlx::query_as(LEDGER_REPORT).bind(run).bind(run).bind(run).fetch_one(pool).await
+    }
+}
+
+/// The message broker of the consumer examples: RabbitMQ (lapin) when a URL
+/// is given, an in-process queue with the same settlement semantics
+/// otherwise. Messages carry the producer's business key in the
+/// [`KEY_HEADER`] header.
+pub mod mq {
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::sync::{Arc, Mutex};
+
+    use lapin::options::*;
+    use lapin::types::{AMQPValue, FieldTable};
+    use tokio::sync::{Notify, mpsc};
+
+    use super::BoxError;
+
+    /// The header carrying the producer's business key.
+    pub const KEY_HEADER: &str = "x-idempotency-key";
+
+    /// One published message: the key header (if any) and the JSON body.
+    #[derive(Clone)]
+    pub struct Message {
+        pub key: Option<String>,
+        pub body: Vec<u8>,
+    }
+
+    /// The in-process broker: one queue with RabbitMQ's settlement semantics.
+    /// A nacked message goes back to the head of the queue, flagged
+    /// redelivered; a rejected one goes to the dead letters.
+    #[derive(Default)]
+    pub struct LocalQueue {
+        ready: Mutex<VecDeque<(Message, bool)>>,
+        pub dead: AtomicUsize,
+        more: Notify,
+    }
+
+    impl LocalQueue {
+        pub fn push(&self, msg: Message, redelivered: bool) {
+            let mut ready = self.ready.lock().unwrap();
+            if redelivered {
+                ready.push_front((msg, true))
+            } else {
+                ready.push_back((msg, false))
+            }
+            self.more.notify_one();
+        }
+
+        pub async fn next(self: &Arc<Self>) -> Delivery {
+            loop {
+                let more = self.more.notified();
+                let popped = {
+                    let mut ready = self.ready.lock().unwrap();
+                    let popped = ready.pop_front();
+                    if !ready.is_empty() {
+                        self.more.notify_one(); // let the other consumer take the next one
+                    }
+                    popped
+                };
+                if let Some((msg, redelivered)) = popped {
+                    return Delivery { msg, redelivered, settle: Settle::Local(self.clone()) };
+                }
+                more.await;
+            }
+        }
+    }
+
+    enum Settle {
+        Amqp(lapin::Acker),
+        Local(Arc<LocalQueue>),
+    }
+
+    #[derive(Clone, Copy)]
+    pub enum Verdict {
+        Ack,
+        /// `basic.nack` with requeue: the broker delivers it again.
+        Requeue,
+        /// `basic.reject` without requeue: to the dead-letter queue.
+        DeadLetter,
+    }
+
+    pub struct Delivery {
+        pub msg: Message,
+        pub redelivered: bool,
+        settle: Settle,
+    }
+
+    impl Delivery {
+        pub fn from_amqp(d: lapin::message::Delivery) -> Delivery {
+            let key = d.properties.headers().as_ref().and_then(|h| match h.inner().get(KEY_HEADER) {
+                Some(AMQPValue::LongString(key)) => Some(key.to_string()),
+                _ => None,
+            });
+            Delivery { msg: Message { key, body: d.data }, redelivered: d.redelivered, settle: Settle::Amqp(d.acker) }
+        }
+
+        pub async fn settle(self, verdict: Verdict) -> Result<(), lapin::Error> {
+            match (self.settle, verdict) {
+                (Settle::Amqp(acker), Verdict::Ack) => acker.ack(BasicAckOptions::default()).await.map(drop),
+                (Settle::Amqp(acker), Verdict::Requeue) => {
+                    acker.nack(BasicNackOptions { requeue: true, multiple: false }).await.map(drop)
+                }
+                (Settle::Amqp(acker), Verdict::DeadLetter) => {
+                    acker.reject(BasicRejectOptions { requeue: false }).await.map(drop)
+                }
+                (Settle::Local(_), Verdict::Ack) => Ok(()),
+                (Settle::Local(queue), Verdict::Requeue) => {
+                    queue.push(self.msg, true);
+                    Ok(())
+                }
+                (Settle::Local(queue), Verdict::DeadLetter) => {
+                    queue.dead.fetch_add(1, Relaxed);
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Where a consumer's deliveries come from.
+    pub enum Source {
+        /// The deliveries of a consumer on the channel, which lives as long.
+        Amqp(mpsc::UnboundedReceiver<Delivery>, #[allow(dead_code)] lapin::Channel),
+        Local(Arc<LocalQueue>),
+    }
+
+    impl Source {
+        pub async fn next(&mut self) -> Option<Delivery> {
+            match self {
+                Source::Amqp(rx, _) => rx.recv().await,
+                Source::Local(queue) => Some(queue.next().await),
+            }
+        }
+    }
+
+    #[allow(clippy::large_enum_variant)] // one per program
+    pub enum Broker {
+        Amqp { conn: lapin::Connection, publisher: lapin::Channel, queue: String },
+        Local(Arc<LocalQueue>),
+    }
+
+    impl Broker {
+        /// RabbitMQ at `url`: the queue (dead-lettering to `{queue}.dead`), both
+        /// expiring 10 minutes after their last use; the in-process queue without.
+        pub async fn connect(url: Option<&str>, queue: &str) -> Result<Broker, BoxError> {
+            let Some(url) = url else { return Ok(Broker::Local(Arc::default())) };
+            let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+            let publisher = conn.create_channel().await?;
+            publisher.confirm_select(ConfirmSelectOptions::default()).await?;
+            let mut args = FieldTable::default();
+            args.insert("x-expires".into(), AMQPValue::LongInt(600_000));
+            let dead = format!("{queue}.dead");
+            publisher.queue_declare(dead.as_str().into(), QueueDeclareOptions::default(), args.clone()).await?;
+            args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+            args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(dead.as_str().into()));
+            publisher.queue_declare(queue.into(), QueueDeclareOptions::default(), args).await?;
+            Ok(Broker::Amqp { conn, publisher, queue: queue.to_owned() })
+        }
+
+        /// Publish and wait for the broker's confirm.
+        pub async fn publish(&self, msg: &Message, message_id: &str) -> Result<(), BoxError> {
+            match self {
+                Broker::Local(queue) => queue.push(msg.clone(), false),
+                Broker::Amqp { publisher, queue, .. } => {
+                    let mut headers = FieldTable::default();
+                    if let Some(key) = &msg.key {
+                        headers.insert(KEY_HEADER.into(), AMQPValue::LongString(key.as_str().into()));
+                    }
+                    let props =
+                        lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
+                    let options = BasicPublishOptions::default();
+                    publisher.basic_publish("".into(), queue.as_str().into(), options, &msg.body, props).await?.await?;
+                }
+            }
+            Ok(())
+        }
+
+        /// A consumer of its own (a channel with `prefetch` unacked deliveries).
+        pub async fn subscribe(&self, tag: &str, prefetch: u16) -> Result<Source, BoxError> {
+            let Broker::Amqp { conn, queue, .. } = self else {
+                let Broker::Local(queue) = self else { unreachable!() };
+                return Ok(Source::Local(queue.clone()));
+            };
+            let channel = conn.create_channel().await?;
+            channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+            let options = BasicConsumeOptions::default();
+            let consumer =
+                channel.basic_consume(queue.as_str().into(), tag.into(), options, FieldTable::default()).await?;
+            let (tx, rx) = mpsc::unbounded_channel();
+            consumer.set_delegate(move |delivery: lapin::message::DeliveryResult| {
+                let tx = tx.clone();
+                async move {
+                    if let Ok(Some(delivery)) = delivery {
+                        let _ = tx.send(Delivery::from_amqp(delivery));
+                    }
+                }
+            });
+            Ok(Source::Amqp(rx, channel))
+        }
+
+        /// Messages in the dead-letter queue.
+        pub async fn dead_letters(&self) -> Result<usize, BoxError> {
+            match self {
+                Broker::Local(queue) => Ok(queue.dead.load(Relaxed)),
+                Broker::Amqp { publisher, queue, .. } => {
+                    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+                    let dead = format!("{queue}.dead");
+                    let declared =
+                        publisher.queue_declare(dead.as_str().into(), passive, FieldTable::default()).await?;
+                    Ok(declared.message_count() as usize)
+                }
+            }
+        }
+
+        pub async fn close(self) {
+            if let Broker::Amqp { conn, publisher, queue } = self {
+                for name in [format!("{queue}.dead"), queue] {
+                    let _ = publisher.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
+                }
+                let _ = conn.close(200, "done".into()).await;
+            }
+        }
+    }
+}

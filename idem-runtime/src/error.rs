@@ -195,10 +195,18 @@ pub enum Error {
 
 impl Error {
     /// True for errors where retrying the same request later can succeed
-    /// (`InProgress`, `LockBusy`, and transient database failures).
+    /// (`InProgress`, `LockBusy`, `LockLost`, store failures, and transient
+    /// database failures: lost connections, pool timeouts, deadlocks and
+    /// serialization failures, SQLite's busy database).
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } | Error::Store { .. } => true,
+            Error::Database(sqlx::Error::Database(db)) => {
+                // Deadlock and serialization failures (SQLSTATE 40001, PostgreSQL
+                // 40P01), SQLite's busy and locked: the transaction was rolled
+                // back or never got its lock; running it again can succeed.
+                matches!(db.code().as_deref(), Some("40001" | "40P01" | "5" | "6" | "517"))
+            }
             Error::Database(e) => matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed),
             _ => false,
         }

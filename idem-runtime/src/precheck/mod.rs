@@ -198,9 +198,15 @@ pub(crate) async fn look(store: &dyn PrecheckStore, scope: &str, key: &str, ttl:
             Sight::Seen
         }
         Err(e) => {
-            UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(target: "idem", scope = guard, store = store.kind(), error = %e,
-                "precheck store unreachable; the database record alone decides");
+            // Warn once per burst: an outage would otherwise log every call.
+            let n = UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
+            if n.is_power_of_two() || n == 0 {
+                tracing::warn!(target: "idem", scope = guard, store = store.kind(), error = %e, failures = n + 1,
+                    "precheck store unreachable; the database record alone decides");
+            } else {
+                tracing::debug!(target: "idem", scope = guard, store = store.kind(), error = %e,
+                    "precheck store unreachable; the database record alone decides");
+            }
             Sight::Unknown
         }
     }

@@ -39,6 +39,13 @@ const TAKE_OVER: &str = "UPDATE idem_records SET status = 'DONE', fingerprint = 
 const READ: &str = "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
     FROM idem_records WHERE scope = ? AND idem_key = ? LOCK IN SHARE MODE";
 
+/// The precheck's confirming read: a plain (snapshot) read. A shared lock
+/// here would take a gap lock when the record is missing, and two copies of
+/// one key would then deadlock on their claims; a record the snapshot
+/// misses is found by the claim's duplicate-key path, whose read locks.
+const READ_PLAIN: &str = "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
+    FROM idem_records WHERE scope = ? AND idem_key = ?";
+
 const FETCH: &str = "SELECT CONVERT(scope USING utf8mb4), CONVERT(idem_key USING utf8mb4), status, fingerprint, response, owner, fence, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', lease_until) DIV 1000, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000, \
@@ -100,6 +107,15 @@ impl SqlBackend for MySql {
             Err(e) if is_duplicate_key(&e) => Ok(ClaimResult::Conflict),
             Err(e) => Err(e),
         }
+    }
+
+    async fn read_then_claim(
+        conn: &mut MySqlConnection,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        let row: Option<MySqlRow> = sqlx::query(READ_PLAIN).bind(scope).bind(key).fetch_optional(conn).await?;
+        row.map(|row| super::decode_existing(&row)).transpose()
     }
 
     async fn read(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
