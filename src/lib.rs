@@ -265,7 +265,8 @@
 //!
 //! Where repeats are the common case (a broker redelivering, producers
 //! re-publishing), `precheck = "redis"` on `dedup` (or `lease`) asks a marker
-//! store "seen before?" in one round trip first. A seen key whose completed
+//! store "seen before?" in one round trip first (with `lease`, worth it on
+//! SQL lease stores only). A seen key whose completed
 //! record is there replays after one plain read, without the claim; a
 //! marker whose record is missing (a crash or rollback after it was written)
 //! takes the normal path. The record stays the truth: losing every marker
@@ -300,7 +301,8 @@
 //!   [work outside the transaction](#work-outside-the-transaction-lease)),
 //!   `"token"`, `"token+dedup"`, `"lock+dedup"`, `"lock+state"` and `"lock"`
 //!   (see [double submits and locks](#double-submits-token-concurrency-locks)).
-//!   `key` is required except for `"token"`, which keys on the token.
+//!   `key` is required, except with `"token"`, which keys on the token and
+//!   refuses a `key`.
 //! - **`lease`** (`lease` only): the lease length (`"30s"`, the default).
 //! - **`store`** (`lease`, token and lock strategies): an expression naming
 //!   the [`lease::LeaseStore`], [`token::TokenStore`] or [`lock::LockStore`]
@@ -311,8 +313,12 @@
 //!   renewed every third of it while the body runs) and how long to wait for
 //!   a busy lock (default: not at all, [`Error::LockBusy`] at once).
 //! - **`precheck = "redis"`** (`dedup`, `lease`): a marker cache in front
-//!   of the record, in the store named by `store` (`dedup`) or installed with
-//!   [`precheck::install`]; `ttl` is the marker's lifetime (default 24 h).
+//!   of the record, in the store named by `store` (`dedup`; with `lease`,
+//!   `store` names the lease store and markers go to the one installed with
+//!   [`precheck::install`]); `ttl` is the marker's lifetime (default 24 h).
+//!   With `lease` it saves work only on SQL lease stores (a plain read
+//!   instead of the claiming upsert): Redis and memory lease stores already
+//!   replay in one cheap call.
 //! - **`on_store_error`** (token strategies): `"reject"` (default) or
 //!   `"allow"`, what to do while the token store is unreachable.
 //! - **`concurrency_only = true`** (`lock` only): the acknowledgement that a

@@ -251,11 +251,14 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
                           precheck marker lives (with `precheck`); a token's TTL is given when it is issued \
                           (`idem::token::issue`). Remove it"
                     .to_owned(),
+                "precheck" if strategy.keeps_record() || strategy == Strategy::DedupState => format!(
+                    "`precheck` works in front of strategy `dedup` or `lease` only; `{name}` does not support it \
+                     yet. Remove `precheck`, or guard the consumer with `dedup`"
+                ),
                 "precheck" => format!(
                     "`precheck` is a cache in front of a `dedup` or `lease` record, and the cache is not the \
                      source of truth: a \"seen\" marker must be confirmed against that record, which `{name}` \
-                     {}. Use strategy = \"dedup\" (or \"lease\") with it, or remove `precheck`",
-                    if strategy.keeps_record() { "does not read back" } else { "does not keep" }
+                     does not keep. Use strategy = \"dedup\" (or \"lease\") with it, or remove `precheck`"
                 ),
                 "transition" => "a transition is made by strategy `state`, `dedup+state` or `lock+state`; remove \
                                  it, or choose one of those"
@@ -287,17 +290,24 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
             ("retention", raw.retention.as_ref().map(|r| r.span())),
         ];
         let (memory, with_record) = match s {
-            Strategy::Token => ("the spent token is its only memory", "token+dedup"),
-            Strategy::Lock => ("a lock remembers nothing once released", "lock+dedup"),
-            _ => ("the entity's status is its only memory", "dedup+state"),
+            Strategy::Token => {
+                ("the spent token is its only memory", "use strategy = \"token+dedup\" to keep a record too")
+            }
+            Strategy::Lock => {
+                ("a lock remembers nothing once released", "use strategy = \"lock+dedup\" to keep a record too")
+            }
+            Strategy::LockState => {
+                ("the entity's status is its only memory", "use `lock+dedup` or `dedup+state` to keep a record")
+            }
+            _ => ("the entity's status is its only memory", "use strategy = \"dedup+state\" to keep a record too"),
         };
         for (arg, span) in recordless {
             let Some(span) = span else { continue };
             errors.push(syn::Error::new(
                 span,
                 format!(
-                    "`{arg}` needs a dedup record, and strategy `{}` keeps none ({memory}); use strategy = \
-                     \"{with_record}\" to keep a record too, or remove `{arg}`",
+                    "`{arg}` needs a dedup record, and strategy `{}` keeps none ({memory}); {with_record}, or \
+                     remove `{arg}`",
                     s.name()
                 ),
             ));
@@ -527,7 +537,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
             p.span(),
             format!(
                 "`precheck = \"{}\"`: the one precheck is \"redis\" (a SET NX marker per key, in the store \
-                 named by `store` or installed with `idem::precheck::install`)",
+                 installed with `idem::precheck::install`, or for `dedup` the one named by `store`)",
                 p.as_str()
             ),
         ));

@@ -113,14 +113,15 @@ pub enum Error {
         key_hash: String,
     },
 
-    /// The lock a `lock+dedup`, `lock+state` or `lock` guard held expired
-    /// while the body ran (its renewals failed), and another caller may have
-    /// taken it. The body was stopped, or its result withheld: with a
-    /// transaction, roll it back (returning this error through `?` does);
-    /// without one (`lock` alone), whatever the body did outside stands.
+    /// The lock a `lock+dedup`, `lock+state` or `lock` guard held was lost
+    /// while the call ran (its renewals failed, or another holder has it).
+    /// The body was stopped mid-way, or (with `dedup` or `state`) its result
+    /// withheld before your commit: roll the transaction back (returning
+    /// this error through `?` does). Whatever a stopped body did outside any
+    /// transaction stands.
     #[error(
         "the lock on key {key_hash} in scope `{scope}` was lost while the call ran; another caller may hold it, \
-         so this call's work must not be committed"
+         so roll back this call's transaction"
     )]
     LockLost {
         /// Scope of the guard.

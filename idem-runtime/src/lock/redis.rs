@@ -7,7 +7,8 @@
 //! is taken (and again if the counter is ever lost: expired after a week
 //! unused, or flushed), then counts up by one per grant. So tokens keep
 //! increasing across a lost counter, as long as Redis's clock does not step
-//! back.
+//! back. Scripts that read `TIME` and then write need Redis 5 or later
+//! (effects replication).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -104,7 +105,12 @@ where
         Box::pin(async move {
             let mut invocation = RELEASE.key(self.lock_key(name));
             invocation.arg(owner);
-            Ok(matches!(self.call(invocation).await?, redis::Value::Int(1)))
+            // Not retried after a dropped connection: if the first attempt
+            // deleted the lock, a second would find it gone and report it
+            // lost. A release that did not happen frees itself at the TTL.
+            let mut conn = self.connection();
+            let reply = invocation.invoke_async(&mut conn).await.map_err(store_error)?;
+            Ok(matches!(reply, redis::Value::Int(1)))
         })
     }
 

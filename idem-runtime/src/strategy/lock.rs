@@ -78,10 +78,11 @@ async fn lock<'s, T>(
 
 impl LockTicket<'_> {
     /// Run the body holding the lock, renewing it every third of its TTL,
-    /// then release it. A lock lost on the way (a renewal found another
-    /// holder, renewals failed for a whole TTL, or the release found the lock
-    /// gone) stops the body or fails its completion with
-    /// [`Error::LockLost`].
+    /// then release it. A lock lost while the body runs (a renewal found
+    /// another holder, or none succeeded in time) stops the body with
+    /// [`Error::LockLost`]; so does a release that finds the lock gone, for
+    /// `lock+dedup` and `lock+state`, whose caller has not committed yet.
+    /// A future dropped mid-body leaves the lock until its TTL passes.
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
     where
         E: GuardError,
@@ -94,10 +95,22 @@ impl LockTicket<'_> {
         let body = CURRENT.scope(info, body);
         let renew = || self.store.extend(&self.name, &self.owner, self.ttl);
         let Some(result) = under_renewal(body, self.ttl, renew, "lock", self.scope).await else {
+            // Given up before the store's TTL ran out: if the lock is still
+            // this owner's, free it now rather than at its TTL.
+            let _ = self.store.release(&self.name, &self.owner).await;
             return Err(self.lost().into());
         };
         match self.store.release(&self.name, &self.owner).await {
             Ok(true) => {}
+            // `lock` alone: the body finished, its work (outside any
+            // transaction of ours) is done and cannot be withheld; say that
+            // exclusion was broken, and return what it did.
+            Ok(false) if self.alone => {
+                tracing::error!(target: "idem", scope = self.scope, key = %self.key.hash(), fence = self.fence,
+                    "the lock expired before the body finished; another caller may have run at the same time");
+            }
+            // With `dedup` or `state` the caller has not committed yet: fail,
+            // so the change rolls back.
             Ok(false) => return Err(self.lost().into()),
             Err(e) => tracing::warn!(target: "idem", scope = self.scope, key = %self.key.hash(), error = %e,
                 "could not release the lock; it frees itself when its TTL passes"),

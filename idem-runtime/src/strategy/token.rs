@@ -30,7 +30,8 @@ impl Guard {
         on_store_error: OnStoreError,
     ) -> Result<Claim<T, TokenTicket>, Error> {
         let Some(token) = token.filter(|t| well_formed(t)) else {
-            tracing::info!(target: "idem", scope = self.spec.scope, "token rejected: missing or malformed");
+            // No usable token to key on: report under an empty key.
+            report(self.spec.scope, &crate::Key::from_stored(String::new()), Outcome::Rejected);
             return Err(Error::TokenRejected);
         };
         let p = self.key(token).prepare()?;
