@@ -20,7 +20,14 @@
 //! - `handwritten`: the same by hand: the compare-and-set with its row count
 //!   checked (and for `dedup+state` the claim INSERT and the response UPDATE).
 //!
+//! Scenarios `lease`, `token` and `lock` measure a guard with an empty body
+//! on its own store (memory by default, or `--redis-url`): see
+//! `lease_bench` and `token_bench`.
+//!
 //! ```text
+//! cargo run --release --example loadgen -- --scenario token --redis-url redis://127.0.0.1:6379 --clients 100 --seconds 40
+//! cargo run --release --example loadgen -- --scenario lock --redis-url redis://127.0.0.1:6379 --clients 64 --seconds 48
+//! cargo run --release --example loadgen -- --scenario mq --database-url postgres://postgres@127.0.0.1/test --redis-url redis://127.0.0.1:6379 --clients 16 --seconds 30
 //! cargo run --release --example loadgen -- --scenario dedup --database-url postgres://postgres@127.0.0.1/test --clients 16 --seconds 30
 //! cargo run --release --example loadgen -- --scenario dedup+state --database-url mysql://root@127.0.0.1/test
 //! ```
@@ -31,6 +38,8 @@
 
 mod common;
 mod lease_bench;
+mod mq_bench;
+mod token_bench;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,6 +58,13 @@ enum Scenario {
     DedupState,
     /// Lease records (memory by default; --redis-url or --database-url).
     Lease,
+    /// One-time tokens consumed through the guard (memory, or --redis-url).
+    Token,
+    /// `strategy = "lock", concurrency_only = true` (memory, or --redis-url).
+    Lock,
+    /// A consumer's handler, half its messages repeats, with and without
+    /// `precheck = "redis"` (markers in memory, or --redis-url).
+    Mq,
 }
 
 impl Scenario {
@@ -58,6 +74,9 @@ impl Scenario {
             Scenario::State => "state",
             Scenario::DedupState => "dedup+state",
             Scenario::Lease => "lease",
+            Scenario::Token => "token",
+            Scenario::Lock => "lock",
+            Scenario::Mq => "mq",
         }
     }
 
@@ -65,7 +84,7 @@ impl Scenario {
         match self {
             Scenario::Dedup => &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten],
             Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
-            Scenario::Lease => &[],
+            Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq => &[],
         }
     }
 }
@@ -79,9 +98,15 @@ struct Args {
     /// (for `lease`: the memory store).
     #[arg(long)]
     database_url: Option<String>,
-    /// `lease` only: keep lease records in this Redis.
+    /// `lease`, `token`, `lock` and `mq` only: keep their records, tokens, locks or markers in this Redis.
     #[arg(long)]
     redis_url: Option<String>,
+    /// `token` and `lock` on Redis: the redis-rs connection under the store.
+    #[arg(long, value_enum, default_value = "multiplexed")]
+    redis_connection: token_bench::Connection,
+    /// `--redis-connection pool`: how many multiplexed connections.
+    #[arg(long, default_value_t = 4)]
+    redis_pool: usize,
     #[arg(long, default_value_t = 16)]
     clients: usize,
     /// Total measuring time, shared by the three modes.
@@ -318,7 +343,9 @@ where
         (Scenario::DedupState, Mode::Guarded) => {
             guarded_dedup_state(&mut tx, trade_no, user_id).await?;
         }
-        (Scenario::Lease, _) => unreachable!("the lease scenario runs in lease_bench"),
+        (Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq, _) => {
+            unreachable!("the lease, token, lock and mq scenarios run in their own modules")
+        }
         (Scenario::DedupState, Mode::Handwritten) => {
             if DB::hand_claim(&mut tx, trade_no).await? && hand_pay::<DB>(&mut tx, trade_no).await? {
                 let coupon = business::<DB>(&mut tx, trade_no, user_id).await?;
@@ -503,6 +530,17 @@ async fn main() -> Result<(), BoxError> {
     if args.scenario == Scenario::Lease {
         let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
         return lease_bench::run(db, redis, args.clients, args.seconds, args.rounds).await;
+    }
+    if args.scenario == Scenario::Mq {
+        let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
+        return mq_bench::run(db, redis, args.clients, args.seconds, args.rounds).await;
+    }
+    let (redis, connection, pool) = (args.redis_url.as_deref(), args.redis_connection, args.redis_pool);
+    let (clients, seconds, rounds) = (args.clients, args.seconds, args.rounds);
+    match args.scenario {
+        Scenario::Token => return token_bench::run_token(redis, connection, pool, clients, seconds, rounds).await,
+        Scenario::Lock => return token_bench::run_lock(redis, connection, pool, clients, seconds, rounds).await,
+        _ => {}
     }
     let store = Store::connect(args.database_url.as_deref(), args.clients as u32 + 2).await?;
     match &store {
