@@ -23,8 +23,9 @@
 //!   and on the SQL stores also a record past its retention;
 //! - a guarded future dropped mid-body (cancelled) leaves its record
 //!   `PROCESSING` until the lease passes; then the next call reclaims it;
-//! - renewals that fail for a whole lease stop the body with
-//!   [`Error::LeaseLost`]: by then another worker may hold the key.
+//! - renewals that keep failing stop the body with [`Error::LeaseLost`] a
+//!   sixth of the lease before the last successful one would run out, so it
+//!   stops before another worker can reclaim the key.
 
 use std::future::Future;
 use std::pin::Pin;

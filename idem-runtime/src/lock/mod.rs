@@ -22,11 +22,12 @@
 //! Waiting (`wait = "2s"`) polls the store with short, randomised pauses;
 //! waiters are not served in arrival order.
 //!
-//! The guard renews its lock every third of the TTL while the body runs. If
-//! a renewal finds the lock gone, or none succeeds for a whole TTL, the body
-//! is stopped and the call returns [`Error::LockLost`]: with `lock+dedup` and
-//! `lock+state` that reaches the caller before it commits, so the change
-//! rolls back.
+//! The guard renews its lock every third of the TTL while the body runs
+//! (a failed renewal is retried soon). If a renewal finds the lock gone, or
+//! none succeeds until a sixth of the TTL before the last one would run out,
+//! the body is stopped (before another holder can take the lock) and the
+//! call returns [`Error::LockLost`]: with `lock+dedup` and `lock+state` that
+//! reaches the caller before it commits, so the change rolls back.
 //!
 //! The lock is released when the guarded function returns, which is before
 //! the caller commits its transaction. In that window a concurrent repeat
