@@ -76,7 +76,8 @@ where
     calls as f64 / started.elapsed().as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (NaN when empty); the other bench modules use it too.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         return f64::NAN;

@@ -21,6 +21,8 @@
 //! saved are counted from `idem::precheck::counters()`: `confirmed` repeats
 //! replayed without the claim.
 
+use crate::lease_bench::median;
+use crate::percentile;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -250,22 +252,6 @@ where
     c.confirmed += after.confirmed - before.confirmed;
     c.missing += after.missing - before.missing;
     c.unavailable += after.unavailable - before.unavailable;
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
-}
-
-fn percentile(sorted: &[u32], p: f64) -> u32 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 /// Earlier runs' records and ledger rows, removed at start so every run

@@ -24,6 +24,7 @@
 //! `idem::token::issue`. Every guarded call spends a distinct token; the
 //! ones a slice did not use are deleted after it.
 
+use crate::lease_bench::median;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -172,15 +173,6 @@ where
     total.calls = total.latencies_ns.len() as u64;
     total.elapsed = started.elapsed();
     total
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
 }
 
 /// `median [min-max]` of a series, for the human-readable lines.
