@@ -38,11 +38,13 @@ async fn work(
     Ok(amount)
 }
 
-/// A short lease, kept alive by the runtime while the body runs for longer.
-#[idempotent(key = "id", strategy = "lease", lease = "300ms", scope = "tests.lease.long", store = "store")]
+/// A short lease, kept alive by the runtime while the body runs for longer
+/// (600 ms: SQLite renewals queue behind other tests' writes on a loaded
+/// 2-core machine, and 300 ms left them too little room).
+#[idempotent(key = "id", strategy = "lease", lease = "600ms", scope = "tests.lease.long", store = "store")]
 async fn long_work(store: &dyn LeaseStore, id: &str, runs: &AtomicUsize) -> Result<(), AppError> {
     runs.fetch_add(1, SeqCst);
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     Ok(())
 }
 
@@ -265,7 +267,7 @@ macro_rules! lease_suite {
                     tokio::spawn(async move { long_work(&*store, &id, &runs).await })
                 };
                 // Twice the lease later the first call still holds it.
-                tokio::time::sleep(Duration::from_millis(650)).await;
+                tokio::time::sleep(Duration::from_millis(1300)).await;
                 let during = long_work(&*store, &id, &runs).await;
                 assert!(matches!(during, Err(AppError::Idem(Error::InProgress { .. }))), "{during:?}");
                 first.await.unwrap().unwrap();
