@@ -115,6 +115,10 @@ struct Args {
     /// How many times the three modes take turns.
     #[arg(long, default_value_t = 5)]
     rounds: u32,
+    /// `lease` only: measure one side alone (first runs, then replays, for
+    /// `--seconds` each, no interleaving): for profiling, e.g. under `perf`.
+    #[arg(long, value_enum)]
+    only: Option<lease_bench::Only>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -529,6 +533,9 @@ async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     if args.scenario == Scenario::Lease {
         let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
+        if let Some(only) = args.only {
+            return lease_bench::run_only(only, db, redis, args.clients, args.seconds).await;
+        }
         return lease_bench::run(db, redis, args.clients, args.seconds, args.rounds).await;
     }
     if args.scenario == Scenario::Mq {

@@ -315,3 +315,96 @@ async fn the_installed_store_is_used_without_store_argument() {
     assert_eq!(default_store(&id, &runs).await.unwrap(), 0);
     assert_eq!(runs.load(SeqCst), 1);
 }
+
+lease_suite! {
+    mod redis_unbatched;
+    store = common::redis().await.map(|c| {
+        Arc::new(idem::lease::RedisStore::new(c, format!("{}:", unique("idem-test"))).batching(false)) as Store
+    });
+}
+
+/// The Redis store's batching: under load, operations queued behind the
+/// calls in flight go out together, and each caller gets its own answer.
+mod redis_batching {
+    use super::*;
+    use idem::lease::RedisStore;
+
+    #[idempotent(key = "id", strategy = "lease", scope = "tests.lease.batch", store = "store")]
+    async fn counted(store: &dyn LeaseStore, id: &str, n: usize, runs: &AtomicUsize) -> Result<usize, AppError> {
+        runs.fetch_add(1, SeqCst);
+        Ok(n)
+    }
+
+    async fn store() -> Option<(RedisStore, ::redis::aio::ConnectionManager)> {
+        let conn = common::redis().await?;
+        Some((RedisStore::new(conn.clone(), format!("{}:", unique("idem-batch"))), conn))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_keys_at_once_each_run_once_and_replay_their_own_answer() {
+        let Some((store, _)) = store().await else { return };
+        let store = Arc::new(store);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let ids: Vec<String> = (0..300).map(|i| unique(&format!("b{i}-"))).collect();
+        let calls = |ids: Vec<String>| {
+            let (store, runs) = (store.clone(), runs.clone());
+            async move {
+                let tasks: Vec<_> = ids
+                    .into_iter()
+                    .enumerate()
+                    .map(|(n, id)| {
+                        let (store, runs) = (store.clone(), runs.clone());
+                        tokio::spawn(async move { counted(&*store, &id, n, &runs).await })
+                    })
+                    .collect();
+                let mut answers = Vec::new();
+                for t in tasks {
+                    answers.push(t.await.unwrap().unwrap());
+                }
+                answers
+            }
+        };
+        let first = calls(ids.clone()).await;
+        assert_eq!(first, (0..300).collect::<Vec<_>>(), "every call answered with its own value");
+        assert_eq!(runs.load(SeqCst), 300);
+        let again = calls(ids.clone()).await;
+        assert_eq!(again, first, "replays carry each key's own stored answer");
+        assert_eq!(runs.load(SeqCst), 300, "no body ran twice");
+        let stats = store.stats();
+        assert_eq!(stats.operations, 900, "300 claims, 300 completions, 300 replays: {stats:?}");
+        assert!(stats.script_calls < stats.operations, "300 concurrent callers were batched: {stats:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_operation_that_fails_on_the_server_fails_alone() {
+        let Some((store, mut conn)) = store().await else { return };
+        let store = Arc::new(store);
+        let poisoned = unique("poisoned");
+        // A hash where the record should be: GET on it is a WRONGTYPE error.
+        let key = store.record_key("tests.lease.batch", &poisoned);
+        let _: () = ::redis::cmd("HSET").arg(&key).arg("f").arg("v").query_async(&mut conn).await.unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut ids: Vec<String> = (0..100).map(|i| unique(&format!("p{i}-"))).collect();
+        ids.insert(50, poisoned.clone());
+        let tasks: Vec<_> = ids
+            .iter()
+            .cloned()
+            .map(|id| {
+                let (store, runs) = (store.clone(), runs.clone());
+                tokio::spawn(async move { (counted(&*store, &id, 7, &runs).await, id) })
+            })
+            .collect();
+        let mut failed = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                (Ok(n), _) => assert_eq!(n, 7),
+                (Err(e), id) => failed.push((id, e.to_string())),
+            }
+        }
+        assert_eq!(failed.len(), 1, "only the poisoned key fails: {failed:?}");
+        assert_eq!(failed[0].0, poisoned);
+        assert!(failed[0].1.contains("WRONGTYPE"), "the error names the server's complaint: {}", failed[0].1);
+        assert_eq!(runs.load(SeqCst), 100, "every other body ran");
+        let _: () = ::redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+    }
+}

@@ -128,6 +128,99 @@ async fn idem_pair(
     Ok((first, replay))
 }
 
+/// The store under test, and what a run reports about it.
+struct Under {
+    name: &'static str,
+    store: Arc<dyn LeaseStore>,
+    sql: Option<Store>,
+    /// The Redis store's own count of script calls and the operations they
+    /// carried (a batch is one call).
+    redis_stats: Option<Box<dyn Fn() -> idem::lease::RedisStats>>,
+}
+
+fn redis_store<C>(conn: C) -> Under
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let store = idem::lease::RedisStore::new(conn, "idem-bench:");
+    let handle = store.clone();
+    Under { name: "redis", store: Arc::new(store), sql: None, redis_stats: Some(Box::new(move || handle.stats())) }
+}
+
+async fn open(database_url: Option<&str>, redis_url: Option<&str>, clients: usize) -> Result<Under, BoxError> {
+    if let Some(url) = redis_url {
+        let client = redis::Client::open(url)?;
+        return Ok(if std::env::var("LEASE_BENCH_MANAGER").is_ok() {
+            redis_store(redis::aio::ConnectionManager::new(client).await?)
+        } else {
+            redis_store(client.get_multiplexed_async_connection().await?)
+        });
+    }
+    let Some(url) = database_url else {
+        return Ok(Under {
+            name: "memory",
+            store: Arc::new(idem::lease::MemoryStore::new()),
+            sql: None,
+            redis_stats: None,
+        });
+    };
+    let s = Store::connect(Some(url), clients as u32 + 2).await?;
+    let store: Arc<dyn LeaseStore> = match &s {
+        Store::Sqlite(pool, _) => {
+            idem::migrate(pool).await?;
+            Arc::new(idem::lease::SqlStore::new(pool.clone()))
+        }
+        Store::Postgres(pool) => {
+            idem::migrate(pool).await?;
+            Arc::new(idem::lease::SqlStore::new(pool.clone()))
+        }
+        Store::MySql(pool) => {
+            idem::migrate(pool).await?;
+            Arc::new(idem::lease::SqlStore::new(pool.clone()))
+        }
+    };
+    Ok(Under { name: s.name(), store, sql: Some(s), redis_stats: None })
+}
+
+/// `--only`: which side `run_only` measures.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Only {
+    /// idem's guard on the chosen store.
+    Idem,
+    /// The `idempotent` crate 0.3 (needs `--redis-url`).
+    Peer,
+}
+
+/// One side alone: first runs for `seconds`, then replays for `seconds`.
+pub async fn run_only(
+    only: Only,
+    database_url: Option<&str>,
+    redis_url: Option<&str>,
+    clients: usize,
+    seconds: u64,
+) -> Result<(), BoxError> {
+    let (run, length) = (crate::common::run_id(), Duration::from_secs(seconds));
+    let (name, (first, replay)) = match only {
+        Only::Idem => {
+            let under = open(database_url, redis_url, clients).await?;
+            let pair = idem_pair(&under.store, clients, length, &run).await?;
+            if let Some(s) = under.sql {
+                s.close().await;
+            }
+            (under.name, pair)
+        }
+        Only::Peer => {
+            let url = redis_url.ok_or("--only peer needs --redis-url")?;
+            ("redis (idempotent 0.3)", peer::Peer::connect(url).await?.pair(clients, length, &run).await?)
+        }
+    };
+    println!(
+        "scenario=lease only={} store={name} clients={clients} first_tps={first:.0} replay_tps={replay:.0}",
+        format!("{only:?}").to_lowercase()
+    );
+    Ok(())
+}
+
 pub async fn run(
     database_url: Option<&str>,
     redis_url: Option<&str>,
@@ -136,38 +229,7 @@ pub async fn run(
     rounds: u32,
 ) -> Result<(), BoxError> {
     let run = crate::common::run_id();
-    let mut sql = None;
-    let (name, store): (&str, Arc<dyn LeaseStore>) = if let Some(url) = redis_url {
-        let client = redis::Client::open(url)?;
-        if std::env::var("LEASE_BENCH_MANAGER").is_ok() {
-            let conn = redis::aio::ConnectionManager::new(client).await?;
-            ("redis", Arc::new(idem::lease::RedisStore::new(conn, "idem-bench:")))
-        } else {
-            let conn = client.get_multiplexed_async_connection().await?;
-            ("redis", Arc::new(idem::lease::RedisStore::new(conn, "idem-bench:")))
-        }
-    } else if let Some(url) = database_url {
-        let s = Store::connect(Some(url), clients as u32 + 2).await?;
-        let store: Arc<dyn LeaseStore> = match &s {
-            Store::Sqlite(pool, _) => {
-                idem::migrate(pool).await?;
-                Arc::new(idem::lease::SqlStore::new(pool.clone()))
-            }
-            Store::Postgres(pool) => {
-                idem::migrate(pool).await?;
-                Arc::new(idem::lease::SqlStore::new(pool.clone()))
-            }
-            Store::MySql(pool) => {
-                idem::migrate(pool).await?;
-                Arc::new(idem::lease::SqlStore::new(pool.clone()))
-            }
-        };
-        let name = s.name();
-        sql = Some(s);
-        (name, store)
-    } else {
-        ("memory", Arc::new(idem::lease::MemoryStore::new()))
-    };
+    let Under { name, store, sql, redis_stats } = open(database_url, redis_url, clients).await?;
     let rounds = rounds.max(1);
     // Each round: idem (first, replay) and, on Redis, the peer and the raw
     // script, at `clients` and serially. Slices alternate so all see the
@@ -216,6 +278,10 @@ pub async fn run(
         m("serial_first"),
         m("serial_replay")
     );
+    if let Some(stats) = &redis_stats {
+        let s = stats();
+        line.push_str(&format!(" mean_batch={:.1}", s.operations as f64 / s.script_calls.max(1) as f64));
+    }
     if peer.is_some() {
         // The floor: raw EVALSHA calls per second divided by round trips per call.
         let (raw, serial_raw) = (m("raw"), m("serial_raw"));

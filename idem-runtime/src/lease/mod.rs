@@ -41,7 +41,7 @@ pub(crate) mod sql;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use redis::RedisStore;
+pub use redis::{RedisStats, RedisStore};
 pub use sql::SqlStore;
 
 /// A boxed, `Send` future: what [`LeaseStore`] methods return, so that a
