@@ -120,9 +120,53 @@ macro_rules! lease_suite {
                 let store: Store = store!();
                 let (scope, key) = ("tests.lease.raw", unique("live"));
                 let first = store.claim(&request(scope, &key, "w1", Duration::from_secs(5))).await.unwrap();
-                assert_eq!(first, LeaseClaim::Acquired { fence: 1, reclaimed: false });
+                assert!(matches!(first, LeaseClaim::Acquired { fence, reclaimed: false } if fence > 0), "{first:?}");
                 let second = store.claim(&request(scope, &key, "w2", Duration::from_secs(5))).await.unwrap();
                 assert!(matches!(second, LeaseClaim::Busy { .. }), "{second:?}");
+            }
+
+            /// A token must never be granted twice for one key, even after
+            /// its record was removed (a failed body) or taken over: a
+            /// stalled holder of an old token must stay below every later
+            /// holder's.
+            #[tokio::test]
+            async fn fences_keep_increasing_after_the_record_is_removed() {
+                let store: Store = store!();
+                let (scope, key) = ("tests.lease.raw", unique("fences"));
+                let short = Duration::from_millis(150);
+                let claim = |owner: &'static str, lease| {
+                    let (store, key) = (store.clone(), key.clone());
+                    async move {
+                        match store.claim(&request(scope, &key, owner, lease)).await.unwrap() {
+                            LeaseClaim::Acquired { fence, reclaimed } => (fence, reclaimed),
+                            other => panic!("{owner}: {other:?}"),
+                        }
+                    }
+                };
+                let held = |owner, fence| HeldLease {
+                    scope,
+                    key: &key,
+                    owner,
+                    fence,
+                    lease: short,
+                    retention: Duration::from_secs(3600),
+                };
+                // A claims and stalls past its lease; B takes over.
+                let (a, _) = claim("a", short).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let (b, reclaimed) = claim("b", short).await;
+                assert!(reclaimed && b > a, "take-over: {a} then {b}");
+                // B's body fails: its record is removed. C claims afresh.
+                assert!(store.release(&held("b", b)).await.unwrap());
+                let (c, reclaimed) = claim("c", short).await;
+                assert!(!reclaimed, "a fresh record");
+                assert!(c > b, "after removal: {b} then {c}");
+                // And once more, straight after.
+                assert!(store.release(&held("c", c)).await.unwrap());
+                let (d, _) = claim("d", short).await;
+                assert!(d > c, "{c} then {d}");
+                // A comes back with its old token: refused, nothing written.
+                assert!(!store.complete(&held("a", a), "\"stale\"").await.unwrap());
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -251,10 +295,11 @@ macro_rules! lease_suite {
                 let busy = reclaiming(&*store, &id).await;
                 assert!(matches!(busy, Err(AppError::Idem(Error::InProgress { .. }))), "{busy:?}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
+                let LeaseClaim::Acquired { fence: stuck_fence, .. } = stuck else { unreachable!() };
                 let (fence, reclaimed) = reclaiming(&*store, &id).await.unwrap();
                 assert!(reclaimed);
-                assert_eq!(fence, 2);
-                assert_eq!(reclaiming(&*store, &id).await.unwrap(), (2, true), "then it replays");
+                assert_eq!(fence, stuck_fence + 1, "a take-over adds one to the fence");
+                assert_eq!(reclaiming(&*store, &id).await.unwrap(), (fence, true), "then it replays");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

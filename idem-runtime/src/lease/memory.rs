@@ -70,7 +70,7 @@ pub struct MemoryStore {
     pub(crate) markers: Shards<i64>,
     /// lock name -> holder: see `lock`.
     pub(crate) locks: Shards<crate::lock::memory::Held>,
-    /// The last fencing token granted by any lock of this store.
+    /// The last fencing token granted by any lease or lock of this store.
     pub(crate) fences: AtomicI64,
     epoch: Instant,
 }
@@ -101,6 +101,13 @@ impl MemoryStore {
             fences: AtomicI64::new(i64::try_from(micros).unwrap_or(0)),
             epoch: Instant::now(),
         }
+    }
+
+    /// A fencing token above every one this store granted before: one
+    /// counter for every key, so a key's tokens keep increasing even after
+    /// its record was removed.
+    pub(crate) fn next_fence(&self) -> i64 {
+        self.fences.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
     }
 
     /// Milliseconds on this store's clock.
@@ -169,19 +176,20 @@ impl MemoryStore {
                 if rec.lease_until > now {
                     return LeaseClaim::Busy { retry_after: Duration::from_millis((rec.lease_until - now) as u64) };
                 }
-                let fence = rec.fence + 1;
+                let fence = self.next_fence();
                 *rec = fresh(fence);
                 LeaseClaim::Acquired { fence, reclaimed: true }
             }
             Some(rec) => {
-                // Past retention: a new record, the fence still counting up.
-                let fence = rec.fence + 1;
+                // Past retention: a new record.
+                let fence = self.next_fence();
                 *rec = fresh(fence);
                 LeaseClaim::Acquired { fence, reclaimed: false }
             }
             None => {
-                map.insert(id, fresh(1));
-                LeaseClaim::Acquired { fence: 1, reclaimed: false }
+                let fence = self.next_fence();
+                map.insert(id, fresh(fence));
+                LeaseClaim::Acquired { fence, reclaimed: false }
             }
         }
     }

@@ -15,10 +15,13 @@
 //! MySQL/MariaDB) and, with the `redis` feature, [`RedisStore`].
 //!
 //! Limits worth knowing:
-//! - the fencing token counts up while the record exists. A failed body
-//!   removes its record (so a retry runs at once), and so does retention;
-//!   the next claim then starts again at 1. Writes fenced elsewhere should
-//!   also carry the key, or keep their own high-water mark per key;
+//! - fencing tokens: a new record's is the store's clock in microseconds
+//!   (the memory store: a counter that starts there), a take-over adds one.
+//!   So a key's tokens keep increasing even after a failed body removed its
+//!   record or retention expired it, as long as the store's clock does not
+//!   step back by more than the time between two claims of the key. They are
+//!   large numbers (about 1.8e15 in 2026); compare them, do not count on
+//!   them being consecutive;
 //! - `reclaimed` says the claim took over an existing record: a passed lease,
 //!   and on the SQL stores also a record past its retention;
 //! - a guarded future dropped mid-body (cancelled) leaves its record
@@ -207,9 +210,10 @@ pub fn installed() -> &'static dyn LeaseStore {
 /// What the body of a lease-guarded call can know about its lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseInfo {
-    /// The fencing token: higher than every earlier holder's of this key.
-    /// Make writes elsewhere conditional on it (`... WHERE fence < $token`)
-    /// so that a worker whose lease was taken over cannot overwrite.
+    /// The fencing token: higher than every earlier holder's of this key
+    /// (see the module's notes). Make writes elsewhere conditional on it
+    /// (`... WHERE fence < $token`) so that a worker whose lease was taken
+    /// over cannot overwrite.
     pub fence: i64,
     /// This call took over a record whose earlier holder stopped.
     pub reclaimed: bool,
@@ -236,6 +240,13 @@ pub(crate) fn new_owner() -> String {
         format!("{}-{nanos:x}-", std::process::id())
     });
     format!("{process}{:x}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Microseconds since the Unix epoch on this machine's clock.
+#[cfg(feature = "sqlite")]
+pub(crate) fn clock_micros() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
 }
 
 pub(crate) fn millis(d: Duration) -> i64 {

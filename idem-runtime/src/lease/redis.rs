@@ -41,24 +41,30 @@ static OPS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local nofp
-local now
+local now, fresh
 local deadlines = {}
+local function tick()
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    -- A new record's fence: the server's clock in microseconds, so a key's
+    -- fences keep increasing after its record was removed or expired.
+    fresh = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  end
+end
 -- The lease deadline (ms on the server's clock) for `lease`, as a string;
 -- the clock is read once per call.
 local function deadline(lease)
   local d = deadlines[lease]
   if not d then
-    if not now then
-      local t = redis.call('TIME')
-      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    end
+    tick()
     d = string.format('%d', now + tonumber(lease))
     deadlines[lease] = d
   end
   return d
 end
 local function clock()
-  deadline('0')
+  tick()
   return now
 end
 
@@ -69,8 +75,9 @@ local function claim(k, fp, owner, lease, px)
       if not nofp then nofp = string.rep('.', 64) end
       fp = nofp
     end
-    redis.call('SET', k, 'P' .. fp .. '1:' .. deadline(lease) .. ':' .. owner, 'PX', px)
-    return {'A', 1, 0}
+    local d = deadline(lease)
+    redis.call('SET', k, 'P' .. fp .. fresh .. ':' .. d .. ':' .. owner, 'PX', px)
+    return {'A', tonumber(fresh), 0}
   end
   if fp ~= '' then
     local theirs = string.sub(v, 2, 65)
@@ -81,10 +88,13 @@ local function claim(k, fp, owner, lease, px)
   if o == owner then return {'A', tonumber(f), 0} end
   lu = tonumber(lu)
   if lu > clock() then return {'B', lu - now} end
-  if fp == '' then fp = string.sub(v, 2, 65) end
-  local fence = tonumber(f) + 1
+  if fp == '' then
+    if not nofp then nofp = string.rep('.', 64) end
+    fp = nofp
+  end
+  local fence = string.format('%d', tonumber(f) + 1)
   redis.call('SET', k, 'P' .. fp .. fence .. ':' .. deadline(lease) .. ':' .. owner, 'PX', px)
-  return {'A', fence, 1}
+  return {'A', tonumber(fence), 1}
 end
 
 -- Whether `v` is a live record of `owner` at `fence`.

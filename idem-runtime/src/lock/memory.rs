@@ -1,7 +1,6 @@
 //! Locks in this process's memory. Fencing tokens come from one counter per
 //! store, so they increase per lock (and across locks).
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{LockAttempt, LockStore};
@@ -32,7 +31,7 @@ impl LockStore for MemoryStore {
                 LockAttempt::Busy { retry_after: Duration::from_millis((held.until - now) as u64) }
             }
             _ => {
-                let fence = self.fences.fetch_add(1, Ordering::Relaxed) + 1;
+                let fence = self.next_fence();
                 map.insert(name.to_owned(), Held { owner: owner.to_owned(), until: now.saturating_add(millis(ttl)) });
                 LockAttempt::Acquired { fence }
             }

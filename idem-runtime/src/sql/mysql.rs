@@ -58,9 +58,14 @@ fn is_duplicate_key(err: &sqlx::Error) -> bool {
     err.as_database_error().is_some_and(|e| e.is_unique_violation())
 }
 
+// A new record's fence is the database's clock in microseconds (UTC, no
+// time-zone conversion), handed back like the take-over's through
+// `LAST_INSERT_ID(expr)`; a take-over adds one to the old fence.
 const LEASE_INSERT: &str = "INSERT INTO idem_records \
     (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, updated_at, expires_at) \
-    VALUES (?, ?, 'PROCESSING', ?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+    VALUES (?, ?, 'PROCESSING', ?, ?, \
+            LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))), \
+            UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
             UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
 
 // Take over a record whose retention or lease has passed (fingerprint
@@ -282,7 +287,10 @@ impl SqlBackend for MySql {
             .execute(&mut *conn)
             .await;
         match inserted {
-            Ok(_) => return Ok(Some(LeaseClaim::Acquired { fence: 1, reclaimed: false })),
+            Ok(done) => {
+                let fence = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
+                return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: false }));
+            }
             Err(e) if is_duplicate_key(&e) => {}
             Err(e) => return Err(e),
         }

@@ -60,7 +60,8 @@ const FETCH: &str = "SELECT scope, idem_key, status, fingerprint, response, owne
 const LEASE_CLAIM: &str = "\
 WITH claim AS (
   INSERT INTO idem_records AS r (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, updated_at, expires_at)
-  VALUES ($1, $2, 'PROCESSING', $3, $4, 1, clock_timestamp() + $5::interval, now(), now(),
+  VALUES ($1, $2, 'PROCESSING', $3, $4, (extract(epoch FROM clock_timestamp()) * 1000000)::int8,
+          clock_timestamp() + $5::interval, now(), now(),
           clock_timestamp() + greatest($5::interval, $6::interval))
   ON CONFLICT (scope, idem_key) DO UPDATE SET status = 'PROCESSING', fingerprint = EXCLUDED.fingerprint,
       response = NULL, owner = EXCLUDED.owner, fence = r.fence + 1, lease_until = EXCLUDED.lease_until,

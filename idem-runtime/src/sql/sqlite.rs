@@ -64,10 +64,11 @@ const READ: &str = concat!(
 // Insert, or take over a record whose retention or lease has passed
 // (fingerprint permitting); RETURNING gives the fence either way and nothing
 // when the record holds. SQLite has one writer, so the read that follows sees
-// what blocked the claim.
+// what blocked the claim. A new record's fence (?7) is the clock in
+// microseconds; a take-over adds one to the old.
 const LEASE_CLAIM: &str = concat!(
     "INSERT INTO idem_records (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, \
-     updated_at, expires_at) VALUES (?1, ?2, 'PROCESSING', ?3, ?4, 1, ",
+     updated_at, expires_at) VALUES (?1, ?2, 'PROCESSING', ?3, ?4, ?7, ",
     now_ms!(),
     " + ?5, ",
     now_ms!(),
@@ -264,6 +265,9 @@ impl SqlBackend for Sqlite {
         conn: &mut SqliteConnection,
         req: &LeaseRequest<'_>,
     ) -> Result<Option<LeaseClaim>, sqlx::Error> {
+        // SQLite's clock is this machine's: the same for every process on
+        // the file.
+        let fresh = crate::lease::clock_micros();
         let fence: Option<i64> = sqlx::query_scalar(LEASE_CLAIM)
             .bind(req.scope)
             .bind(req.key)
@@ -271,10 +275,13 @@ impl SqlBackend for Sqlite {
             .bind(req.owner)
             .bind(crate::lease::millis(req.lease))
             .bind(crate::lease::millis(req.retention))
+            .bind(fresh)
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(fence) = fence {
-            return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: fence > 1 }));
+            // A take-over returns the old fence + 1, never this clock
+            // reading: the old one was granted a lease or more ago.
+            return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: fence != fresh }));
         }
         let row: Option<crate::lease::sql::LeaseRowColumns> =
             sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(conn).await?;
