@@ -579,7 +579,37 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     // the one to fix first.
     let tx = match strategy {
         Some(s) if s.needs_tx() => find_tx(func, &marks.tx, s).map_err(|e| errors.push(e)).ok(),
-        _ => None,
+        Some(s) => {
+            // The marker would be silently ignored: say what the strategy
+            // writes instead, and which one writes in the transaction.
+            if let Some((ident, _)) = marks.tx.first() {
+                let (writes, instead) = match s {
+                    Strategy::Lease => (
+                        "commits its record on its own, outside any transaction of yours (a lease guards work \
+                         that cannot share one)",
+                        "`dedup` writes its record in your transaction",
+                    ),
+                    Strategy::Token => (
+                        "consumes a token in the token store, not in a transaction",
+                        "`token+dedup` also writes a record in your transaction",
+                    ),
+                    _ => (
+                        "takes a lock in the lock store and writes no record",
+                        "`lock+dedup` or `lock+state` also writes in your transaction",
+                    ),
+                };
+                errors.push(syn::Error::new(
+                    ident.span(),
+                    format!(
+                        "`#[idem(tx)]` has no effect with strategy `{}`: it {writes}; remove the marker, or choose \
+                         a strategy that uses it ({instead})",
+                        s.name()
+                    ),
+                ));
+            }
+            None
+        }
+        None => None,
     };
     let token = match (strategy, marks.token.as_slice()) {
         (Some(s), [(ident, _)]) if s.is_token() => Some(ident.clone()),
