@@ -120,6 +120,21 @@ async fn slow_grant(
     Ok(())
 }
 
+/// A long TTL, so that only a release frees the lock early.
+#[idempotent(
+    key = "name",
+    strategy = "lock",
+    concurrency_only = true,
+    ttl = "30s",
+    wait = "2s",
+    scope = "tests.lock.long",
+    store = "store"
+)]
+async fn long_held(store: &dyn LockStore, name: &str, millis: u64) -> Result<(), AppError> {
+    tokio::time::sleep(Duration::from_millis(millis)).await;
+    Ok(())
+}
+
 async fn count(pool: &sqlx::SqlitePool, trade_no: &str) -> i64 {
     sqlx::query_scalar("SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?")
         .bind(trade_no)
@@ -319,6 +334,29 @@ macro_rules! suite {
                 // Released after a failing body too.
                 assert!(matches!(exclusive(&*store, &name, &inside, &most, 0, true).await, Err(AppError::Rule(_))));
                 assert!(exclusive(&*store, &name, &inside, &most, 0, false).await.is_ok());
+            }
+
+            /// A client that disconnects (its request future dropped) must
+            /// not keep the key locked for the whole TTL.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_call_dropped_mid_body_releases_its_lock() {
+                let store: Shared = store!();
+                let name = unique("dropped");
+                let call = {
+                    let (store, name) = (store.clone(), name.clone());
+                    tokio::spawn(async move { long_held(&*store, &name, 10_000).await })
+                };
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                call.abort();
+                assert!(call.await.unwrap_err().is_cancelled());
+                let started = std::time::Instant::now();
+                long_held(&*store, &name, 0).await.expect("the lock was released when the call was dropped");
+                assert!(started.elapsed() < Duration::from_secs(1), "waited {:?}", started.elapsed());
+                // By hand: a held lock dropped without `release()` is released too.
+                let held = idem::lock::acquire(&*store, &name, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+                drop(held);
+                let again = idem::lock::acquire(&*store, &name, Duration::from_secs(30), Duration::from_secs(1)).await;
+                assert!(again.expect("free again").release().await.unwrap());
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

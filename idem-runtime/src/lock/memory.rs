@@ -40,13 +40,11 @@ impl LockStore for MemoryStore {
     }
 
     fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        let now = self.now();
-        let mut map = self.locks.lock(name);
-        let released = match map.get(name) {
-            Some(held) if held.owner == owner && held.until > now => map.remove(name).is_some(),
-            _ => false,
-        };
-        Box::pin(std::future::ready(Ok(released)))
+        Box::pin(std::future::ready(Ok(self.release_now(name, owner))))
+    }
+
+    fn release_detached(&self, name: &str, owner: &str) {
+        self.release_now(name, owner);
     }
 
     fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
@@ -60,5 +58,17 @@ impl LockStore for MemoryStore {
             _ => false,
         };
         Box::pin(std::future::ready(Ok(extended)))
+    }
+}
+
+impl MemoryStore {
+    /// Delete lock `name` if `owner` holds it (and it has not expired).
+    fn release_now(&self, name: &str, owner: &str) -> bool {
+        let now = self.now();
+        let mut map = self.locks.lock(name);
+        match map.get(name) {
+            Some(held) if held.owner == owner && held.until > now => map.remove(name).is_some(),
+            _ => false,
+        }
     }
 }

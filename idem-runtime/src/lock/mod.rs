@@ -81,6 +81,14 @@ pub trait LockStore: Send + Sync {
     fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
     /// Reset the TTL if `owner` still holds it; `false` if it does not.
     fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
+    /// Release without waiting for the answer: called when a holder's
+    /// future is dropped mid-body (a client disconnected, a timeout fired),
+    /// where nothing can be awaited. The default does nothing, and the lock
+    /// frees itself when its TTL passes; the memory store releases at once,
+    /// the Redis store sends the release from a spawned task.
+    fn release_detached(&self, name: &str, owner: &str) {
+        let _ = (name, owner);
+    }
 }
 
 impl<S: LockStore + ?Sized> LockStore for Arc<S> {
@@ -100,6 +108,9 @@ impl<S: LockStore + ?Sized> LockStore for Arc<S> {
     }
     fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         (**self).extend(name, owner, ttl)
+    }
+    fn release_detached(&self, name: &str, owner: &str) {
+        (**self).release_detached(name, owner)
     }
 }
 
@@ -121,6 +132,9 @@ impl<S: LockStore + ?Sized> LockStore for &S {
     fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         (**self).extend(name, owner, ttl)
     }
+    fn release_detached(&self, name: &str, owner: &str) {
+        (**self).release_detached(name, owner)
+    }
 }
 
 /// A lock taken with [`acquire`], outside any guard: the caller releases
@@ -134,6 +148,19 @@ pub struct HeldLock<'s, S: LockStore + ?Sized> {
     owner: String,
     fence: i64,
     ttl: Duration,
+    /// Released (or being released) through [`HeldLock::release`].
+    released: bool,
+}
+
+/// A lock dropped without [`HeldLock::release`] (an early return, a `?`, a
+/// cancelled future) is released without waiting
+/// ([`LockStore::release_detached`]), rather than held until its TTL.
+impl<S: LockStore + ?Sized> Drop for HeldLock<'_, S> {
+    fn drop(&mut self) {
+        if !self.released {
+            self.store.release_detached(&self.name, &self.owner);
+        }
+    }
 }
 
 impl<S: LockStore + ?Sized> HeldLock<'_, S> {
@@ -151,8 +178,10 @@ impl<S: LockStore + ?Sized> HeldLock<'_, S> {
     }
     /// Release the lock; `false` if it was no longer this holder's (it
     /// expired, and perhaps another holder has it now: that one is untouched).
-    pub async fn release(self) -> Result<bool, Error> {
-        self.store.release(&self.name, &self.owner).await
+    pub async fn release(mut self) -> Result<bool, Error> {
+        let released = self.store.release(&self.name, &self.owner).await;
+        self.released = true;
+        released
     }
 }
 
@@ -177,7 +206,7 @@ pub async fn acquire<'s, S: LockStore + ?Sized>(
 ) -> Result<HeldLock<'s, S>, Error> {
     let owner = new_owner();
     let fence = acquire_as(store, name, &owner, ttl, wait).await?;
-    Ok(HeldLock { store, name: name.to_owned(), owner, fence, ttl })
+    Ok(HeldLock { store, name: name.to_owned(), owner, fence, ttl, released: false })
 }
 
 /// Acquire, polling while busy until `wait` has passed.

@@ -114,6 +114,21 @@ where
         })
     }
 
+    fn release_detached(&self, name: &str, owner: &str) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime to send it on: the lock frees itself at its TTL
+        };
+        let (key, owner, mut conn) = (self.lock_key(name), owner.to_owned(), self.connection());
+        runtime.spawn(async move {
+            let mut invocation = RELEASE.key(key);
+            invocation.arg(owner);
+            if let Err(e) = invocation.invoke_async::<redis::Value>(&mut conn).await {
+                tracing::warn!(target: "idem", error = %e,
+                    "could not release a lock whose holder was dropped; it frees itself when its TTL passes");
+            }
+        });
+    }
+
     fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let mut invocation = EXTEND.key(self.lock_key(name));

@@ -82,7 +82,10 @@ impl LockTicket<'_> {
     /// another holder, or none succeeded in time) stops the body with
     /// [`Error::LockLost`]; so does a release that finds the lock gone, for
     /// `lock+dedup` and `lock+state`, whose caller has not committed yet.
-    /// A future dropped mid-body leaves the lock until its TTL passes.
+    /// A future dropped mid-body (a client disconnected, a timeout fired)
+    /// releases the lock without waiting ([`LockStore::release_detached`]):
+    /// its body stopped with it, so the next caller need not wait for the
+    /// TTL.
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
     where
         E: GuardError,
@@ -91,6 +94,7 @@ impl LockTicket<'_> {
         if self.alone {
             forget_reported();
         }
+        let mut dropped = ReleaseOnDrop { ticket: &self, armed: true };
         let info = LockInfo { fence: self.fence, owner: self.owner.clone() };
         let body = CURRENT.scope(info, body);
         let renew = || self.store.extend(&self.name, &self.owner, self.ttl);
@@ -98,9 +102,12 @@ impl LockTicket<'_> {
             // Given up before the store's TTL ran out: if the lock is still
             // this owner's, free it now rather than at its TTL.
             let _ = self.store.release(&self.name, &self.owner).await;
+            dropped.armed = false;
             return Err(self.lost().into());
         };
-        match self.store.release(&self.name, &self.owner).await {
+        let released = self.store.release(&self.name, &self.owner).await;
+        dropped.armed = false;
+        match released {
             Ok(true) => {}
             // `lock` alone: the body finished, its work (outside any
             // transaction of ours) is done and cannot be withheld; say that
@@ -127,5 +134,23 @@ impl LockTicket<'_> {
         tracing::error!(target: "idem", scope = self.scope, key = %self.key.hash(), fence = self.fence,
             store = self.store.kind(), "lock lost while the body ran: another caller may hold it now");
         Error::LockLost { scope: self.scope.to_owned(), key_hash: self.key.hash() }
+    }
+}
+
+/// Releases the lock of a ticket whose `run` future was dropped before the
+/// body finished.
+struct ReleaseOnDrop<'t, 's> {
+    ticket: &'t LockTicket<'s>,
+    armed: bool,
+}
+
+impl Drop for ReleaseOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let t = self.ticket;
+            tracing::info!(target: "idem", scope = t.scope, key = %t.key.hash(), fence = t.fence,
+                "the guarded call was dropped mid-body; releasing its lock");
+            t.store.release_detached(&t.name, &t.owner);
+        }
     }
 }
