@@ -277,29 +277,30 @@ impl SqlBackend for MySql {
     ) -> Result<Option<LeaseClaim>, sqlx::Error> {
         let lease = super::retention_us(req.lease);
         let keep = super::retention_us(req.retention.max(req.lease));
-        let inserted = sqlx::query(LEASE_INSERT)
-            .bind(req.scope)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(req.owner)
-            .bind(lease)
-            .bind(keep)
-            .execute(&mut *conn)
-            .await;
-        match inserted {
-            Ok(done) => {
-                let fence = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
-                return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: false }));
-            }
-            Err(e) if is_duplicate_key(&e) => {}
-            Err(e) => return Err(e),
-        }
-        // Read before trying a take-over: a replay (the common repeat) then
-        // costs two round trips, the failed insert and this read.
+        // Read first: a replay (the common repeat) or a live holder is then
+        // answered in one round trip. A fresh key costs the insert too; a
+        // record inserted in between fails the insert (only a unique-key
+        // violation counts) and the caller asks again, reading it.
         let row: Option<LeaseReadRow> =
             sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(&mut *conn).await?;
         let Some((status, fingerprint, response, lease_left_ms, expired)) = row else {
-            return Ok(None); // removed since the insert failed: ask again
+            let inserted = sqlx::query(LEASE_INSERT)
+                .bind(req.scope)
+                .bind(req.key)
+                .bind(req.fingerprint)
+                .bind(req.owner)
+                .bind(lease)
+                .bind(keep)
+                .execute(&mut *conn)
+                .await;
+            return match inserted {
+                Ok(done) => {
+                    let fence = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
+                    Ok(Some(LeaseClaim::Acquired { fence, reclaimed: false }))
+                }
+                Err(e) if is_duplicate_key(&e) => Ok(None), // inserted since the read: ask again
+                Err(e) => Err(e),
+            };
         };
         if expired == 0 {
             let live = status == "DONE" || lease_left_ms.is_some_and(|ms| ms > 0);
