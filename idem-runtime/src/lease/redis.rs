@@ -201,6 +201,12 @@ impl Op {
 
 type Waiter = tokio::sync::oneshot::Sender<Result<redis::Value, Error>>;
 
+/// An operation's turn: sent at once, or queued for the next batch.
+enum Turn {
+    Now(Op),
+    Queued(tokio::sync::oneshot::Receiver<Result<redis::Value, Error>>),
+}
+
 /// Operations waiting for a batch, shared by the clones of one store.
 #[derive(Default)]
 struct Batcher {
@@ -353,26 +359,28 @@ where
             self.shared.count(1);
             return single(&mut self.conn.clone(), &op).await;
         }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let mine = {
+        let turn = {
             let mut b = self.shared.lock();
             if b.in_flight < IN_FLIGHT {
                 b.in_flight += 1;
-                Some(op)
+                Turn::Now(op)
             } else {
+                let (tx, rx) = tokio::sync::oneshot::channel();
                 b.queue.push((op, tx));
-                None
+                Turn::Queued(rx)
             }
         };
-        match mine {
+        match turn {
+            Turn::Queued(rx) => {
+                rx.await.unwrap_or_else(|_| Err(store_message("the batch carrying this operation was dropped")))
+            }
             // Whatever queues meanwhile goes out when this call is done, even
             // if this future is dropped mid-call.
-            Some(op) => {
+            Turn::Now(op) => {
                 let _slot = Slot { conn: &self.conn, shared: &self.shared };
                 self.shared.count(1);
                 single(&mut self.conn.clone(), &op).await
             }
-            None => rx.await.unwrap_or_else(|_| Err(store_message("the batch carrying this operation was dropped"))),
         }
     }
 
@@ -405,22 +413,27 @@ impl<C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static> Drop for Slo
             }
             b.next()
         };
+        // The slot passes to the flush task; if that task never runs or is
+        // dropped (its runtime shut down), the guard gives it back.
+        let slot = FlushSlot { shared: self.shared.clone(), armed: true };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(flush(self.conn.clone(), self.shared.clone(), batch));
+                rt.spawn(flush(self.conn.clone(), slot, batch));
             }
             Err(_) => {
                 for (_, tx) in batch {
                     let _ = tx.send(Err(store_message("no Tokio runtime left to send a batch on")));
                 }
-                self.shared.lock().in_flight -= 1;
+                drop(slot);
             }
         }
     }
 }
 
-/// Gives a flush task's slot back if the task is dropped (its runtime shut
-/// down) rather than finishing.
+/// A flush task's call slot. Given back if the task is dropped (its
+/// runtime shut down) before or while it runs: then the operations still
+/// queued are answered with an error rather than left waiting for a task
+/// that will not come.
 struct FlushSlot {
     shared: Arc<Shared>,
     armed: bool,
@@ -429,17 +442,24 @@ struct FlushSlot {
 impl Drop for FlushSlot {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.lock().in_flight -= 1;
+            let stranded = {
+                let mut b = self.shared.lock();
+                b.in_flight -= 1;
+                std::mem::take(&mut b.queue)
+            };
+            for (_, tx) in stranded {
+                let _ = tx.send(Err(store_message("the task sending lease operations to Redis was stopped")));
+            }
         }
     }
 }
 
 /// Send `batch`, then whatever queued meanwhile, until the queue is empty.
-async fn flush<C>(mut conn: C, shared: Arc<Shared>, mut batch: Vec<(Op, Waiter)>)
+async fn flush<C>(mut conn: C, mut slot: FlushSlot, mut batch: Vec<(Op, Waiter)>)
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let mut slot = FlushSlot { shared: shared.clone(), armed: true };
+    let shared = slot.shared.clone();
     loop {
         send_batch(&mut conn, &shared, batch).await;
         let mut b = shared.lock();
@@ -460,6 +480,12 @@ async fn send_batch<C>(conn: &mut C, shared: &Shared, batch: Vec<(Op, Waiter)>)
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
+    // A caller that stopped waiting (its future dropped) has its operation
+    // left out: a claim nobody runs would hold the key for a whole lease.
+    let batch: Vec<(Op, Waiter)> = batch.into_iter().filter(|(_, tx)| !tx.is_closed()).collect();
+    if batch.is_empty() {
+        return;
+    }
     shared.count(batch.len());
     match eval(conn, batch.iter().map(|(op, _)| op), batch.len()).await {
         Ok(redis::Value::Array(items)) if items.len() == batch.len() => {
@@ -517,11 +543,12 @@ async fn eval<'o, C: redis::aio::ConnectionLike + Send>(
             cmd.arg(op.part(i));
         }
     }
-    let mut retried = false;
+    let (mut retried, mut loaded) = (false, false);
     loop {
         match cmd.query_async(conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Err(e) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 OPS.prepare_invoke().load_async(conn).await?;
+                loaded = true;
             }
             Err(e) if !retried && (e.is_connection_dropped() || e.is_io_error()) => {
                 tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");

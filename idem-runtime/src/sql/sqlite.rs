@@ -63,9 +63,10 @@ const READ: &str = concat!(
 
 // Insert, or take over a record whose retention or lease has passed
 // (fingerprint permitting); RETURNING gives the fence either way and nothing
-// when the record holds. SQLite has one writer, so the read that follows sees
-// what blocked the claim. A new record's fence (?7) is the clock in
-// microseconds; a take-over adds one to the old.
+// when the record holds. It runs in an IMMEDIATE transaction with the read
+// that follows, which sees what blocked the claim. A new record's fence (?7)
+// is the clock in microseconds, read holding the write lock; a take-over
+// adds one to the old.
 const LEASE_CLAIM: &str = concat!(
     "INSERT INTO idem_records (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, \
      updated_at, expires_at) VALUES (?1, ?2, 'PROCESSING', ?3, ?4, ?7, ",
@@ -265,8 +266,13 @@ impl SqlBackend for Sqlite {
         conn: &mut SqliteConnection,
         req: &LeaseRequest<'_>,
     ) -> Result<Option<LeaseClaim>, sqlx::Error> {
-        // SQLite's clock is this machine's: the same for every process on
-        // the file.
+        use sqlx::Connection as _;
+        // The clock is read holding the write lock: every fence granted on
+        // this file before was granted by a writer that held it earlier, on
+        // the same machine's clock, so a new record's fence is above them
+        // all (a clock read before waiting for the lock could be below one
+        // granted meanwhile).
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let fresh = crate::lease::clock_micros();
         let fence: Option<i64> = sqlx::query_scalar(LEASE_CLAIM)
             .bind(req.scope)
@@ -276,16 +282,20 @@ impl SqlBackend for Sqlite {
             .bind(crate::lease::millis(req.lease))
             .bind(crate::lease::millis(req.retention))
             .bind(fresh)
-            .fetch_optional(&mut *conn)
+            .fetch_optional(&mut *tx)
             .await?;
-        if let Some(fence) = fence {
+        let claim = match fence {
             // A take-over returns the old fence + 1, never this clock
             // reading: the old one was granted a lease or more ago.
-            return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: fence != fresh }));
-        }
-        let row: Option<crate::lease::sql::LeaseRowColumns> =
-            sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(conn).await?;
-        Ok(row.map(|columns| crate::lease::sql::judge_row(req, LeaseRow::from(columns))))
+            Some(fence) => Some(LeaseClaim::Acquired { fence, reclaimed: fence != fresh }),
+            None => {
+                let row: Option<crate::lease::sql::LeaseRowColumns> =
+                    sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(&mut *tx).await?;
+                row.map(|columns| crate::lease::sql::judge_row(req, LeaseRow::from(columns)))
+            }
+        };
+        tx.commit().await?;
+        Ok(claim)
     }
 
     async fn lease_finish(

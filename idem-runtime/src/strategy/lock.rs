@@ -83,9 +83,11 @@ impl LockTicket<'_> {
     /// [`Error::LockLost`]; so does a release that finds the lock gone, for
     /// `lock+dedup` and `lock+state`, whose caller has not committed yet.
     /// A future dropped mid-body (a client disconnected, a timeout fired)
-    /// releases the lock without waiting ([`LockStore::release_detached`]):
-    /// its body stopped with it, so the next caller need not wait for the
-    /// TTL.
+    /// releases the lock without waiting ([`LockStore::release_detached`]),
+    /// so the next caller need not wait for the TTL. The body's future
+    /// stopped with it; work it spawned, or requests it already sent, may
+    /// still land after the next holder starts: that is what the fencing
+    /// token is for.
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
     where
         E: GuardError,
