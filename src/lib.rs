@@ -264,7 +264,8 @@
 //! ## Consumers: `precheck = "redis"`
 //!
 //! Where repeats are the common case (a broker redelivering, producers
-//! re-publishing), `precheck = "redis"` on `dedup` (or `lease`) asks a marker
+//! re-publishing), `precheck = "redis"` on `dedup`, `dedup+state` or
+//! `token+dedup` (or `lease`) asks a marker
 //! store "seen before?" in one round trip first (with `lease`, worth it on
 //! SQL lease stores only). A seen key whose completed
 //! record is there replays after one plain read, without the claim; a
@@ -312,9 +313,10 @@
 //! - **`ttl`**, **`wait`** (lock strategies): the lock's TTL (required;
 //!   renewed every third of it while the body runs) and how long to wait for
 //!   a busy lock (default: not at all, [`Error::LockBusy`] at once).
-//! - **`precheck = "redis"`** (`dedup`, `lease`): a marker cache in front
-//!   of the record, in the store named by `store` (`dedup`; with `lease`,
-//!   `store` names the lease store and markers go to the one installed with
+//! - **`precheck = "redis"`** (`dedup`, `dedup+state`, `token+dedup`,
+//!   `lease`): a marker cache in front of the record, in the store named by
+//!   `store` (`dedup`, `dedup+state`; with `lease` and `token+dedup`, `store`
+//!   names the lease or token store and markers go to the one installed with
 //!   [`precheck::install`]); `ttl` is the marker's lifetime (default 24 h).
 //!   With `lease` it saves work only on SQL lease stores (a plain read
 //!   instead of the claiming upsert): Redis and memory lease stores already

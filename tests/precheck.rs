@@ -165,3 +165,118 @@ async fn a_seen_lease_record_replays_from_a_plain_read() {
     assert!(after.confirmed > before.confirmed, "{before:?} {after:?}");
     assert_eq!(runs.load(SeqCst), 1);
 }
+
+/// `precheck` in front of the record of `dedup+state` and `token+dedup`:
+/// a seen, completed key replays before the claim, the state change or the
+/// token. SQLite records, Redis markers.
+mod record_of_other_strategies {
+    use super::*;
+    use sqlx::Sqlite;
+
+    #[derive(idem::StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+    #[allow(dead_code)]
+    #[state(table = "idem_test_precheck_orders", key_column = "order_no", status_column = "status")]
+    enum PayStatus {
+        #[state(code = 1, to(Paid))]
+        WaitPay,
+        #[state(code = 2)]
+        Paid,
+    }
+
+    #[idempotent(
+        key = "order_no",
+        strategy = "dedup+state",
+        scope = "tests.precheck.paid",
+        precheck = "redis",
+        store = "marks",
+        transition = "PayStatus::WaitPay -> PayStatus::Paid"
+    )]
+    async fn on_paid(
+        tx: &mut Transaction<'_, Sqlite>,
+        marks: &dyn PrecheckStore,
+        order_no: &str,
+        runs: &AtomicUsize,
+    ) -> Result<(), AppError> {
+        runs.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    #[idempotent(
+        key = "request_id",
+        strategy = "token+dedup",
+        scope = "tests.precheck.submit",
+        precheck = "redis",
+        store = "tokens"
+    )]
+    async fn submit(
+        tx: &mut Transaction<'_, Sqlite>,
+        tokens: &idem::MemoryStore,
+        request_id: &str,
+        #[idem(token)] token: &str,
+        runs: &AtomicUsize,
+    ) -> Result<usize, AppError> {
+        Ok(runs.fetch_add(1, SeqCst) + 1)
+    }
+
+    #[tokio::test]
+    async fn dedup_state_replays_a_seen_completed_key_before_its_state_change() {
+        let Some(pool) = common::sqlite().await else { return };
+        let Some((marks, conn, prefix)) = redis_marks().await else { return };
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS idem_test_precheck_orders (order_no TEXT PRIMARY KEY, status INTEGER NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let (order, runs) = (unique("order"), AtomicUsize::new(0));
+        sqlx::query("INSERT INTO idem_test_precheck_orders VALUES (?, 1)").bind(&order).execute(&pool).await.unwrap();
+        let pay = || async {
+            let mut tx = pool.begin().await.unwrap();
+            let out = idem::observe(on_paid(&mut tx, &marks, &order, &runs)).await;
+            tx.commit().await.unwrap();
+            out
+        };
+        assert!(matches!(pay().await, (Ok(()), Some(Outcome::Executed))));
+        let before = idem::precheck::counters();
+        let again = pay().await;
+        assert!(matches!(again, (Ok(()), Some(Outcome::Replayed))), "{again:?}");
+        assert!(idem::precheck::counters().confirmed > before.confirmed, "replayed from the precheck read");
+        // Markers lost: the record still decides.
+        flush(&conn, &prefix).await;
+        assert!(matches!(pay().await, (Ok(()), Some(Outcome::Replayed))));
+        assert_eq!(runs.load(SeqCst), 1);
+        let status: i64 = sqlx::query_scalar("SELECT status FROM idem_test_precheck_orders WHERE order_no = ?")
+            .bind(&order)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(status, 2);
+    }
+
+    #[tokio::test]
+    async fn token_dedup_replays_a_seen_completed_key_without_its_token() {
+        // `store` names the token store; the markers go to the installed
+        // precheck store (a process-wide memory store here).
+        let Some(pool) = common::sqlite().await else { return };
+        let tokens = idem::MemoryStore::new();
+        let (request, runs) = (unique("req"), AtomicUsize::new(0));
+        let token =
+            idem::token::issue(&tokens, "tests.precheck.submit", std::time::Duration::from_secs(60)).await.unwrap();
+        let send = |token: String| {
+            let (pool, tokens, request, runs) = (&pool, &tokens, &request, &runs);
+            async move {
+                let mut tx = pool.begin().await.unwrap();
+                let out = idem::observe(submit(&mut tx, tokens, request, &token, runs)).await;
+                tx.commit().await.unwrap();
+                out
+            }
+        };
+        assert!(matches!(send(token.clone()).await, (Ok(1), Some(Outcome::Executed))));
+        // The retry carries the spent token, or none at all: the record answers.
+        let before = idem::precheck::counters();
+        assert!(matches!(send(token).await, (Ok(1), Some(Outcome::Replayed))));
+        assert!(matches!(send(String::new()).await, (Ok(1), Some(Outcome::Replayed))));
+        assert!(idem::precheck::counters().confirmed >= before.confirmed + 2, "both replayed from the precheck read");
+        assert_eq!(runs.load(SeqCst), 1);
+    }
+}

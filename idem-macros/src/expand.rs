@@ -181,7 +181,13 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
             let conn = quote_spanned!(tx_span=> ::idem::__private::connection(&mut *#tx_at_type));
             let claim = match strategy {
                 Strategy::State | Strategy::LockState => quote_spanned!(ret_span=> state(#conn, &__IDEM_TRANSITION)),
+                Strategy::DedupState if precheck => {
+                    quote_spanned!(ret_span=> dedup_state_prechecked(#conn, &__IDEM_TRANSITION, __idem_store, #ttl))
+                }
                 Strategy::DedupState => quote_spanned!(ret_span=> dedup_state(#conn, &__IDEM_TRANSITION)),
+                Strategy::TokenDedup if precheck => quote_spanned!(ret_span=>
+                    dedup_token_prechecked(#conn, __idem_store, #token, #on_store_error, __idem_precheck, #ttl)
+                ),
                 Strategy::TokenDedup => {
                     quote_spanned!(ret_span=> dedup_token(#conn, __idem_store, #token, #on_store_error))
                 }
@@ -223,7 +229,15 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                     }
                 }
             } else {
-                let setup = if strategy.is_token() {
+                let setup = if strategy.is_token() && precheck {
+                    // `store` names the token store; markers go to the
+                    // installed precheck store.
+                    let setup = store("token_store", "token");
+                    Some(quote! {
+                        #setup
+                        let __idem_precheck = ::idem::precheck::installed();
+                    })
+                } else if strategy.is_token() {
                     Some(store("token_store", "token"))
                 } else if precheck {
                     Some(store("precheck_store", "precheck"))

@@ -102,7 +102,7 @@ pub struct Plan {
     pub token: Option<Ident>,
     /// Token strategies: `on_store_error = "allow"`.
     pub allow_on_store_error: bool,
-    /// `precheck = "redis"` on `dedup` or `lease`.
+    /// `precheck = "redis"` on `dedup`, `dedup+state`, `token+dedup` or `lease`.
     pub precheck: bool,
     /// Lock strategies: the lock's TTL and how long to wait for it; with
     /// `precheck`, the marker's TTL.
@@ -210,8 +210,12 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     let is_lease = strategy == Some(Strategy::Lease);
     let is_lock = strategy.is_some_and(Strategy::is_lock);
     let is_token = strategy.is_some_and(Strategy::is_token);
-    // `precheck` puts a marker cache in front of a dedup or lease record.
-    let precheck_fits = matches!(strategy, Some(Strategy::Dedup | Strategy::Lease));
+    // `precheck` puts a marker cache in front of a record: dedup, lease, and
+    // the record of dedup+state and token+dedup. Not lock+dedup: there the
+    // read would come before the lock, in the caller's transaction, and on
+    // SQLite hold the write lock while waiting for the other lock.
+    let precheck_fits =
+        matches!(strategy, Some(Strategy::Dedup | Strategy::Lease | Strategy::DedupState | Strategy::TokenDedup));
     let precheck = raw.precheck.is_some() && precheck_fits;
     let foreign: [(&str, Option<Span>); 8] = [
         (
@@ -251,14 +255,16 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
                           precheck marker lives (with `precheck`); a token's TTL is given when it is issued \
                           (`idem::token::issue`). Remove it"
                     .to_owned(),
-                "precheck" if strategy.keeps_record() || strategy == Strategy::DedupState => format!(
-                    "`precheck` works in front of strategy `dedup` or `lease` only; `{name}` does not support it \
-                     yet. Remove `precheck`, or guard the consumer with `dedup`"
+                "precheck" if strategy.keeps_record() => format!(
+                    "`precheck` works in front of strategies `dedup`, `dedup+state`, `token+dedup` and `lease`; \
+                     `{name}` does not support it yet (its record is read only once the lock is held). Remove \
+                     `precheck`; the lock already keeps repeats of a key in line"
                 ),
                 "precheck" => format!(
-                    "`precheck` is a cache in front of a `dedup` or `lease` record, and the cache is not the \
-                     source of truth: a \"seen\" marker must be confirmed against that record, which `{name}` \
-                     does not keep. Use strategy = \"dedup\" (or \"lease\") with it, or remove `precheck`"
+                    "`precheck` is a cache in front of a record (strategies `dedup`, `dedup+state`, \
+                     `token+dedup`, `lease`), and the cache is not the source of truth: a \"seen\" marker must \
+                     be confirmed against that record, which `{name}` does not keep. Use one of those \
+                     strategies with it, or remove `precheck`"
                 ),
                 "transition" => "a transition is made by strategy `state`, `dedup+state` or `lock+state`; remove \
                                  it, or choose one of those"

@@ -1,4 +1,4 @@
-//! `precheck = "redis"` in front of `dedup` and `lease`.
+//! `precheck = "redis"` in front of `dedup`, `dedup+state`, `token+dedup` and `lease`.
 
 use idem::idempotent;
 use sqlx::{Postgres, Transaction};
@@ -37,6 +37,30 @@ async fn transfer(id: &str) -> Result<(), AppError> {
     Ok(())
 }
 
+#[derive(idem::StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state(table = "orders", key_column = "id", status_column = "status")]
+pub enum OrderStatus {
+    #[state(to(Paid))]
+    WaitPay = 1,
+    Paid = 2,
+}
+
+/// The record of `dedup+state` behind the markers; `store` is the precheck store.
+#[idempotent(key = "id", strategy = "dedup+state", scope = "orders.paid", precheck = "redis", ttl = "1d",
+             store = "idem::precheck::installed()", transition = "OrderStatus::WaitPay -> OrderStatus::Paid")]
+async fn on_paid(tx: &mut Transaction<'_, Postgres>, id: i64) -> Result<(), AppError> {
+    let _ = (tx, id);
+    Ok(())
+}
+
+/// `token+dedup`: `store` is the token store; markers go to the installed precheck store.
+#[idempotent(key = "request_id", strategy = "token+dedup", scope = "orders.submit", precheck = "redis",
+             store = "idem::token::installed()")]
+async fn submit(tx: &mut Transaction<'_, Postgres>, request_id: &str, #[idem(token)] token: &str) -> Result<(), AppError> {
+    let _ = (tx, request_id, token);
+    Ok(())
+}
+
 fn main() {
     let _ = |pg: sqlx::PgPool, c: Consumer| {
         tokio::spawn(async move {
@@ -44,6 +68,8 @@ fn main() {
             c.apply(&mut tx, "k").await?;
             apply_after(&mut tx, "k").await?;
             transfer("t").await?;
+            on_paid(&mut tx, 1).await?;
+            submit(&mut tx, "r", "t").await?;
             Ok::<_, AppError>(())
         })
     };

@@ -57,20 +57,35 @@ impl Guard {
         let p = self.prepare()?;
         let conn = conn.0;
         require_transaction::<DB>(conn, &p)?;
-        if let Sight::Seen = look(store, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await {
-            let existing = DB::read_then_claim(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)?;
-            match existing {
-                Some(existing)
-                    if !existing.expired && RecordStatus::parse(&existing.status) == Some(RecordStatus::Done) =>
-                {
-                    precheck_confirmed(true);
-                    return judge(&p, existing).map(Claim::Replay);
-                }
-                _ => precheck_confirmed(false),
-            }
+        if let Some(replay) = prechecked::<T, DB>(conn, &p, Some((store, ttl))).await? {
+            return Ok(Claim::Replay(replay));
         }
         dedup_prepared::<T, DB>(conn, p).await
     }
+}
+
+/// `precheck`: a "seen" marker first; a seen key whose completed record is
+/// there replays from a plain read (SQLite: taking the write lock first),
+/// before any claim, token or state change. `None`: go on and claim.
+pub(crate) async fn prechecked<T: Replayable, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    precheck: Option<(&dyn PrecheckStore, std::time::Duration)>,
+) -> Result<Option<T>, Error> {
+    let Some((store, ttl)) = precheck else { return Ok(None) };
+    if let Sight::Seen = look(store, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await {
+        let existing = DB::read_then_claim(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)?;
+        match existing {
+            Some(existing)
+                if !existing.expired && RecordStatus::parse(&existing.status) == Some(RecordStatus::Done) =>
+            {
+                precheck_confirmed(true);
+                return judge(p, existing).map(Some);
+            }
+            _ => precheck_confirmed(false),
+        }
+    }
+    Ok(None)
 }
 
 async fn dedup_prepared<T: Replayable, DB: SqlBackend>(

@@ -11,11 +11,16 @@
 //! replays the first answer, the transition stops a repeat whose record is
 //! gone. Either line of defence alone keeps the call idempotent.
 
+use std::time::Duration;
+
 use crate::guard::{Guard, Prepared};
+use crate::precheck::PrecheckStore;
 use crate::record::{Outcome, report};
 use crate::sql::{Cas, Conn, ReadMode, SqlBackend, classify};
 use crate::state::{SilentRepeat, StateCode, StoredState, Transition};
-use crate::strategy::dedup::{Claim, Claimed, MAX_ATTEMPTS, Ticket, claim_record, discard, judge, require_transaction};
+use crate::strategy::dedup::{
+    Claim, Claimed, MAX_ATTEMPTS, Ticket, claim_record, discard, judge, prechecked, require_transaction,
+};
 use crate::{Error, Replayable};
 
 /// A transition this call made: undone if the body fails.
@@ -59,9 +64,33 @@ impl Guard {
         conn: Conn<'_, DB>,
         transition: &'static Transition,
     ) -> Result<Claim<T>, Error> {
+        self.dedup_state_with(conn, transition, None).await
+    }
+
+    /// `dedup+state` with `precheck`: a seen key whose completed record is
+    /// there replays before the claim and the transition.
+    pub async fn dedup_state_prechecked<T: Replayable + SilentRepeat, DB: SqlBackend>(
+        self,
+        conn: Conn<'_, DB>,
+        transition: &'static Transition,
+        precheck: &dyn PrecheckStore,
+        ttl: Duration,
+    ) -> Result<Claim<T>, Error> {
+        self.dedup_state_with(conn, transition, Some((precheck, ttl))).await
+    }
+
+    async fn dedup_state_with<T: Replayable + SilentRepeat, DB: SqlBackend>(
+        self,
+        conn: Conn<'_, DB>,
+        transition: &'static Transition,
+        precheck: Option<(&dyn PrecheckStore, Duration)>,
+    ) -> Result<Claim<T>, Error> {
         let p = self.prepare()?;
         let conn = conn.0;
         require_transaction::<DB>(conn, &p)?;
+        if let Some(replay) = prechecked::<T, DB>(conn, &p, precheck).await? {
+            return Ok(Claim::Replay(replay));
+        }
         let states = transition.states;
         let single = (transition.from.len() == 1).then(|| states.codes[transition.source_indexes().next().unwrap()]);
         let from = single.map(|c| [c]);

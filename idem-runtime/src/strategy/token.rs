@@ -2,9 +2,10 @@
 //! one atomic step before the body runs.
 
 use crate::guard::{Guard, GuardError, Prepared};
+use crate::precheck::PrecheckStore;
 use crate::record::{Outcome, report};
 use crate::sql::{Conn, SqlBackend};
-use crate::strategy::dedup::{Claim, Claimed, Ticket, claim_record, discard, judge, require_transaction};
+use crate::strategy::dedup::{Claim, Claimed, Ticket, claim_record, discard, judge, prechecked, require_transaction};
 use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};
 
 /// The token a `#[idem(token)]` parameter carries, if any.
@@ -50,9 +51,37 @@ impl Guard {
         token: Option<&str>,
         on_store_error: OnStoreError,
     ) -> Result<Claim<T>, Error> {
+        self.dedup_token_with(conn, store, token, on_store_error, None).await
+    }
+
+    /// `token+dedup` with `precheck`: a seen key whose completed record is
+    /// there replays before the claim, and its token is left alone.
+    pub async fn dedup_token_prechecked<T: Replayable, DB: SqlBackend>(
+        self,
+        conn: Conn<'_, DB>,
+        store: &dyn TokenStore,
+        token: Option<&str>,
+        on_store_error: OnStoreError,
+        precheck: &dyn PrecheckStore,
+        ttl: std::time::Duration,
+    ) -> Result<Claim<T>, Error> {
+        self.dedup_token_with(conn, store, token, on_store_error, Some((precheck, ttl))).await
+    }
+
+    async fn dedup_token_with<T: Replayable, DB: SqlBackend>(
+        self,
+        conn: Conn<'_, DB>,
+        store: &dyn TokenStore,
+        token: Option<&str>,
+        on_store_error: OnStoreError,
+        precheck: Option<(&dyn PrecheckStore, std::time::Duration)>,
+    ) -> Result<Claim<T>, Error> {
         let p = self.prepare()?;
         let conn = conn.0;
         require_transaction::<DB>(conn, &p)?;
+        if let Some(replay) = prechecked::<T, DB>(conn, &p, precheck).await? {
+            return Ok(Claim::Replay(replay));
+        }
         match claim_record::<DB>(conn, &p, None).await? {
             Claimed::Fresh { .. } => {
                 let spent = match token.filter(|t| well_formed(t)) {
