@@ -315,7 +315,8 @@ where
     }
 
     /// Batch lease operations under load (the default, except on a
-    /// `ClusterConnection`), or send each as a call of its own.
+    /// `ClusterConnection`), or send each as a call of its own. The setting
+    /// is shared with this store's clones, which share its queue.
     pub fn batching(self, on: bool) -> RedisStore<C> {
         self.shared.batching.store(on, Ordering::Relaxed);
         self
