@@ -138,8 +138,10 @@ impl<S: LockStore + ?Sized> LockStore for &S {
 }
 
 /// A lock taken with [`acquire`], outside any guard: the caller releases
-/// it. Nothing renews it; for work that may outlast the TTL, call
-/// [`HeldLock::extend`] or use the attribute, whose guard renews for you.
+/// it with [`HeldLock::release`], which says whether it was still held; one
+/// dropped without it is released without waiting for the answer. Nothing
+/// renews it; for work that may outlast the TTL, call [`HeldLock::extend`]
+/// or use the attribute, whose guard renews for you.
 #[must_use = "a held lock should be released when the work is done"]
 #[derive(Debug)]
 pub struct HeldLock<'s, S: LockStore + ?Sized> {
