@@ -89,6 +89,12 @@ pub fn run_id() -> String {
     format!("{:x}", nanos)
 }
 
+/// Length of one measuring slice: `seconds` shared by `rounds` rounds of
+/// `slices` slices each, at least `floor` seconds.
+pub fn slice_length(seconds: u64, rounds: u32, slices: f64, floor: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64((seconds as f64 / f64::from(rounds.max(1)) / slices).max(floor))
+}
+
 /// SQL written with `?` placeholders, numbered `$1, $2, ...` for PostgreSQL
 /// (`backend`: [`Store::name`] or `idem::SqlBackend::BACKEND`).
 pub fn sql(backend: &str, text: &'static str) -> sqlx::AssertSqlSafe<String> {

@@ -306,17 +306,9 @@ struct Raw {
     sha: String,
 }
 
-/// The lock store's acquire script (`idem-runtime/src/lock/redis.rs`).
-const ACQUIRE_SRC: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-          local t = redis.call('TIME')
-          redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])), 'NX')
-          local fence = redis.call('INCR', KEYS[2])
-          redis.call('PEXPIRE', KEYS[2], ARGV[3])
-          return {1, fence}
-        end
-        return {0, redis.call('PTTL', KEYS[1])}";
-
-static ACQUIRE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(ACQUIRE_SRC));
+/// The lock store's own acquire script, for the floor.
+static ACQUIRE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(idem::lock::ACQUIRE_SCRIPT));
 
 /// Which code sits between the caller and the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -624,7 +616,7 @@ pub async fn run_token(
     let rounds = rounds.max(1);
     let redis = b.redis.is_some();
     let slices = if redis { 4.0 } else { 2.0 };
-    let per_slice = Duration::from_secs_f64((seconds as f64 / f64::from(rounds) / slices).max(0.5));
+    let per_slice = crate::common::slice_length(seconds, rounds, slices, 0.5);
     // Warm-up: connections open, scripts loaded, the first rates known.
     // Also the issue -> guard path end to end, through the public API.
     for _ in 0..100 {
@@ -712,7 +704,7 @@ pub async fn run_lock(
     let rounds = rounds.max(1);
     let redis = b.redis.is_some();
     let slices = if redis { 8.0 } else { 4.0 };
-    let per_slice = Duration::from_secs_f64((seconds as f64 / f64::from(rounds) / slices).max(0.5));
+    let per_slice = crate::common::slice_length(seconds, rounds, slices, 0.5);
     let levels: Vec<usize> = if clients > 1 { vec![1, clients] } else { vec![1] };
     // Warm-up.
     let mut raw_best = std::collections::HashMap::new();

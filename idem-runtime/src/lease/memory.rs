@@ -92,13 +92,12 @@ impl MemoryStore {
     pub fn new() -> MemoryStore {
         // Fencing tokens start at the wall clock's microseconds, so a store
         // made after a restart still grants tokens above the old ones.
-        let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
         MemoryStore {
             shards: Shards::new(),
             tokens: Shards::new(),
             markers: Shards::new(),
             locks: Shards::new(),
-            fences: AtomicI64::new(i64::try_from(micros).unwrap_or(0)),
+            fences: AtomicI64::new(super::clock_micros()),
             epoch: Instant::now(),
         }
     }

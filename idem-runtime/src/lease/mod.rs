@@ -243,7 +243,6 @@ pub(crate) fn new_owner() -> String {
 }
 
 /// Microseconds since the Unix epoch on this machine's clock.
-#[cfg(feature = "sqlite")]
 pub(crate) fn clock_micros() -> i64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(since.as_micros()).unwrap_or(i64::MAX)

@@ -46,6 +46,9 @@ use crate::lease::{BoxFuture, MemoryStore, new_owner};
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+#[doc(hidden)]
+pub use redis::ACQUIRE_SCRIPT;
 
 /// What an acquire found.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,18 +23,20 @@ use crate::lease::{BoxFuture, RedisStore, millis};
 /// How long a lock's fencing counter outlives its last grant.
 const FENCE_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+/// The acquire script: the lock with `SET NX PX`, then the fencing counter
+/// (seeded from the server's clock in microseconds) incremented. Public
+/// (hidden) so the benchmark sends exactly this script as its floor.
+#[doc(hidden)]
+pub const ACQUIRE_SCRIPT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
           local t = redis.call('TIME')
           redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])), 'NX')
           local fence = redis.call('INCR', KEYS[2])
           redis.call('PEXPIRE', KEYS[2], ARGV[3])
           return {1, fence}
         end
-        return {0, redis.call('PTTL', KEYS[1])}",
-    )
-});
+        return {0, redis.call('PTTL', KEYS[1])}";
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SCRIPT));
 
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(

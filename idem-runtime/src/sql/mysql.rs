@@ -53,6 +53,11 @@ const FETCH: &str = "SELECT CONVERT(scope USING utf8mb4), CONVERT(idem_key USING
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at) DIV 1000 \
     FROM idem_records WHERE scope = ? AND idem_key = ?";
 
+/// The fence a lease insert or take-over set through `LAST_INSERT_ID(expr)`.
+fn granted_fence(done: &sqlx::mysql::MySqlQueryResult) -> i64 {
+    i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX)
+}
+
 fn is_duplicate_key(err: &sqlx::Error) -> bool {
     // Only a unique-key violation is a duplicate; everything else surfaces.
     err.as_database_error().is_some_and(|e| e.is_unique_violation())
@@ -295,7 +300,7 @@ impl SqlBackend for MySql {
                 .await;
             return match inserted {
                 Ok(done) => {
-                    let fence = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
+                    let fence = granted_fence(&done);
                     Ok(Some(LeaseClaim::Acquired { fence, reclaimed: false }))
                 }
                 Err(e) if is_duplicate_key(&e) => Ok(None), // inserted since the read: ask again
@@ -324,7 +329,7 @@ impl SqlBackend for MySql {
             .execute(&mut *conn)
             .await?;
         if taken.rows_affected() == 1 {
-            let fence = i64::try_from(taken.last_insert_id()).unwrap_or(i64::MAX);
+            let fence = granted_fence(&taken);
             return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: true }));
         }
         Ok(None) // another caller took it over first: ask again
