@@ -69,6 +69,12 @@ fn request<'a>(scope: &'a str, key: &'a str, owner: &'a str, lease: Duration) ->
     LeaseRequest { scope, key, fingerprint: None, owner, lease, retention: Duration::from_secs(3600) }
 }
 
+/// The holder of `owner`'s claim at `fence`, without a fingerprint, as a
+/// store's caller builds it.
+fn holder<'a>(scope: &'a str, key: &'a str, owner: &'a str, fence: i64, lease: Duration) -> HeldLease<'a> {
+    HeldLease { scope, key, owner, fingerprint: None, fence, lease, retention: Duration::from_secs(3600) }
+}
+
 macro_rules! lease_suite {
     (mod $m:ident; store = $store:expr;) => {
         mod $m {
@@ -143,14 +149,7 @@ macro_rules! lease_suite {
                         }
                     }
                 };
-                let held = |owner, fence| HeldLease {
-                    scope,
-                    key: &key,
-                    owner,
-                    fence,
-                    lease: short,
-                    retention: Duration::from_secs(3600),
-                };
+                let held = |owner, fence| holder(scope, &key, owner, fence, short);
                 // A claims and stalls past its lease; B takes over.
                 let (a, _) = claim("a", short).await;
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -203,22 +202,39 @@ macro_rules! lease_suite {
                     }
                 }
                 assert_eq!(winners.len(), 1, "{winners:?}");
-                let held = |owner, fence| HeldLease {
-                    scope,
-                    key: &key,
-                    owner,
-                    fence,
-                    lease,
-                    retention: Duration::from_secs(3600),
-                };
+                let held = |owner, fence| holder(scope, &key, owner, fence, lease);
                 // The worker that stalled comes back: its completion is refused.
                 assert!(!store.complete(&held("dead", old_fence), "\"stale\"").await.unwrap());
                 assert!(!store.release(&held("dead", old_fence)).await.unwrap());
                 assert!(!store.extend(&held("dead", old_fence)).await.unwrap());
+                // The refused completion left the winner's lease as it was.
+                let busy = store.claim(&request(scope, &key, "late", lease)).await.unwrap();
+                assert!(matches!(busy, LeaseClaim::Busy { .. }), "{busy:?}");
                 let (owner, fence) = &winners[0];
                 assert!(store.complete(&held(owner, *fence), "\"fresh\"").await.unwrap());
+                // Once the winner is done, the stale worker cannot overwrite its answer either.
+                assert!(!store.complete(&held("dead", old_fence), "\"stale\"").await.unwrap());
                 let replay = store.claim(&request(scope, &key, "late", lease)).await.unwrap();
                 assert_eq!(replay, LeaseClaim::Done { response: "\"fresh\"".into() });
+            }
+
+            #[tokio::test]
+            async fn a_completion_keeps_the_fingerprint_of_the_claim() {
+                let store: Store = store!();
+                let (scope, key) = ("tests.lease.raw", unique("fpkeep"));
+                let lease = Duration::from_secs(5);
+                let (mine, theirs) = ("a".repeat(64), "b".repeat(64));
+                let with = |owner, fp| LeaseRequest { fingerprint: Some(fp), ..request(scope, &key, owner, lease) };
+                let LeaseClaim::Acquired { fence, .. } = store.claim(&with("w", &mine)).await.unwrap() else {
+                    panic!("claim")
+                };
+                // A holder built by hand without the fingerprint: the record keeps the claim's.
+                let held = holder(scope, &key, "w", fence, lease);
+                assert!(store.complete(&held, "7").await.unwrap());
+                // Nor does the same completion repeated (its first reply lost) clear it.
+                assert!(store.complete(&held, "7").await.unwrap());
+                assert_eq!(store.claim(&with("x", &theirs)).await.unwrap(), LeaseClaim::Mismatch);
+                assert_eq!(store.claim(&with("y", &mine)).await.unwrap(), LeaseClaim::Done { response: "7".into() });
             }
 
             #[tokio::test]
@@ -230,8 +246,7 @@ macro_rules! lease_suite {
                 else {
                     panic!("claim")
                 };
-                let held =
-                    HeldLease { scope, key: &key, owner: "w", fence, lease, retention: Duration::from_secs(3600) };
+                let held = holder(scope, &key, "w", fence, lease);
                 // The first reply was lost: the runtime sends it again.
                 assert!(store.complete(&held, "[1]").await.unwrap());
                 assert!(store.complete(&held, "[1]").await.unwrap());
@@ -418,6 +433,55 @@ mod redis_batching {
         let stats = store.stats();
         assert_eq!(stats.operations, 900, "300 claims, 300 completions, 300 replays: {stats:?}");
         assert!(stats.script_calls < stats.operations, "300 concurrent callers were batched: {stats:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_completion_puts_the_record_back_as_it_was() {
+        let Some((store, mut conn)) = store().await else { return };
+        let (scope, key) = ("tests.lease.putback", unique("putback"));
+        let (short, hour) = (Duration::from_millis(100), Duration::from_secs(3600));
+        let req = |owner| LeaseRequest { scope, key: &key, fingerprint: None, owner, lease: short, retention: hour };
+        let held = |owner, fence, retention| HeldLease { retention, ..holder(scope, &key, owner, fence, short) };
+        let LeaseClaim::Acquired { fence: stale, .. } = store.claim(&req("stale")).await.unwrap() else {
+            panic!("claim")
+        };
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let LeaseClaim::Acquired { fence, reclaimed: true } = store.claim(&req("taker")).await.unwrap() else {
+            panic!("take-over")
+        };
+        assert!(store.complete(&held("taker", fence, hour), "1").await.unwrap());
+        let record = store.record_key(scope, &key);
+        let get = ::redis::cmd("GET").arg(&record).clone();
+        let before: String = get.query_async(&mut conn).await.unwrap();
+        // The stale holder comes back, configured with a shorter retention:
+        // refused, and the taker's answer keeps its content and its retention.
+        assert!(!store.complete(&held("stale", stale, Duration::from_secs(1)), "2").await.unwrap());
+        let after: String = get.query_async(&mut conn).await.unwrap();
+        assert_eq!(before, after);
+        let ttl: i64 = ::redis::cmd("PTTL").arg(&record).query_async(&mut conn).await.unwrap();
+        assert!(ttl > 3_000_000, "retention kept: {ttl} ms left");
+        let _: () = ::redis::cmd("DEL").arg(&record).query_async(&mut conn).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_key_holding_something_else_is_an_error_not_a_record() {
+        let Some((store, mut conn)) = store().await else { return };
+        let (scope, key) = ("tests.lease.garbage", unique("garbage"));
+        let record = store.record_key(scope, &key);
+        let _: () = ::redis::cmd("SET").arg(&record).arg("not ours").query_async(&mut conn).await.unwrap();
+        let req = LeaseRequest {
+            scope,
+            key: &key,
+            fingerprint: None,
+            owner: "w",
+            lease: Duration::from_secs(5),
+            retention: Duration::from_secs(60),
+        };
+        let err = store.claim(&req).await.unwrap_err().to_string();
+        assert!(err.contains("not an idem lease record"), "{err}");
+        let left: String = ::redis::cmd("GET").arg(&record).query_async(&mut conn).await.unwrap();
+        assert_eq!(left, "not ours", "nothing written over it");
+        let _: () = ::redis::cmd("DEL").arg(&record).query_async(&mut conn).await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

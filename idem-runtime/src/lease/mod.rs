@@ -105,6 +105,9 @@ pub struct HeldLease<'a> {
     pub key: &'a str,
     /// This call's owner id.
     pub owner: &'a str,
+    /// The fingerprint the claim was made with (a store that writes the
+    /// record whole on completion, like Redis, writes it again).
+    pub fingerprint: Option<&'a str>,
     /// The fencing token the claim returned.
     pub fence: i64,
     /// Lease length (extensions renew it from the store's now).

@@ -17,6 +17,7 @@
 //! never run twice, keep the record in SQL (or put `precheck = "redis"` in
 //! front of a SQL store).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -27,130 +28,164 @@ use crate::Error;
 
 // A record is one string, written with its TTL by one SET ... PX:
 // `P<fp 64><fence>:<lease deadline ms>:<owner>` while held,
-// `D<fp 64><fence>:<owner>|<response JSON>` once done (owner ids hold no
-// `|`); `<fp 64>` is the hex fingerprint, or 64 dots without one. One string
+// `D<fp 64><fence>:<retention ms>:<owner>|<response JSON>` once done (owner
+// ids hold no `|`); `<fp 64>` is the hex fingerprint (SHA-256), or 64 dots
+// without one. One string
 // (rather than a hash plus PEXPIRE) keeps every operation to two or three
 // cheap commands.
 //
 // One script runs every operation, on one key or on a batch of keys:
 // `KEYS[i]` is item i's record, `ARGV[5i-4 .. 5i]` its operation
 // (`c` claim, `d` complete, `r` release, `e` extend) and four arguments.
-// It returns one reply per item; an item whose commands failed (a key of
-// the wrong type, say) replies `{'X', message}` and the others go on.
+// It returns one flat reply per item (a nested table costs Redis more to
+// turn into a reply than the item's own GET): a claim replies the fence of
+// a new record (an integer), `A<fence>` (its own record again),
+// `R<fence>` (taken over), `B<ms left>` (held), `M` (another fingerprint)
+// or the whole done record (`D...`, the client cuts the response out); the
+// others reply 1 or 0. An item whose commands failed (a key of the wrong
+// type, say) replies `X<message>` and the others go on.
 static OPS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local nofp
-local now, fresh
-local deadlines = {}
+-- Straight-line code, no function per operation: Redis runs this chunk on
+-- every call, and the closures it would create each time cost about a
+-- fifth of a lone replay's work on the server. Commands go through redis.pcall, so an item whose command fails
+-- (a key of another type, say) replies X<message> and the others go on.
+local now, fresh, dots, last_lease, last_deadline
+-- The clock, read once per call and only if needed: ms for leases, and a
+-- new record's fence, the clock in microseconds, so a key's fences keep
+-- increasing after its record was removed or expired.
 local function tick()
   if not now then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    -- A new record's fence: the server's clock in microseconds, so a key's
-    -- fences keep increasing after its record was removed or expired.
     fresh = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
   end
 end
--- The lease deadline (ms on the server's clock) for `lease`, as a string;
--- the clock is read once per call.
-local function deadline(lease)
-  local d = deadlines[lease]
-  if not d then
-    tick()
-    d = string.format('%d', now + tonumber(lease))
-    deadlines[lease] = d
-  end
-  return d
-end
-local function clock()
-  tick()
-  return now
-end
-
-local function claim(k, fp, owner, lease, px)
-  local v = redis.call('GET', k)
-  if not v then
-    if fp == '' then
-      if not nofp then nofp = string.rep('.', 64) end
-      fp = nofp
-    end
-    local d = deadline(lease)
-    redis.call('SET', k, 'P' .. fp .. fresh .. ':' .. d .. ':' .. owner, 'PX', px)
-    return {'A', tonumber(fresh), 0}
-  end
-  if fp ~= '' then
-    local theirs = string.sub(v, 2, 65)
-    if theirs ~= fp and string.byte(theirs) ~= 46 then return {'M'} end
-  end
-  if string.byte(v) == 68 then return {'D', string.sub(v, string.find(v, '|', 66, true) + 1)} end
-  local f, lu, o = string.match(v, '^(%d+):(%d+):(.*)$', 66)
-  if o == owner then return {'A', tonumber(f), 0} end
-  lu = tonumber(lu)
-  if lu > clock() then return {'B', lu - now} end
-  if fp == '' then
-    if not nofp then nofp = string.rep('.', 64) end
-    fp = nofp
-  end
-  local fence = string.format('%d', tonumber(f) + 1)
-  redis.call('SET', k, 'P' .. fp .. fence .. ':' .. deadline(lease) .. ':' .. owner, 'PX', px)
-  return {'A', tonumber(fence), 1}
-end
-
--- Whether `v` is a live record of `owner` at `fence`.
+-- Whether `v` is the live record of `owner` at `fence`.
 local function mine(v, owner, fence)
-  return v and string.byte(v) == 80 and string.sub(v, 66, 66 + #fence) == fence .. ':'
+  return string.byte(v) == 80 and string.sub(v, 66, 66 + #fence) == fence .. ':'
     and string.sub(v, -1 - #owner) == ':' .. owner
 end
 
-local function complete(k, owner, fence, response, ttl)
-  local v = redis.call('GET', k)
-  if not v then return 0 end
-  local head = fence .. ':' .. owner .. '|'
-  if string.byte(v) == 68 then
-    if string.sub(v, 66, 65 + #head) == head then return 1 end
-    return 0
-  end
-  if not mine(v, owner, fence) then return 0 end
-  redis.call('SET', k, 'D' .. string.sub(v, 2, 65) .. head .. response, 'PX', ttl)
-  return 1
-end
-
-local function release(k, owner, fence)
-  if not mine(redis.call('GET', k), owner, fence) then return 0 end
-  redis.call('DEL', k)
-  return 1
-end
-
-local function extend(k, owner, fence, lease)
-  local v = redis.call('GET', k)
-  if not mine(v, owner, fence) then return 0 end
-  local ttl = math.max(redis.call('PTTL', k), tonumber(lease))
-  redis.call('SET', k, 'P' .. string.sub(v, 2, 65) .. fence .. ':' .. deadline(lease) .. ':' .. owner, 'PX', ttl)
-  return 1
-end
-
-local ops = {c = claim, d = complete, r = release, e = extend}
 local out = {}
 for i = 1, #KEYS do
-  local b = (i - 1) * 5
-  local op = ops[ARGV[b + 1]]
-  local ok, r
-  if op then
-    ok, r = pcall(op, KEYS[i], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5])
+  local k, b = KEYS[i], (i - 1) * 5
+  local op, a1, a2, a3, a4 = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
+  local r
+  if op == 'c' then
+    -- a1 fingerprint ('' for none), a2 owner, a3 lease ms, a4 TTL ms.
+    local v = redis.pcall('GET', k)
+    local fence, took
+    if type(v) == 'table' then
+      r = v
+    elseif not v then
+      tick()
+      fence = fresh
+    elseif a1 ~= '' and string.sub(v, 2, 65) ~= a1 and string.byte(v, 2) ~= 46 then
+      r = 'M'
+    elseif string.byte(v) == 68 then
+      r = v
+    else
+      local f, lu, o = string.match(v, '^(%d+):(%d+):(.*)$', 66)
+      if not o then
+        r = {err = 'not an idem lease record'}
+      elseif o == a2 then
+        r = 'A' .. f
+      else
+        tick()
+        lu = tonumber(lu)
+        if lu > now then
+          r = 'B' .. string.format('%d', lu - now)
+        else
+          fence, took = string.format('%d', tonumber(f) + 1), true
+        end
+      end
+    end
+    if fence then
+      local fp = a1
+      if fp == '' then
+        if not dots then dots = string.rep('.', 64) end
+        fp = dots
+      end
+      if a3 ~= last_lease then
+        last_lease, last_deadline = a3, string.format('%d', now + tonumber(a3))
+      end
+      local w = redis.pcall('SET', k, 'P' .. fp .. fence .. ':' .. last_deadline .. ':' .. a2, 'PX', a4)
+      if w.err then
+        r = w
+      elseif took then
+        r = 'R' .. fence
+      else
+        r = tonumber(fence)
+      end
+    end
+  elseif op == 'd' then
+    -- a1 owner, a2 fence, a3 the done record whole, a4 retention ms.
+    -- Written first, checked after: SET ... XX GET swaps the record in and
+    -- hands back what it replaced, in one command. What was not this
+    -- holder's live record goes back as it was: another holder's (this
+    -- one's lease was taken over), or this holder's own done record (a
+    -- repeated completion changes nothing). A live lease goes back with at
+    -- least its time left, a done record with its own retention.
+    local v = redis.pcall('SET', k, a3, 'XX', 'GET', 'PX', a4)
+    if type(v) == 'table' or not v then
+      r = v or 0
+    elseif mine(v, a1, a2) then
+      r = 1
+      -- The fingerprint stays the record's own.
+      if string.sub(v, 2, 65) ~= string.sub(a3, 2, 65) then
+        r = redis.pcall('SET', k, 'D' .. string.sub(v, 2, 65) .. string.sub(a3, 66), 'PX', a4)
+        if not r.err then r = 1 end
+      end
+    elseif v == a3 then
+      r = 1
+    else
+      local ttl
+      if string.byte(v) == 68 then
+        ttl = string.match(v, '^%d+:(%d+):', 66) or a4
+      else
+        tick()
+        local lu = string.byte(v) == 80 and tonumber(string.match(v, '^%d+:(%d+):', 66)) or 0
+        ttl = string.format('%d', math.max(tonumber(a4), lu - now))
+      end
+      r = redis.pcall('SET', k, v, 'PX', ttl)
+      if not r.err then
+        local head = a2 .. ':' .. a4 .. ':' .. a1 .. '|'
+        r = (string.byte(v) == 68 and string.sub(v, 66, 65 + #head) == head) and 1 or 0
+      end
+    end
+  elseif op == 'r' or op == 'e' then
+    -- a1 owner, a2 fence; to extend, a3 the lease ms.
+    local v = redis.pcall('GET', k)
+    if type(v) == 'table' then
+      r = v
+    elseif not v or not mine(v, a1, a2) then
+      r = 0
+    elseif op == 'r' then
+      r = redis.pcall('DEL', k)
+    else
+      tick()
+      local ttl = redis.pcall('PTTL', k)
+      r = redis.pcall('SET', k, 'P' .. string.sub(v, 2, 65) .. a2 .. ':' .. string.format('%d', now + tonumber(a3))
+        .. ':' .. a1, 'PX', string.format('%d', math.max(tonumber(ttl) or 0, tonumber(a3))))
+      if not r.err then r = 1 end
+    end
   else
-    ok, r = false, 'unknown operation ' .. tostring(ARGV[b + 1])
+    r = {err = 'unknown operation ' .. tostring(op)}
   end
-  if not ok then
-    if type(r) == 'table' then r = r.err or 'script error' end
-    r = {'X', tostring(r)}
-  end
+  if type(r) == 'table' then r = 'X' .. tostring(r.err) end
   out[i] = r
 end
+-- One item: its reply bare (a one-item table costs more to send).
+if #KEYS == 1 then return out[1] end
 return out
 "#,
     )
 });
+
+/// A record's fingerprint field when the call has none (`.` x 64).
+const NO_FINGERPRINT: &str = "................................................................";
 
 /// Script calls in flight at once before further operations queue and go
 /// out together as one batch (1 measured slower under load; 4 and 8 no
@@ -259,7 +294,8 @@ pub struct RedisStats {
 /// [`ConnectionManager`](redis::aio::ConnectionManager) (reconnects after a
 /// restart) or a `MultiplexedConnection` (no reconnect layer: measurably
 /// faster under load, see BENCHMARKS.md), or Cluster through
-/// `redis::cluster_async::ClusterConnection`.
+/// `redis::cluster_async::ClusterConnection`. Needs Redis 6.2 or newer (or
+/// Valkey): a completion swaps its record in with `SET ... GET`.
 ///
 /// **Batching.** Every operation is one call of one script. While two calls
 /// are in flight, further operations (from any task using this store or its
@@ -489,6 +525,12 @@ where
     }
     shared.count(batch.len());
     match eval(conn, batch.iter().map(|(op, _)| op), batch.len()).await {
+        // One item comes back bare.
+        Ok(item) if batch.len() == 1 => {
+            if let Some((_, tx)) = batch.into_iter().next() {
+                let _ = tx.send(item_reply(item));
+            }
+        }
         Ok(redis::Value::Array(items)) if items.len() == batch.len() => {
             for ((_, tx), item) in batch.into_iter().zip(items) {
                 let _ = tx.send(item_reply(item));
@@ -518,10 +560,8 @@ where
 
 /// One operation in a call of its own.
 async fn single<C: redis::aio::ConnectionLike + Send>(conn: &mut C, op: &Op) -> Result<redis::Value, Error> {
-    match eval(conn, std::iter::once(op), 1).await.map_err(store_error)? {
-        redis::Value::Array(mut items) if items.len() == 1 => item_reply(items.pop().expect("one item")),
-        other => Err(unexpected(&other)),
-    }
+    // One item comes back bare.
+    item_reply(eval(conn, std::iter::once(op), 1).await.map_err(store_error)?)
 }
 
 /// `EVALSHA` of the script over `ops`, loading it first if the server
@@ -562,14 +602,58 @@ async fn eval<'o, C: redis::aio::ConnectionLike + Send>(
 
 /// An item's reply, or the error the script caught for it.
 fn item_reply(item: redis::Value) -> Result<redis::Value, Error> {
-    if let redis::Value::Array(parts) = &item
-        && parts.len() == 2
-        && parts.first().and_then(text).as_deref() == Some("X")
+    if let redis::Value::BulkString(b) = &item
+        && b.first() == Some(&b'X')
     {
-        let message = parts.get(1).and_then(text).unwrap_or_default();
+        let message = String::from_utf8_lossy(&b[1..]);
         return Err(store_message(&format!("a lease operation failed on the server: {message}")));
     }
     Ok(item)
+}
+
+/// A fingerprint as records hold it: 64 characters. The runtime's are
+/// SHA-256 in hex already; any other text (a store driven by hand) is
+/// hashed, the same way on claim and completion.
+fn fingerprint64(fp: &str) -> Cow<'_, str> {
+    if fp.len() == 64 {
+        Cow::Borrowed(fp)
+    } else {
+        use sha2::Digest as _;
+        Cow::Owned(crate::key::hex(&sha2::Sha256::digest(fp.as_bytes())))
+    }
+}
+
+/// A claim's reply (see the script): a new record's fence, or one letter
+/// and its value, or the done record itself.
+fn claim_reply(reply: redis::Value) -> Result<LeaseClaim, Error> {
+    let b = match reply {
+        redis::Value::Int(fence) => return Ok(LeaseClaim::Acquired { fence, reclaimed: false }),
+        redis::Value::BulkString(b) if !b.is_empty() => b,
+        other => return Err(unexpected(&other)),
+    };
+    let number = |b: &[u8]| std::str::from_utf8(&b[1..]).ok().and_then(|t| t.parse::<i64>().ok());
+    let claim = match b[0] {
+        // `D<fp 64><fence>:<owner>|<response>`: the response follows the first `|`.
+        b'D' => match b.iter().skip(65).position(|&c| c == b'|') {
+            Some(at) => {
+                let mut b = b;
+                b.drain(..66 + at);
+                let response = String::from_utf8(b).map_err(|_| store_message("a stored response is not UTF-8"))?;
+                LeaseClaim::Done { response }
+            }
+            None => return Err(unexpected(&redis::Value::BulkString(b))),
+        },
+        b'A' | b'R' => match number(&b) {
+            Some(fence) => LeaseClaim::Acquired { fence, reclaimed: b[0] == b'R' },
+            None => return Err(unexpected(&redis::Value::BulkString(b))),
+        },
+        b'B' => {
+            LeaseClaim::Busy { retry_after: std::time::Duration::from_millis(number(&b).unwrap_or(0).max(0) as u64) }
+        }
+        b'M' if b.len() == 1 => LeaseClaim::Mismatch,
+        _ => return Err(unexpected(&redis::Value::BulkString(b))),
+    };
+    Ok(claim)
 }
 
 /// One script call; a dropped connection is tried once more.
@@ -631,39 +715,29 @@ where
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         Box::pin(async move {
             let op = Op::new("c", &self.prefix, req.scope, req.key)
-                .arg(req.fingerprint.unwrap_or(""))
+                .arg(req.fingerprint.map_or(Cow::Borrowed(""), fingerprint64))
                 .arg(req.owner)
                 .arg(millis(req.lease))
                 .arg(millis(req.lease.max(req.retention)));
-            let reply = self.run(op).await?;
-            let redis::Value::Array(mut items) = reply else { return Err(unexpected(&reply)) };
-            let kind = match items.first() {
-                Some(redis::Value::BulkString(b)) if b.len() == 1 => b[0],
-                _ => 0,
-            };
-            let claim = match (kind, items.len()) {
-                (b'A', 3) => LeaseClaim::Acquired {
-                    fence: int(&items[1]).ok_or_else(|| unexpected(&items[1]))?,
-                    reclaimed: int(&items[2]) == Some(1),
-                },
-                (b'D', 2) => match items.pop() {
-                    Some(redis::Value::BulkString(b)) => LeaseClaim::Done {
-                        response: String::from_utf8(b).map_err(|_| store_message("a stored response is not UTF-8"))?,
-                    },
-                    other => return Err(unexpected(&other.unwrap_or(redis::Value::Nil))),
-                },
-                (b'B', 2) => LeaseClaim::Busy {
-                    retry_after: std::time::Duration::from_millis(int(&items[1]).unwrap_or(0).max(0) as u64),
-                },
-                (b'M', 1) => LeaseClaim::Mismatch,
-                _ => return Err(unexpected(&redis::Value::Array(items))),
-            };
-            Ok(claim)
+            claim_reply(self.run(op).await?)
         })
     }
 
     fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move { self.held("d", held, response, &millis(held.retention).to_string()).await })
+        Box::pin(async move {
+            // The done record whole, as the script swaps it in.
+            let fp = held.fingerprint.map_or(Cow::Borrowed(NO_FINGERPRINT), fingerprint64);
+            let retention = millis(held.retention);
+            let op = Op::new("d", &self.prefix, held.scope, held.key)
+                .arg(held.owner)
+                .arg(held.fence)
+                .arg(format_args!("D{fp}{}:{retention}:{}|{response}", held.fence, held.owner))
+                .arg(retention);
+            match self.run(op).await? {
+                redis::Value::Int(n) => Ok(n == 1),
+                other => Err(unexpected(&other)),
+            }
+        })
     }
 
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {

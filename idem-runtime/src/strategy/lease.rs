@@ -111,6 +111,7 @@ impl LeaseTicket<'_> {
             scope: &p.stored_scope,
             key: p.key.as_str(),
             owner: &self.owner,
+            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
             fence: self.fence,
             lease: self.lease,
             retention: p.spec.retention,
