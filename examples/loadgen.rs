@@ -119,6 +119,14 @@ struct Args {
     /// `--seconds` each, no interleaving): for profiling, e.g. under `perf`.
     #[arg(long, value_enum)]
     only: Option<lease_bench::Only>,
+    /// `lease` on Redis only: Redis runs under `valgrind --tool=callgrind
+    /// --callgrind-out-file=FILE`; print the server's instructions per call,
+    /// idem's (serially and from `--clients` tasks) and the `idempotent` crate's, over
+    /// `--calls` calls each.
+    #[arg(long, value_name = "FILE")]
+    callgrind_out: Option<String>,
+    #[arg(long, default_value_t = 2000)]
+    calls: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -546,6 +554,10 @@ async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     if args.scenario == Scenario::Lease {
         let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
+        if let Some(out) = &args.callgrind_out {
+            let url = redis.ok_or("--callgrind-out needs --redis-url (the Redis under callgrind)")?;
+            return lease_bench::run_instructions(url, out, args.calls, args.clients).await;
+        }
         if let Some(only) = args.only {
             return lease_bench::run_only(only, db, redis, args.clients, args.seconds).await;
         }

@@ -102,30 +102,45 @@ async fn idem_pair(
     length: Duration,
     run: &str,
 ) -> Result<(f64, f64), BoxError> {
-    let first = {
-        let (store, run) = (store.clone(), run.to_owned());
-        measure(clients, length, move |n| {
-            let (store, key) = (store.clone(), format!("F{run}-{n}"));
-            async move {
-                guarded(&*store, &key, n).await?;
-                Ok(())
-            }
-        })
-        .await
-    };
+    let first = idem_first(store, clients, length, run).await;
     let keys = completed_keys(store, &format!("R{run}-{clients}-"), 1000).await?;
-    let replay = {
-        let store = store.clone();
-        measure(clients, length, move |n| {
-            let (store, keys) = (store.clone(), keys.clone());
-            async move {
-                guarded(&*store, &keys[(n % 1000) as usize], n).await?;
-                Ok(())
-            }
-        })
-        .await
-    };
-    Ok((first, replay))
+    Ok((first, idem_replay(store, clients, length, keys).await))
+}
+
+/// First runs per second: every call a fresh key.
+async fn idem_first(store: &Arc<dyn LeaseStore>, clients: usize, length: Duration, run: &str) -> f64 {
+    let (store, run) = (store.clone(), run.to_owned());
+    measure(clients, length, move |n| {
+        let (store, key) = (store.clone(), format!("F{run}-{n}"));
+        async move {
+            guarded(&*store, &key, n).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Replays per second over `keys`, all completed.
+async fn idem_replay(store: &Arc<dyn LeaseStore>, clients: usize, length: Duration, keys: Arc<Vec<String>>) -> f64 {
+    let store = store.clone();
+    measure(clients, length, move |n| {
+        let (store, keys) = (store.clone(), keys.clone());
+        async move {
+            guarded(&*store, &keys[n as usize % keys.len()], n).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// The Redis server's CPU time (user + system, seconds) so far, from `INFO cpu`.
+async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Result<f64, BoxError> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.strip_prefix("used_cpu_user:").or_else(|| l.strip_prefix("used_cpu_sys:")))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum())
 }
 
 /// The store under test, and what a run reports about it.
@@ -200,24 +215,170 @@ pub async fn run_only(
     seconds: u64,
 ) -> Result<(), BoxError> {
     let (run, length) = (crate::common::run_id(), Duration::from_secs(seconds));
-    let (name, (first, replay)) = match only {
+    // On Redis, the server's CPU time per call too: while the server is the
+    // limit, it is what throughput follows, and it varies far less from run
+    // to run on a shared machine than calls per second do.
+    let mut probe = match redis_url {
+        Some(url) => Some(redis::Client::open(url)?.get_multiplexed_async_connection().await?),
+        None => None,
+    };
+    let mut cpu = async || -> Result<f64, BoxError> {
+        match probe.as_mut() {
+            Some(conn) => server_cpu(conn).await,
+            None => Ok(f64::NAN),
+        }
+    };
+    let mut t = [0.0; 3];
+    let (name, first, replay) = match only {
         Only::Idem => {
             let under = open(database_url, redis_url, clients).await?;
-            let pair = idem_pair(&under.store, clients, length, &run).await?;
+            t[0] = cpu().await?;
+            let first = idem_first(&under.store, clients, length, &run).await;
+            t[1] = cpu().await?;
+            let keys = completed_keys(&under.store, &format!("R{run}-{clients}-"), 1000).await?;
+            t[2] = cpu().await?;
+            let replay = idem_replay(&under.store, clients, length, keys).await;
             if let Some(s) = under.sql {
                 s.close().await;
             }
-            (under.name, pair)
+            (under.name, first, replay)
         }
         Only::Peer => {
             let url = redis_url.ok_or("--only peer needs --redis-url")?;
-            ("redis (idempotent 0.3)", peer::Peer::connect(url).await?.pair(clients, length, &run).await?)
+            let peer = peer::Peer::connect(url).await?;
+            t[0] = cpu().await?;
+            let first = peer.first_tps(clients, length, &run).await;
+            t[1] = cpu().await?;
+            let keys = peer.completed_keys(&format!("R{run}-{clients}-")).await?;
+            t[2] = cpu().await?;
+            ("redis (idempotent 0.3)", first, peer.replay_tps(clients, length, keys).await)
         }
     };
-    println!(
+    let t3 = cpu().await?;
+    let secs = length.as_secs_f64();
+    let us = |cpu: f64, tps: f64| cpu / (tps * secs) * 1e6;
+    let mut line = format!(
         "scenario=lease only={} store={name} clients={clients} first_tps={first:.0} replay_tps={replay:.0}",
         format!("{only:?}").to_lowercase()
     );
+    if redis_url.is_some() {
+        line.push_str(&format!(
+            " server_us_first={:.1} server_us_replay={:.1}",
+            us(t[1] - t[0], first),
+            us(t3 - t[2], replay)
+        ));
+    }
+    println!("{line}");
+    Ok(())
+}
+
+/// `--callgrind-out FILE`: Redis runs under `valgrind --tool=callgrind
+/// --callgrind-out-file=FILE`; count the instructions the server spends per
+/// call, idem's and the peer's. Unlike calls per second on a shared machine,
+/// the count repeats exactly from run to run, and while Redis is the limit
+/// (first runs and replays at 64 clients) throughput follows it.
+pub async fn run_instructions(redis_url: &str, out: &str, calls: u64, clients: usize) -> Result<(), BoxError> {
+    let client = redis::Client::open(redis_url)?;
+    let mut probe = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO").arg("server").query_async(&mut probe).await?;
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .map(|p| p.trim().to_owned())
+        .ok_or("INFO server has no process_id")?;
+    let control = |flag: &str| -> Result<(), BoxError> {
+        let status = std::process::Command::new("callgrind_control").args([flag, pid.as_str()]).output()?;
+        if !status.status.success() {
+            return Err(format!("callgrind_control {flag} {pid}: is Redis running under callgrind?").into());
+        }
+        Ok(())
+    };
+    // The instructions since the last zeroing, from the dump it writes.
+    let counted = || -> Result<u64, BoxError> {
+        control("-d")?;
+        let dir = std::path::Path::new(out).parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(".".as_ref());
+        let name = std::path::Path::new(out).file_name().and_then(|n| n.to_str()).ok_or("--callgrind-out: a file")?;
+        let newest = std::fs::read_dir(dir)?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_str().is_some_and(|f| f.starts_with(name)))
+            .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+            .ok_or("no callgrind dump found")?;
+        let text = std::fs::read_to_string(newest.path())?;
+        let total = text
+            .lines()
+            .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .ok_or("no totals in the callgrind dump")?;
+        Ok(total)
+    };
+    let (run, calls) = (crate::common::run_id(), calls.max(20));
+    let per_call = |total: u64, n: u64| total as f64 / n as f64;
+    let mut line = format!("scenario=lease_instructions calls={calls}");
+    // idem: serially (each operation a script call of its own), then from
+    // `clients` tasks, batching as they queue.
+    for tasks in [1, clients.max(2) as u64] {
+        let redis = idem::lease::RedisStore::new(client.get_multiplexed_async_connection().await?, "idem-bench:");
+        let store: Arc<dyn LeaseStore> = Arc::new(redis.clone());
+        let keys: Vec<String> = (0..calls).map(|i| format!("I{run}-{tasks}-{i}")).collect();
+        let each = |keys: &[String]| {
+            let keys: Vec<Arc<Vec<String>>> =
+                keys.chunks(keys.len().div_ceil(tasks as usize)).map(|c| Arc::new(c.to_vec())).collect();
+            let store = store.clone();
+            async move {
+                let mut handles = Vec::new();
+                for chunk in keys {
+                    let store = store.clone();
+                    handles.push(tokio::spawn(async move {
+                        for (i, key) in chunk.iter().enumerate() {
+                            guarded(&*store, key, i as u64).await?;
+                        }
+                        Ok::<(), AppError>(())
+                    }));
+                }
+                for h in handles {
+                    h.await.expect("task")?;
+                }
+                Ok::<(), AppError>(())
+            }
+        };
+        each(&keys[..10]).await?; // scripts loaded, connection warm
+        let before = redis.stats();
+        control("-z")?;
+        each(&keys[10..]).await?;
+        let first = counted()?;
+        control("-z")?;
+        each(&keys[10..]).await?;
+        let replay = counted()?;
+        let after = redis.stats();
+        let n = calls - 10;
+        let batch = (after.operations - before.operations) as f64 / (after.script_calls - before.script_calls) as f64;
+        let label = if tasks == 1 { "serial".to_owned() } else { format!("clients{tasks}") };
+        line.push_str(&format!(
+            " {label}_first={:.0} {label}_replay={:.0} {label}_mean_batch={batch:.1}",
+            per_call(first, n),
+            per_call(replay, n)
+        ));
+    }
+    // The peer: one script call per operation, serially.
+    let peer = peer::Peer::connect(redis_url).await?;
+    let keys: Vec<String> = (0..calls).map(|i| format!("I{run}-{i}")).collect();
+    for key in &keys[..10] {
+        peer::first(&peer.store, key.clone()).await?;
+        peer::replay(&peer.store, key.clone()).await?;
+    }
+    control("-z")?;
+    for key in &keys[10..] {
+        peer::first(&peer.store, key.clone()).await?;
+    }
+    let first = counted()?;
+    control("-z")?;
+    for key in &keys[10..] {
+        peer::replay(&peer.store, key.clone()).await?;
+    }
+    let replay = counted()?;
+    let n = calls - 10;
+    line.push_str(&format!(" peer_first={:.0} peer_replay={:.0}", per_call(first, n), per_call(replay, n)));
+    println!("{line}");
     Ok(())
 }
 
@@ -346,7 +507,7 @@ mod peer {
     use super::{BoxError, measure};
 
     pub struct Peer {
-        store: Arc<ValkeyStore>,
+        pub store: Arc<ValkeyStore>,
     }
 
     const TTL: Duration = Duration::from_secs(3600);
@@ -355,7 +516,7 @@ mod peer {
         DefaultFingerprintStrategy.compute("POST /transfer", b"{}")
     }
 
-    async fn first(store: &ValkeyStore, key: String) -> Result<(), BoxError> {
+    pub async fn first(store: &ValkeyStore, key: String) -> Result<(), BoxError> {
         let key = IdempotencyKey::new(key)?;
         let entry = IdempotencyEntry::new(fingerprint(), TTL);
         match store.try_insert(&key, entry.clone()).await? {
@@ -372,7 +533,7 @@ mod peer {
         }
     }
 
-    async fn replay(store: &ValkeyStore, key: String) -> Result<(), BoxError> {
+    pub async fn replay(store: &ValkeyStore, key: String) -> Result<(), BoxError> {
         let key = IdempotencyKey::new(key)?;
         match store.try_insert(&key, IdempotencyEntry::new(fingerprint(), TTL)).await? {
             InsertResult::Exists(ExistingEntry::Completed(done)) if done.fingerprint_matches(fingerprint()) => Ok(()),
@@ -387,23 +548,36 @@ mod peer {
         }
 
         pub async fn pair(&self, clients: usize, length: Duration, run: &str) -> Result<(f64, f64), BoxError> {
+            let first_tps = self.first_tps(clients, length, run).await;
+            let keys = self.completed_keys(&format!("R{run}-{clients}-")).await?;
+            Ok((first_tps, self.replay_tps(clients, length, keys).await))
+        }
+
+        pub async fn first_tps(&self, clients: usize, length: Duration, run: &str) -> f64 {
             let (store, tag) = (self.store.clone(), run.to_owned());
-            let first_tps = measure(clients, length, move |n| {
+            measure(clients, length, move |n| {
                 let (store, key) = (store.clone(), format!("F{tag}-{n}"));
                 async move { first(&store, key).await }
             })
-            .await;
-            let prefix = format!("R{run}-{clients}-");
-            for i in 0..1000 {
-                first(&self.store, format!("{prefix}{i}")).await?;
+            .await
+        }
+
+        /// 1,000 completed keys starting with `prefix`.
+        pub async fn completed_keys(&self, prefix: &str) -> Result<Arc<Vec<String>>, BoxError> {
+            let keys: Vec<String> = (0..1000).map(|i| format!("{prefix}{i}")).collect();
+            for key in &keys {
+                first(&self.store, key.clone()).await?;
             }
+            Ok(Arc::new(keys))
+        }
+
+        pub async fn replay_tps(&self, clients: usize, length: Duration, keys: Arc<Vec<String>>) -> f64 {
             let store = self.store.clone();
-            let replay_tps = measure(clients, length, move |n| {
-                let (store, key) = (store.clone(), format!("{prefix}{}", n % 1000));
-                async move { replay(&store, key).await }
+            measure(clients, length, move |n| {
+                let (store, keys) = (store.clone(), keys.clone());
+                async move { replay(&store, keys[n as usize % keys.len()].clone()).await }
             })
-            .await;
-            Ok((first_tps, replay_tps))
+            .await
         }
     }
 }
