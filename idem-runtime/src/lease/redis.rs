@@ -30,9 +30,8 @@ use crate::Error;
 // `P<fp 64><fence>:<lease deadline ms>:<owner>` while held,
 // `D<fp 64><fence>:<retention ms>:<owner>|<response JSON>` once done (owner
 // ids hold no `|`); `<fp 64>` is the hex fingerprint (SHA-256), or 64 dots
-// without one. One string
-// (rather than a hash plus PEXPIRE) keeps every operation to two or three
-// cheap commands.
+// without one. One string (rather than a hash plus PEXPIRE) keeps every
+// operation to one to three cheap commands.
 //
 // One script runs every operation, on one key or on a batch of keys:
 // `KEYS[i]` is item i's record, `ARGV[5i-4 .. 5i]` its operation
@@ -49,8 +48,9 @@ static OPS: LazyLock<Script> = LazyLock::new(|| {
         r#"
 -- Straight-line code, no function per operation: Redis runs this chunk on
 -- every call, and the closures it would create each time cost about a
--- fifth of a lone replay's work on the server. Commands go through redis.pcall, so an item whose command fails
--- (a key of another type, say) replies X<message> and the others go on.
+-- fifth of a lone replay's work on the server. Commands go through
+-- redis.pcall, so an item whose command fails (a key of another type, say)
+-- replies X<message> and the others go on.
 local now, fresh, dots, last_lease, last_deadline
 -- The clock, read once per call and only if needed: ms for leases, and a
 -- new record's fence, the clock in microseconds, so a key's fences keep
@@ -633,7 +633,8 @@ fn claim_reply(reply: redis::Value) -> Result<LeaseClaim, Error> {
     };
     let number = |b: &[u8]| std::str::from_utf8(&b[1..]).ok().and_then(|t| t.parse::<i64>().ok());
     let claim = match b[0] {
-        // `D<fp 64><fence>:<owner>|<response>`: the response follows the first `|`.
+        // `D<fp 64><fence>:<retention>:<owner>|<response>`: the response
+        // follows the first `|` after the fingerprint.
         b'D' => match b.iter().skip(65).position(|&c| c == b'|') {
             Some(at) => {
                 let mut b = b;
