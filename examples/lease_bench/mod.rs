@@ -275,8 +275,9 @@ pub async fn run_only(
 /// `--callgrind-out FILE`: Redis runs under `valgrind --tool=callgrind
 /// --callgrind-out-file=FILE`; count the instructions the server spends per
 /// call, idem's and the peer's. Unlike calls per second on a shared machine,
-/// the count repeats exactly from run to run, and while Redis is the limit
-/// (first runs and replays at 64 clients) throughput follows it.
+/// the count repeats within about 1% from run to run (start each run from an
+/// empty database), and while Redis is the limit (first runs and replays at
+/// 64 clients) throughput follows it.
 pub async fn run_instructions(redis_url: &str, out: &str, calls: u64, clients: usize) -> Result<(), BoxError> {
     let client = redis::Client::open(redis_url)?;
     let mut probe = client.get_multiplexed_async_connection().await?;
