@@ -524,14 +524,8 @@ where
         return;
     }
     shared.count(batch.len());
-    match eval(conn, batch.iter().map(|(op, _)| op), batch.len()).await {
-        // One item comes back bare.
-        Ok(item) if batch.len() == 1 => {
-            if let Some((_, tx)) = batch.into_iter().next() {
-                let _ = tx.send(item_reply(item));
-            }
-        }
-        Ok(redis::Value::Array(items)) if items.len() == batch.len() => {
+    match eval(conn, batch.iter().map(|(op, _)| op), batch.len()).await.map(|reply| items(reply, batch.len())) {
+        Ok(Ok(items)) => {
             for ((_, tx), item) in batch.into_iter().zip(items) {
                 let _ = tx.send(item_reply(item));
             }
@@ -550,7 +544,7 @@ where
                 let _ = tx.send(Err(store_error(e.clone())));
             }
         }
-        Ok(other) => {
+        Ok(Err(other)) => {
             for (_, tx) in batch {
                 let _ = tx.send(Err(unexpected(&other)));
             }
@@ -560,8 +554,20 @@ where
 
 /// One operation in a call of its own.
 async fn single<C: redis::aio::ConnectionLike + Send>(conn: &mut C, op: &Op) -> Result<redis::Value, Error> {
-    // One item comes back bare.
-    item_reply(eval(conn, std::iter::once(op), 1).await.map_err(store_error)?)
+    let reply = eval(conn, std::iter::once(op), 1).await.map_err(store_error)?;
+    let mut items = items(reply, 1).map_err(|other| unexpected(&other))?;
+    item_reply(items.pop().expect("one item"))
+}
+
+/// The script's reply to a call of `n` operations, one per operation: a
+/// lone operation's comes back bare, a batch's as an array (or, if neither,
+/// the reply itself as the error).
+fn items(reply: redis::Value, n: usize) -> Result<Vec<redis::Value>, redis::Value> {
+    match reply {
+        item if n == 1 => Ok(vec![item]),
+        redis::Value::Array(items) if items.len() == n => Ok(items),
+        other => Err(other),
+    }
 }
 
 /// `EVALSHA` of the script over `ops`, loading it first if the server
