@@ -120,11 +120,9 @@ where
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime to send it on: the lock frees itself at its TTL
         };
-        let (key, owner, mut conn) = (self.lock_key(name), owner.to_owned(), self.connection());
+        let (store, name, owner) = (self.clone(), name.to_owned(), owner.to_owned());
         runtime.spawn(async move {
-            let mut invocation = RELEASE.key(key);
-            invocation.arg(owner);
-            if let Err(e) = invocation.invoke_async::<redis::Value>(&mut conn).await {
+            if let Err(e) = LockStore::release(&store, &name, &owner).await {
                 tracing::warn!(target: "idem", error = %e,
                     "could not release a lock whose holder was dropped; it frees itself when its TTL passes");
             }
