@@ -40,7 +40,7 @@ use crate::Error;
 // turn into a reply than the item's own GET): a claim replies the fence of
 // a new record (an integer), `A<fence>` (its own record again),
 // `R<fence>` (taken over), `B<ms left>` (held), `M` (another fingerprint)
-// or the whole done record (`D...`, the client cuts the response out); the
+// or the whole done record (`D...`: the client checks its fingerprint and cuts the response out); the
 // others reply 1 or 0. An item whose commands failed (a key of the wrong
 // type, say) replies `X<message>` and the others go on.
 static OPS: LazyLock<Script> = LazyLock::new(|| {
@@ -82,10 +82,11 @@ for i = 1, #KEYS do
     elseif not v then
       tick()
       fence = fresh
+    elseif string.byte(v) == 68 then
+      -- Done: the record whole; the client checks its fingerprint.
+      r = v
     elseif a1 ~= '' and string.sub(v, 2, 65) ~= a1 and string.byte(v, 2) ~= 46 then
       r = 'M'
-    elseif string.byte(v) == 68 then
-      r = v
     else
       local f, lu, o = string.match(v, '^(%d+):(%d+):(.*)$', 66)
       if not o then
@@ -630,8 +631,9 @@ fn fingerprint64(fp: &str) -> Cow<'_, str> {
 }
 
 /// A claim's reply (see the script): a new record's fence, or one letter
-/// and its value, or the done record itself.
-fn claim_reply(reply: redis::Value) -> Result<LeaseClaim, Error> {
+/// and its value, or the done record itself, whose fingerprint is checked
+/// here against the claim's `fingerprint` (64 characters, or none).
+fn claim_reply(reply: redis::Value, fingerprint: Option<&str>) -> Result<LeaseClaim, Error> {
     let b = match reply {
         redis::Value::Int(fence) => return Ok(LeaseClaim::Acquired { fence, reclaimed: false }),
         redis::Value::BulkString(b) if !b.is_empty() => b,
@@ -642,6 +644,7 @@ fn claim_reply(reply: redis::Value) -> Result<LeaseClaim, Error> {
         // `D<fp 64><fence>:<retention>:<owner>|<response>`: the response
         // follows the first `|` after the fingerprint.
         b'D' => match b.iter().skip(65).position(|&c| c == b'|') {
+            Some(_) if fingerprint.is_some_and(|fp| b[1] != b'.' && fp.as_bytes() != &b[1..65]) => LeaseClaim::Mismatch,
             Some(at) => {
                 let mut b = b;
                 b.drain(..66 + at);
@@ -721,12 +724,13 @@ where
 
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         Box::pin(async move {
+            let fingerprint = req.fingerprint.map(fingerprint64);
             let op = Op::new("c", &self.prefix, req.scope, req.key)
-                .arg(req.fingerprint.map_or(Cow::Borrowed(""), fingerprint64))
+                .arg(fingerprint.as_deref().unwrap_or(""))
                 .arg(req.owner)
                 .arg(millis(req.lease))
                 .arg(millis(req.lease.max(req.retention)));
-            claim_reply(self.run(op).await?)
+            claim_reply(self.run(op).await?, fingerprint.as_deref())
         })
     }
 
