@@ -591,6 +591,22 @@ macro_rules! dedup_suite {
                 assert_eq!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap(), None);
             }
 
+            /// A key with a NUL character (from a JSON body's `\u0000`) is
+            /// stored escaped: PostgreSQL text cannot hold NUL.
+            #[tokio::test]
+            async fn a_key_with_a_nul_character_is_stored_and_replays() {
+                let pool = pool!();
+                let key = format!("{}\0tail", unique("nul"));
+                let runs = AtomicUsize::new(0);
+                for _ in 0..2 {
+                    let mut tx = pool.begin().await.unwrap();
+                    assert_eq!(echo(&mut tx, &key, 7u8, &runs).await.unwrap(), 7);
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(runs.load(SeqCst), 1);
+                assert!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap().is_some());
+            }
+
             #[tokio::test]
             async fn composite_keys_and_missing_parts() {
                 let pool = pool!();

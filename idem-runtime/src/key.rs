@@ -67,12 +67,17 @@ impl IdempotencyKey for str {
         if self.is_empty() {
             return Err("is an empty string");
         }
-        // Escape the part separator so ("a:b", "c") and ("a", "b:c") differ.
+        // Escape the part separator so ("a:b", "c") and ("a", "b:c") differ,
+        // and NUL, which PostgreSQL text cannot hold, as `\0`.
         for c in self.chars() {
-            if c == ':' || c == '\\' {
-                out.push('\\');
+            match c {
+                ':' | '\\' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                '\0' => out.push_str("\\0"),
+                c => out.push(c),
             }
-            out.push(c);
         }
         Ok(())
     }
@@ -142,7 +147,14 @@ macro_rules! display_keys {
         }
     )*};
 }
-display_keys!(bool, char);
+display_keys!(bool);
+
+impl IdempotencyKey for char {
+    fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+        // Escaped as a one-character string: `:`, `\` and NUL included.
+        self.encode_utf8(&mut [0; 4]).write_key(out)
+    }
+}
 
 #[cfg(feature = "uuid")]
 impl IdempotencyKey for uuid::Uuid {
@@ -163,9 +175,10 @@ pub struct Key {
 
 impl Key {
     /// Build a key from text already in key form (one part, or parts joined by
-    /// `:` with `:` and `\` escaped). Long keys are hashed, as `\sha256:<hex>`:
-    /// in key form a backslash is only ever followed by `:` or `\`, so no plain
-    /// key (e.g. the composite `("sha256", "<hex>")`) can equal a hashed one.
+    /// `:` with `:` and `\` escaped, NUL written `\0`). Long keys are hashed,
+    /// as `\sha256:<hex>`: in key form a backslash is only ever followed by
+    /// `:`, `\` or `0`, so no plain key (e.g. the composite
+    /// `("sha256", "<hex>")`) can equal a hashed one.
     pub fn from_stored(text: String) -> Key {
         if text.len() > MAX_PLAIN_KEY_LEN {
             Key { stored: format!("\\sha256:{}", hex(&Sha256::digest(text.as_bytes()))) }
@@ -283,11 +296,20 @@ impl KeyBuilder {
 pub struct Fingerprint(String);
 
 impl Fingerprint {
-    /// SHA-256 over the JSON form of `value`. JSON of structs, vectors and
-    /// `BTreeMap`s is stable; a `HashMap` iterates in random order, so do not
-    /// fingerprint one directly.
+    /// SHA-256 over a canonical JSON form of `value`: every object's keys
+    /// sorted, at every level, so equal payloads hash alike however their
+    /// maps iterate (a `HashMap`, a `serde_json::Value` built in another
+    /// order or under serde_json's `preserve_order`). Numbers keep their
+    /// JSON form: `1` and `1.0` differ. A value `serde_json::Value` cannot
+    /// hold (an integer beyond 64 bits) is hashed in its plain JSON form.
     pub fn of<T: Fingerprintable + ?Sized>(value: &T) -> Result<Fingerprint, serde_json::Error> {
-        let json = serde_json::to_vec(value)?;
+        let json = match serde_json::to_value(value) {
+            Ok(mut tree) => {
+                tree.sort_all_objects();
+                serde_json::to_vec(&tree)?
+            }
+            Err(_) => serde_json::to_vec(value)?,
+        };
         Ok(Fingerprint(hex(&Sha256::digest(&json))))
     }
 
@@ -346,5 +368,41 @@ mod tests {
     fn fingerprint_is_stable_and_distinguishes_payloads() {
         assert_eq!(Fingerprint::of(&(1, "a")).unwrap(), Fingerprint::of(&(1, "a")).unwrap());
         assert_ne!(Fingerprint::of(&(1, "a")).unwrap(), Fingerprint::of(&(2, "a")).unwrap());
+    }
+
+    #[test]
+    fn equal_maps_fingerprint_alike_whatever_their_order() {
+        use std::collections::HashMap;
+        // Two HashMaps with the same entries usually iterate in different
+        // orders (each has its own random hasher seed).
+        let entries: Vec<(String, u32)> = (0..32).map(|i| (format!("k{i}"), i)).collect();
+        let a: HashMap<String, u32> = entries.iter().cloned().collect();
+        let b: HashMap<String, u32> = entries.iter().rev().cloned().collect();
+        assert_eq!(Fingerprint::of(&a).unwrap(), Fingerprint::of(&b).unwrap());
+        // Nested, and in JSON objects written in another order.
+        let x: serde_json::Value =
+            serde_json::from_str(r#"{"amount":1,"meta":{"a":[{"y":1,"x":2}],"b":null}}"#).unwrap();
+        let y: serde_json::Value =
+            serde_json::from_str(r#"{"meta":{"b":null,"a":[{"x":2,"y":1}]},"amount":1}"#).unwrap();
+        assert_eq!(Fingerprint::of(&x).unwrap(), Fingerprint::of(&y).unwrap());
+        // Values still count, and so does the order of a list.
+        let z: serde_json::Value =
+            serde_json::from_str(r#"{"amount":2,"meta":{"a":[{"y":1,"x":2}],"b":null}}"#).unwrap();
+        assert_ne!(Fingerprint::of(&x).unwrap(), Fingerprint::of(&z).unwrap());
+        assert_ne!(Fingerprint::of(&[1, 2]).unwrap(), Fingerprint::of(&[2, 1]).unwrap());
+        // An integer serde_json::Value cannot hold still fingerprints.
+        assert_ne!(Fingerprint::of(&u128::MAX).unwrap(), Fingerprint::of(&(u128::MAX - 1)).unwrap());
+    }
+
+    #[test]
+    fn nul_is_escaped_so_every_store_can_hold_the_key() {
+        let k = Key::new("a\0b").unwrap();
+        assert_eq!(k.as_str(), "a\\0b");
+        assert_ne!(k, Key::new("a\\0b").unwrap(), "a NUL and a written backslash-zero differ");
+        assert!(!k.as_str().contains('\0'));
+        // A char is escaped like a string.
+        let c = KeyBuilder::new("s", "a, b").part(&'\\').part("y").finish().unwrap();
+        assert_ne!(c, Key::new(":y").unwrap());
+        assert_eq!(Key::new(&':').unwrap(), Key::new(":").unwrap());
     }
 }
