@@ -589,6 +589,41 @@ macro_rules! dedup_suite {
                 assert!(matches!(err, AppError::Idem(idem::Error::Response { action: "stored", .. })), "{err:?}");
                 tx.commit().await.unwrap();
                 assert_eq!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap(), None);
+
+                // JSON writes Some(()) and Some(None) like None: they would replay as None.
+                let mut tx = pool.begin().await.unwrap();
+                let err = echo(&mut tx, &key, Some(()), &runs).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::Response { action: "stored", .. })), "{err:?}");
+                let err = echo(&mut tx, &key, vec![Some(None::<u8>)], &runs).await.unwrap_err();
+                assert!(err.to_string().contains("would replay as `None`"), "{err}");
+                tx.commit().await.unwrap();
+                assert_eq!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap(), None);
+                // Their exact neighbours still store and replay.
+                for _ in 0..2 {
+                    let mut tx = pool.begin().await.unwrap();
+                    assert_eq!(echo(&mut tx, &key, None::<()>, &runs).await.unwrap(), None);
+                    tx.commit().await.unwrap();
+                }
+            }
+
+            /// An answer larger than the record's response column (MySQL's
+            /// MEDIUMTEXT: 16 MiB) fails its first call before reaching the
+            /// server, and nothing is kept.
+            #[tokio::test]
+            async fn an_answer_larger_than_the_response_column_fails_the_first_call() {
+                let max = <Db as idem::SqlBackend>::MAX_RESPONSE;
+                if max == usize::MAX {
+                    return; // TEXT: no limit worth a test
+                }
+                let pool = pool!();
+                let key = unique("huge");
+                let runs = AtomicUsize::new(0);
+                let mut tx = pool.begin().await.unwrap();
+                let err = echo(&mut tx, &key, "x".repeat(max), &runs).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::Response { action: "stored", .. })), "{err:?}");
+                assert!(err.to_string().contains("bytes, more than the"), "{err}");
+                tx.commit().await.unwrap();
+                assert_eq!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap(), None);
             }
 
             /// A key with a NUL character (from a JSON body's `\u0000`) is

@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+mod exact;
 mod guard;
 pub mod key;
 pub mod lease;
@@ -39,9 +40,12 @@ pub use state::{SilentRepeat, StateMachine};
 /// returned to every repeat, so it must survive a JSON round trip. `()`, `0`,
 /// `false`, `""`, empty collections and `None` all replay exactly. The first
 /// call checks that its answer decodes back, so a value JSON cannot carry
-/// (`f64::NAN`) fails that call instead of every repeat. One shape JSON cannot
-/// tell apart: `Some(None)` of an `Option<Option<T>>` replays as `None`; use an
-/// enum of your own for three-valued answers.
+/// fails that call ([`Error::Response`]) instead of every repeat: `f64::NAN`,
+/// and a `Some` around a value JSON writes as `null` (`Some(())`, `Some(None)`
+/// of an `Option<Option<T>>`, `Some(Value::Null)`), which would replay as
+/// `None`; use `bool` for `Option<()>` and an enum of your own for
+/// three-valued answers. Serde shapes that decode into another variant
+/// (an `#[serde(untagged)]` enum whose variants overlap) are not detected.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be replayed to a repeated call",
     label = "the first call's answer is stored and returned to every repeat",

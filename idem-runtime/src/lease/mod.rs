@@ -147,6 +147,12 @@ pub trait LeaseStore: Send + Sync {
         let _ = req;
         Box::pin(std::future::ready(Ok(None)))
     }
+    /// The longest response, in bytes of JSON, a record can hold: a longer
+    /// answer fails its call with [`Error::Response`] and the record is
+    /// released. Unlimited by default; MySQL's `MEDIUMTEXT` holds 16 MiB.
+    fn max_response(&self) -> usize {
+        usize::MAX
+    }
 }
 
 impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
@@ -168,6 +174,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         (**self).peek(req)
     }
+    fn max_response(&self) -> usize {
+        (**self).max_response()
+    }
 }
 
 impl<S: LeaseStore + ?Sized> LeaseStore for &S {
@@ -188,6 +197,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     }
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         (**self).peek(req)
+    }
+    fn max_response(&self) -> usize {
+        (**self).max_response()
     }
 }
 

@@ -86,6 +86,10 @@ where
         DB::BACKEND
     }
 
+    fn max_response(&self) -> usize {
+        DB::MAX_RESPONSE
+    }
+
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await?;

@@ -120,6 +120,12 @@ pub trait SqlBackend: sqlx::Database {
     /// The schema, as shipped in `idem-runtime/migrations/<NAME>/`.
     const SCHEMA: &'static str;
 
+    /// The most bytes the record's `response` column holds: a longer answer
+    /// fails its first call with [`Error::Response`](crate::Error::Response)
+    /// instead of reaching the server (where MySQL, by its `sql_mode`, might
+    /// cut it short or drop the connection).
+    const MAX_RESPONSE: usize = usize::MAX;
+
     #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,

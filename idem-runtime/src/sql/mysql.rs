@@ -102,6 +102,8 @@ const HELD_OR_DONE: &str =
 
 impl SqlBackend for MySql {
     const BACKEND: &'static str = "mysql";
+    /// `MEDIUMTEXT`: 16 MiB less one byte.
+    const MAX_RESPONSE: usize = (1 << 24) - 1;
     const SCHEMA: &'static str = concat!(
         include_str!("../../migrations/mysql/0001_idem_records.sql"),
         "\n",

@@ -183,7 +183,7 @@ impl Ticket {
             report(p.spec.scope, &p.key, Outcome::Executed);
             return Ok(Ok(value));
         }
-        let json = match stored_response(&value) {
+        let json = match stored_response(&value, DB::MAX_RESPONSE) {
             Ok(json) => json,
             Err(source) => {
                 if !p.spec.claim_after {
@@ -272,12 +272,26 @@ fn vanished(p: &Prepared) -> Error {
     p.in_progress(Some(std::time::Duration::ZERO))
 }
 
-/// The JSON to store, after checking it decodes back into `T`: a value JSON
-/// cannot carry (`f64::NAN` becomes `null`) fails the first call, which rolls
-/// back, instead of failing every repeat later.
-pub(crate) fn stored_response<T: Replayable>(value: &T) -> Result<String, serde_json::Error> {
+/// The JSON to store, after checking it decodes back into `T` and holds no
+/// `Some` that would come back as `None`: a value JSON cannot carry
+/// (`f64::NAN` becomes `null`, `Some(())` is written like `None`) fails the
+/// first call, which rolls back, instead of failing or changing every repeat
+/// later.
+pub(crate) fn stored_response<T: Replayable>(value: &T, max: usize) -> Result<String, serde_json::Error> {
+    use serde::ser::Error as _;
     let json = serde_json::to_string(value)?;
+    if json.len() > max {
+        return Err(serde_json::Error::custom(format_args!(
+            "its JSON is {} bytes, more than the {max} the store's response column holds; return less (an id to \
+             look the rest up by), or keep the records where responses may be larger",
+            json.len()
+        )));
+    }
     serde_json::from_str::<T>(&json)?;
+    // Only JSON with a `null` in it can hide such a `Some`.
+    if json.contains("null") {
+        crate::exact::check(value).map_err(serde_json::Error::custom)?;
+    }
     Ok(json)
 }
 

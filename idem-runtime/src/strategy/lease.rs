@@ -132,7 +132,7 @@ impl LeaseTicket<'_> {
                 return Err(e);
             }
         };
-        let json = match stored_response(&value) {
+        let json = match stored_response(&value, self.store.max_response()) {
             Ok(json) => json,
             Err(source) => {
                 let _ = self.store.release(&held).await;
