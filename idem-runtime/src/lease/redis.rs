@@ -598,13 +598,22 @@ async fn eval<'o, C: redis::aio::ConnectionLike + Send>(
                 OPS.prepare_invoke().load_async(conn).await?;
                 loaded = true;
             }
-            Err(e) if !retried && (e.is_connection_dropped() || e.is_io_error()) => {
+            Err(e) if !retried && worth_retrying(&e) => {
                 tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");
                 retried = true;
             }
             other => return other,
         }
     }
+}
+
+/// Whether a failed call is worth sending once more: the connection
+/// dropped (a restart, a failover), so a reconnect may get through. Not
+/// when the server refused the connection: a `ConnectionManager` has just
+/// spent its whole reconnect cycle getting that answer, and a second cycle
+/// would only double the caller's wait while Redis is down.
+fn worth_retrying(e: &redis::RedisError) -> bool {
+    (e.is_connection_dropped() || e.is_io_error()) && !e.is_connection_refusal()
 }
 
 /// An item's reply, or the error the script caught for it.
@@ -679,7 +688,7 @@ async fn call_raw<C: redis::aio::ConnectionLike + Send>(
     invocation: redis::ScriptInvocation<'_>,
 ) -> redis::RedisResult<redis::Value> {
     match invocation.invoke_async(conn).await {
-        Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+        Err(e) if worth_retrying(&e) => {
             tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");
             invocation.invoke_async(conn).await
         }
