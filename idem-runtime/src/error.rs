@@ -49,7 +49,7 @@ pub enum Error {
     /// state by hand, then delete the record (scope, key) to release the key.
     #[error(
         "a record for key {key_hash} in scope `{scope}` was committed without its response (the guarded call \
-         was cancelled and its transaction committed); reconcile by hand, then delete the record"
+         was cancelled or panicked, and its transaction committed anyway); reconcile by hand, then delete the record"
     )]
     Unfinished {
         /// Scope of the guard.
@@ -103,9 +103,13 @@ pub enum Error {
         retry_after: Option<Duration>,
     },
 
-    /// This worker's lease was taken over by another worker; its completion was
-    /// not written.
-    #[error("the lease on key {key_hash} in scope `{scope}` was lost to another worker; nothing was overwritten")]
+    /// This worker's lease was lost: taken over by another worker, or its
+    /// renewals failed (the store unreachable) until the lease was about to
+    /// run out, so the body was stopped before another worker could take it
+    /// over. Its completion was not written.
+    #[error(
+        "the lease on key {key_hash} in scope `{scope}` was lost (taken over by another worker, or not renewed in          time because the store did not answer); nothing was overwritten"
+    )]
     LeaseLost {
         /// Scope of the guard.
         scope: String,
