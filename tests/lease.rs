@@ -363,6 +363,62 @@ lease_suite! {
     store = common::redis().await.map(|c| Arc::new(idem::lease::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
 }
 
+// The whole suite through a router over two real databases: each key's
+// operations all reach one of them.
+lease_suite! {
+    mod routed;
+    store = match (common::postgres().await, common::mysql().await) {
+        (Some(pg), Some(my)) => Some(Arc::new(idem::lease::Routed::hashed(vec![
+            Arc::new(idem::lease::SqlStore::new(pg)) as Store,
+            Arc::new(idem::lease::SqlStore::new(my)) as Store,
+        ])) as Store),
+        _ => None,
+    };
+}
+
+/// A key's record lives on the shard its route names, and only there; a
+/// route to no shard is a clear, non-retryable error.
+#[tokio::test]
+async fn a_routed_record_lives_on_the_shard_of_its_key() {
+    let (Some(pg), Some(my)) = (common::postgres().await, common::mysql().await) else { return };
+    let shards: Vec<Store> = vec![Arc::new(idem::lease::SqlStore::new(pg)), Arc::new(idem::lease::SqlStore::new(my))];
+    let routed = idem::lease::Routed::new(shards.clone(), |_, key| {
+        if key.starts_with("EU-") {
+            0
+        } else if key.starts_with("US-") {
+            1
+        } else {
+            7
+        }
+    });
+    let lease = Duration::from_secs(5);
+    let scope = "tests.lease.routed";
+    for (key, home, other) in [(unique("EU-"), 0, 1), (unique("US-"), 1, 0)] {
+        let LeaseClaim::Acquired { fence, .. } = routed.claim(&request(scope, &key, "w", lease)).await.unwrap() else {
+            panic!("claim {key}")
+        };
+        // Held on its home shard; the other one has never heard of it.
+        assert!(matches!(
+            shards[home].claim(&request(scope, &key, "x", lease)).await.unwrap(),
+            LeaseClaim::Busy { .. }
+        ));
+        let LeaseClaim::Acquired { fence: probe, .. } =
+            shards[other].claim(&request(scope, &key, "p", lease)).await.unwrap()
+        else {
+            panic!("{key} is on shard {other} too")
+        };
+        assert!(shards[other].release(&holder(scope, &key, "p", probe, lease)).await.unwrap());
+        assert!(routed.complete(&holder(scope, &key, "w", fence, lease), "\"done\"").await.unwrap());
+        assert_eq!(
+            shards[home].claim(&request(scope, &key, "y", lease)).await.unwrap(),
+            LeaseClaim::Done { response: "\"done\"".into() }
+        );
+    }
+    let err = routed.claim(&request(scope, "JP-1", "w", lease)).await.unwrap_err();
+    assert!(err.to_string().contains("shard 7, but there are 2"), "{err}");
+    assert!(!err.is_retryable());
+}
+
 #[tokio::test]
 async fn the_installed_store_is_used_without_store_argument() {
     #[idempotent(key = "id", strategy = "lease", scope = "tests.lease.default")]

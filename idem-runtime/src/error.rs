@@ -185,7 +185,8 @@ pub enum Error {
     /// timed out, or answered something unexpected. Never a duplicate.
     #[error("{store} store error: {source}")]
     Store {
-        /// `redis`, or `os random` (token generation).
+        /// `redis`, `os random` (token generation), or `routed` (a [`Routed`](crate::lease::Routed) store's route
+        /// named no shard; not retryable).
         store: &'static str,
         /// What the client library reported.
         #[source]
@@ -205,7 +206,9 @@ impl Error {
     /// serialization failures, SQLite's busy database).
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } | Error::Store { .. } => true,
+            Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } => true,
+            // A route to a shard that does not exist stays wrong.
+            Error::Store { store, .. } => *store != "routed",
             Error::Database(sqlx::Error::Database(db)) => {
                 // Deadlock and serialization failures (SQLSTATE 40001, PostgreSQL
                 // 40P01), SQLite's busy and locked: the transaction was rolled

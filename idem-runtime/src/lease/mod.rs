@@ -12,7 +12,9 @@
 //! nothing.
 //!
 //! Stores: [`MemoryStore`] (one process), [`SqlStore`] (SQLite, PostgreSQL,
-//! MySQL/MariaDB) and, with the `redis` feature, [`RedisStore`].
+//! MySQL/MariaDB) and, with the `redis` feature, [`RedisStore`];
+//! [`Routed`] spreads records over several of them by key (sharded
+//! databases: a key's record on the shard of its business row).
 //!
 //! Limits worth knowing:
 //! - fencing tokens: a new record's is the store's clock in microseconds
@@ -40,11 +42,13 @@ use crate::Error;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+pub(crate) mod routed;
 pub(crate) mod sql;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{RedisStats, RedisStore};
+pub use routed::Routed;
 pub use sql::SqlStore;
 
 /// A boxed, `Send` future: what [`LeaseStore`] methods return, so that a

@@ -1,0 +1,138 @@
+//! Lease records spread over several stores (shards) by key.
+
+use sha2::{Digest as _, Sha256};
+
+use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::Error;
+
+type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
+
+/// Lease records over several stores, each record on the one its key routes
+/// to: with sharded SQL databases, keep a key's record on the shard of its
+/// business row. Every operation on a key goes to the same shard, so each
+/// stays one atomic step there.
+///
+/// The route sees the record's scope and key **as stored**: a single key's
+/// text (`:` and `\` escaped with `\`), a composite key's parts joined by
+/// `:`, and a key over 128 bytes as `\sha256:<hex>` (route those by
+/// [`Routed::hashed`], or keep routed keys short).
+///
+/// ```no_run
+/// # async fn demo(eu: sqlx::PgPool, us: sqlx::PgPool) {
+/// use idem_runtime::lease::{Routed, SqlStore};
+/// // Orders "EU-..." live in the EU database, the rest in the US one.
+/// let store = Routed::new(vec![SqlStore::new(eu), SqlStore::new(us)], |_scope, key| {
+///     if key.starts_with("EU-") { 0 } else { 1 }
+/// });
+/// idem_runtime::lease::install(store);
+/// # }
+/// ```
+///
+/// Stores of different kinds go in as `Arc<dyn LeaseStore>`. Changing the
+/// list of shards (or the route) moves keys: a repeat routed elsewhere
+/// finds no record and runs again, so drain or copy records first.
+pub struct Routed<S> {
+    shards: Vec<S>,
+    route: Route,
+}
+
+impl<S> std::fmt::Debug for Routed<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Routed").field("shards", &self.shards.len()).finish_non_exhaustive()
+    }
+}
+
+impl<S: LeaseStore> Routed<S> {
+    /// Records over `shards`, `route(scope, key)` giving the index of a
+    /// record's shard. A route outside `shards` fails that call with
+    /// [`Error::Store`] (`store: "routed"`), nothing written.
+    ///
+    /// # Panics
+    /// If `shards` is empty.
+    pub fn new(shards: Vec<S>, route: impl Fn(&str, &str) -> usize + Send + Sync + 'static) -> Routed<S> {
+        assert!(!shards.is_empty(), "idem::lease::Routed needs at least one store");
+        Routed { shards, route: Box::new(route) }
+    }
+
+    /// Records over `shards` by a stable hash of scope and key (SHA-256):
+    /// the same key lands on the same shard in every process, as long as
+    /// every process lists the same shards in the same order.
+    ///
+    /// # Panics
+    /// If `shards` is empty.
+    pub fn hashed(shards: Vec<S>) -> Routed<S> {
+        let n = shards.len() as u64;
+        Routed::new(shards, move |scope, key| {
+            let digest = Sha256::new().chain_update(scope).chain_update([0]).chain_update(key).finalize();
+            let head = u64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 digest has 8 bytes"));
+            (head % n.max(1)) as usize
+        })
+    }
+
+    /// The stores, in the order the route indexes them (e.g. to purge each).
+    pub fn shards(&self) -> &[S] {
+        &self.shards
+    }
+
+    fn shard(&self, scope: &str, key: &str) -> Result<&S, Error> {
+        let i = (self.route)(scope, key);
+        self.shards.get(i).ok_or_else(|| Error::Store {
+            store: "routed",
+            source: format!(
+                "the route sent a record of scope `{scope}` to shard {i}, but there are {} (0 to {})",
+                self.shards.len(),
+                self.shards.len() - 1
+            )
+            .into(),
+        })
+    }
+}
+
+fn refused<'a, T: Send + 'a>(e: Error) -> BoxFuture<'a, Result<T, Error>> {
+    Box::pin(std::future::ready(Err(e)))
+}
+
+impl<S: LeaseStore> LeaseStore for Routed<S> {
+    fn kind(&self) -> &'static str {
+        self.shards[0].kind()
+    }
+
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        match self.shard(req.scope, req.key) {
+            Ok(s) => s.claim(req),
+            Err(e) => refused(e),
+        }
+    }
+
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        match self.shard(held.scope, held.key) {
+            Ok(s) => s.complete(held, response),
+            Err(e) => refused(e),
+        }
+    }
+
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        match self.shard(held.scope, held.key) {
+            Ok(s) => s.release(held),
+            Err(e) => refused(e),
+        }
+    }
+
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        match self.shard(held.scope, held.key) {
+            Ok(s) => s.extend(held),
+            Err(e) => refused(e),
+        }
+    }
+
+    fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
+        match self.shard(req.scope, req.key) {
+            Ok(s) => s.peek(req),
+            Err(e) => refused(e),
+        }
+    }
+
+    fn max_response(&self) -> usize {
+        self.shards.iter().map(LeaseStore::max_response).min().unwrap_or(usize::MAX)
+    }
+}
