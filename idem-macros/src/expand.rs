@@ -197,16 +197,23 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
             let locked = strategy.is_lock();
             let ticket =
                 if locked { claimed(quote!(__idem_guard.#claim.await)) } else { claimed(quote!(#guard.#claim.await)) };
-            let in_tx = quote! {
-                let __idem_ticket = #ticket;
-                let __idem_result: #ret = async {
-                    // The body may move its transaction handle; it gets a
-                    // reborrow, so the record can still be completed after it.
+            // The body may move its transaction handle; it gets a reborrow,
+            // so the record can still be completed after it. The reborrow is
+            // put in front of the body's own statements, within its own braces
+            // (which keep their spans): nesting the user's block in another
+            // one would make a one-line body `{ Ok(1) }` a braced tail
+            // expression, which `unused_braces` warns about at the user's code.
+            let mut body = (**block).clone();
+            body.stmts.insert(
+                0,
+                syn::parse_quote! {
                     #[allow(unused_variables)]
                     let #tx = &mut *#tx;
-                    #block
-                }
-                .await;
+                },
+            );
+            let in_tx = quote! {
+                let __idem_ticket = #ticket;
+                let __idem_result: #ret = async #body.await;
                 let #completed = __idem_ticket.complete(#conn, __idem_result).await;
                 #finish
             };

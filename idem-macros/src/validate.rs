@@ -80,6 +80,18 @@ pub struct TransitionArg {
     pub span: Span,
 }
 
+/// Why each duration argument needs no more than [`MAX_DURATION`], for the
+/// "too long" message.
+const RETENTION_WHY: &str = "every store writes now + `retention` as the record's expiry (MySQL's DATETIME ends in \
+                             year 9999), and a record only has to outlive the retries of its request (days are usual)";
+const LEASE_WHY: &str = "stores write now + `lease` as the lease's end, and the guard renews a lease while the body \
+                         runs, so it only has to outlast a renewal (seconds are usual)";
+const LOCK_TTL_WHY: &str = "stores write now + `ttl` as the lock's expiry, and the guard renews a lock while the body \
+                            runs, so it only has to outlast a renewal (seconds are usual)";
+const MARKER_TTL_WHY: &str = "the precheck store writes now + `ttl` as the marker's expiry, and a marker only has to \
+                              outlive the retries of its request (hours or days are usual)";
+const WAIT_WHY: &str = "`wait` is how long a call waits for a busy lock (seconds are usual)";
+
 /// A validated attribute: everything the expansion needs.
 pub struct Plan {
     pub strategy: Strategy,
@@ -426,7 +438,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
 
     let retention_ms = match &raw.retention {
         None => None,
-        Some(r) => parse_duration("retention", r.as_str(), r.span()).map_err(|e| errors.push(e)).ok(),
+        Some(r) => parse_duration("retention", r.as_str(), r.span(), RETENTION_WHY).map_err(|e| errors.push(e)).ok(),
     };
     if raw.scope.is_none()
         && let Some(receiver) = sig.receiver()
@@ -447,6 +459,11 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
             scope.span(),
             "`scope` is empty: give the guard a stable name, e.g. \"payments.on_pay\"",
         ));
+    }
+    if let Some(scope) = &raw.scope
+        && let Err(e) = check_scope(scope.as_str(), scope.span())
+    {
+        errors.push(e);
     }
 
     let claim_after = match &raw.claim {
@@ -483,7 +500,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
     };
 
     let lease_ms = match &raw.lease {
-        Some(l) if is_lease => match parse_duration("lease", l.as_str(), l.span()) {
+        Some(l) if is_lease => match parse_duration("lease", l.as_str(), l.span(), LEASE_WHY) {
             Ok(ms) if ms < 100 => {
                 errors.push(syn::Error::new(
                     l.span(),
@@ -504,7 +521,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         _ => None,
     };
     let ttl_ms = match &raw.ttl {
-        Some(t) if is_lock => match parse_duration("ttl", t.as_str(), t.span()) {
+        Some(t) if is_lock => match parse_duration("ttl", t.as_str(), t.span(), LOCK_TTL_WHY) {
             Ok(ms) if ms < 100 => {
                 errors.push(syn::Error::new(
                     t.span(),
@@ -549,11 +566,13 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         ));
     }
     let ttl_ms = match &raw.ttl {
-        Some(t) if precheck => parse_duration("ttl", t.as_str(), t.span()).map_err(|e| errors.push(e)).ok(),
+        Some(t) if precheck => {
+            parse_duration("ttl", t.as_str(), t.span(), MARKER_TTL_WHY).map_err(|e| errors.push(e)).ok()
+        }
         _ => ttl_ms,
     };
     let wait_ms = match &raw.wait {
-        Some(w) if is_lock => parse_duration("wait", w.as_str(), w.span()).map_err(|e| errors.push(e)).ok(),
+        Some(w) if is_lock => parse_duration("wait", w.as_str(), w.span(), WAIT_WHY).map_err(|e| errors.push(e)).ok(),
         _ => None,
     };
     let allow_on_store_error = match &raw.on_store_error {
@@ -773,8 +792,46 @@ fn parse_transition(text: &str, span: Span) -> Result<TransitionArg, syn::Error>
     Ok(TransitionArg { enum_path, from, to, span })
 }
 
-/// A duration argument such as `"30s"` or `"7d"`, refusing zero.
-pub fn parse_duration(arg: &str, text: &str, span: Span) -> Result<u64, syn::Error> {
+/// The longest duration any argument takes: 100 years as humantime counts
+/// them (`"100y"`, 365.25 days each, so `"36500d"` fits too). Every store
+/// holds an expiry that far out with a wide margin: the tightest is MySQL,
+/// whose `DATETIME(6)` columns end in year 9999 (now + the duration); then
+/// PostgreSQL's `interval` and `timestamptz` (i64 microseconds, year 294276),
+/// Redis `PX` and SQLite's epoch milliseconds (i64); the memory stores
+/// saturate.
+const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(100 * 31_557_600);
+
+/// A scope is stored as is: in SQL a column, in Redis the end of a key
+/// `{prefix}{<key>}:<scope>`, the business key in braces (its hash tag).
+/// Braces in the scope would let two (key, scope) pairs share a Redis key
+/// (key `a}:b` + scope `c` and key `a` + scope `b}:c`); PostgreSQL text cannot
+/// hold NUL. Everything else (dots, dashes, colons, slashes...) is fine.
+fn check_scope(scope: &str, span: Span) -> Result<(), syn::Error> {
+    let mut bad: Vec<char> = Vec::new();
+    for c in scope.chars().filter(|c| matches!(c, '{' | '}' | '\0')) {
+        if !bad.contains(&c) {
+            bad.push(c);
+        }
+    }
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let listed = bad.iter().map(|c| format!("`{}`", c.escape_default())).collect::<Vec<_>>().join(" and ");
+    Err(syn::Error::new(
+        span,
+        format!(
+            "`scope = \"{}\"` contains {listed}: a scope cannot contain `{{`, `}}` or NUL. Redis keys are \
+             `{{key}}:scope`, the business key in braces (its hash tag), so a brace in the scope would let two \
+             different (key, scope) pairs share one Redis key; PostgreSQL text cannot hold NUL. Letters, digits, \
+             `.`, `-`, `_`, `:` and `/` are fine, e.g. \"payments.on_pay\"",
+            scope.escape_default()
+        ),
+    ))
+}
+
+/// A duration argument such as `"30s"` or `"7d"`, refusing zero and anything
+/// over [`MAX_DURATION`]. `why` says how long the argument usually needs to be.
+pub fn parse_duration(arg: &str, text: &str, span: Span, why: &str) -> Result<u64, syn::Error> {
     let d = humantime::parse_duration(text).map_err(|e| {
         syn::Error::new(
             span,
@@ -788,6 +845,15 @@ pub fn parse_duration(arg: &str, text: &str, span: Span) -> Result<u64, syn::Err
         return Err(syn::Error::new(
             span,
             format!("`{arg} = \"{text}\"` is under a millisecond, the stores' resolution"),
+        ));
+    }
+    if d > MAX_DURATION {
+        return Err(syn::Error::new(
+            span,
+            format!(
+                "`{arg} = \"{text}\"` is longer than 100 years, the maximum of every idem duration: {why}; use at \
+                 most \"100y\" (or \"36500d\")"
+            ),
         ));
     }
     u64::try_from(d.as_millis()).map_err(|_| syn::Error::new(span, format!("`{arg}` is too long")))

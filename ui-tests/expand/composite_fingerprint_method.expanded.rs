@@ -43,10 +43,8 @@ impl Wallet {
         let __idem_result: Result<(), AppError> = async {
             #[allow(unused_variables)]
             let tx = &mut *tx;
-            {
-                let _ = (tx, amount_cents);
-                Ok(())
-            }
+            let _ = (tx, amount_cents);
+            Ok(())
         }
             .await;
         let __idem_completed = __idem_ticket

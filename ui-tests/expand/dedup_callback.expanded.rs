@@ -41,15 +41,13 @@ pub async fn on_pay_callback(
     let __idem_result: Result<i64, AppError> = async {
         #[allow(unused_variables)]
         let tx = &mut *tx;
-        {
-            let coupon_id = sqlx::query_scalar(
-                    "INSERT INTO coupons (trade_no) VALUES ($1) RETURNING id",
-                )
-                .bind(trade_no)
-                .fetch_one(&mut **tx)
-                .await?;
-            Ok(coupon_id)
-        }
+        let coupon_id = sqlx::query_scalar(
+                "INSERT INTO coupons (trade_no) VALUES ($1) RETURNING id",
+            )
+            .bind(trade_no)
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(coupon_id)
     }
         .await;
     let __idem_completed = __idem_ticket

@@ -93,10 +93,8 @@ pub async fn on_pay_callback(
     let __idem_result: Result<Option<i64>, AppError> = async {
         #[allow(unused_variables)]
         let tx = &mut *tx;
-        {
-            let _ = (tx, trade_no);
-            Ok(Some(1))
-        }
+        let _ = (tx, trade_no);
+        Ok(Some(1))
     }
         .await;
     let __idem_completed = __idem_ticket

@@ -45,10 +45,8 @@ pub async fn ship<T: Send>(
     let __idem_result: Result<bool, AppError> = async {
         #[allow(unused_variables)]
         let uow = &mut *uow;
-        {
-            let _ = (uow, label);
-            Ok(true)
-        }
+        let _ = (uow, label);
+        Ok(true)
     }
         .await;
     let __idem_completed = __idem_ticket

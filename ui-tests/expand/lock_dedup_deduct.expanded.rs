@@ -51,11 +51,9 @@ pub async fn deduct(
         let __idem_result: Result<bool, AppError> = async {
             #[allow(unused_variables)]
             let tx = &mut *tx;
-            {
-                let fence = idem::lock::current().map(|l| l.fence);
-                let _ = (tx, order_no, fence);
-                Ok(true)
-            }
+            let fence = idem::lock::current().map(|l| l.fence);
+            let _ = (tx, order_no, fence);
+            Ok(true)
         }
             .await;
         let __idem_completed = __idem_ticket
