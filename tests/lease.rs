@@ -48,6 +48,16 @@ async fn long_work(store: &dyn LeaseStore, id: &str, runs: &AtomicUsize) -> Resu
     Ok(())
 }
 
+/// A body that panics when asked, under a lease far longer than the test.
+#[idempotent(key = "id", strategy = "lease", lease = "60s", scope = "tests.lease.panics", store = "store")]
+async fn panicking(store: &dyn LeaseStore, id: &str, panic: bool, runs: &AtomicUsize) -> Result<u32, AppError> {
+    runs.fetch_add(1, SeqCst);
+    if panic {
+        panic!("the body panicked (on purpose, in a test)");
+    }
+    Ok(7)
+}
+
 #[idempotent(key = "id", strategy = "lease", scope = "tests.lease.falsy", store = "store")]
 async fn falsy(store: &dyn LeaseStore, id: &str, which: u8) -> Result<serde_json::Value, AppError> {
     Ok(match which {
@@ -296,6 +306,24 @@ macro_rules! lease_suite {
                 let runs = AtomicUsize::new(0);
                 assert!(matches!(work(&*store, &id, 5, &runs, 0, true).await, Err(AppError::Rule(_))));
                 assert_eq!(work(&*store, &id, 5, &runs, 0, false).await.unwrap(), 5);
+                assert_eq!(runs.load(SeqCst), 2);
+            }
+
+            /// A panicking body fails like one returning `Err`: its record is
+            /// removed before the panic goes on, so a retry runs at once
+            /// instead of meeting `InProgress` for the rest of the lease.
+            #[tokio::test]
+            async fn a_panicking_body_releases_its_record_and_the_panic_goes_on() {
+                let store: Store = store!();
+                let id = unique("panic");
+                let runs = Arc::new(AtomicUsize::new(0));
+                let first = {
+                    let (store, id, runs) = (store.clone(), id.clone(), runs.clone());
+                    tokio::spawn(async move { panicking(&*store, &id, true, &runs).await })
+                };
+                let err = first.await.unwrap_err();
+                assert!(err.is_panic(), "the caller still sees the panic: {err:?}");
+                assert_eq!(panicking(&*store, &id, false, &runs).await.unwrap(), 7);
                 assert_eq!(runs.load(SeqCst), 2);
             }
 

@@ -27,7 +27,9 @@
 //! - `reclaimed` says the claim took over an existing record: a passed lease,
 //!   and on the SQL stores also a record past its retention;
 //! - a guarded future dropped mid-body (cancelled) leaves its record
-//!   `PROCESSING` until the lease passes; then the next call reclaims it;
+//!   `PROCESSING` until the lease passes; then the next call reclaims it
+//!   (a body that panics is treated like one that returned `Err`: its
+//!   record is removed before the panic goes on);
 //! - renewals that keep failing stop the body with [`Error::LeaseLost`] a
 //!   sixth of the lease before the last successful one would run out, so it
 //!   stops before another worker can reclaim the key.

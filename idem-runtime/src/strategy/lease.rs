@@ -97,7 +97,8 @@ impl Guard {
 
 impl LeaseTicket<'_> {
     /// Run the body under the lease, renewing it every third of its length;
-    /// then store the `Ok` value, or remove the record on `Err`. If a renewal
+    /// then store the `Ok` value, or remove the record on `Err` (or a panic,
+    /// which then goes on). If a renewal
     /// finds the lease taken over, the body is stopped (dropped): another
     /// worker owns the key now, and this one's completion would be refused.
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
@@ -117,10 +118,22 @@ impl LeaseTicket<'_> {
             retention: p.spec.retention,
         };
         let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
-        let body = CURRENT.scope(info, body);
+        let body = catching(CURRENT.scope(info, body));
         let renew = || self.store.extend(&held);
         let Some(result) = under_renewal(body, self.lease, renew, "lease", p.spec.scope).await else {
             return Err(self.lost().into());
+        };
+        // A panic fails the call like an `Err`: the record goes, so a retry
+        // runs at once rather than after the lease; then the panic goes on.
+        let result = match result {
+            Ok(result) => result,
+            Err(panic) => {
+                if let Err(e) = self.store.release(&held).await {
+                    tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
+                        "the body panicked and its record could not be removed; a retry waits for the lease to pass");
+                }
+                std::panic::resume_unwind(panic)
+            }
         };
         let value = match result {
             Ok(value) => value,
@@ -167,4 +180,18 @@ impl LeaseTicket<'_> {
             store = self.store.kind(), "lease lost: another worker took the record over (or the store lost it)");
         Error::LeaseLost { scope: p.spec.scope.to_owned(), key_hash: p.key.hash() }
     }
+}
+
+/// `body`, with a panic while it is polled caught and returned as `Err`
+/// (to be resumed once the record is released).
+async fn catching<F: Future>(body: F) -> Result<F::Output, Box<dyn std::any::Any + Send>> {
+    let mut body = std::pin::pin!(body);
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(out)) => std::task::Poll::Ready(Ok(out)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    })
+    .await
 }
