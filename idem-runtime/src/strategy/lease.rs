@@ -128,20 +128,14 @@ impl LeaseTicket<'_> {
         let result = match result {
             Ok(result) => result,
             Err(panic) => {
-                if let Err(e) = self.store.release(&held).await {
-                    tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
-                        "the body panicked and its record could not be removed; a retry waits for the lease to pass");
-                }
+                self.release_failed(&held, "panicked").await;
                 std::panic::resume_unwind(panic)
             }
         };
         let value = match result {
             Ok(value) => value,
             Err(e) => {
-                if let Err(release) = self.store.release(&held).await {
-                    tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %release,
-                        "the body failed and its record could not be removed; a retry waits for the lease to pass");
-                }
+                self.release_failed(&held, "failed").await;
                 return Err(e);
             }
         };
@@ -171,6 +165,15 @@ impl LeaseTicket<'_> {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// The body `failed` or `panicked`: remove the record so a retry runs again.
+    async fn release_failed(&self, held: &HeldLease<'_>, how: &str) {
+        if let Err(e) = self.store.release(held).await {
+            let p = &self.prepared;
+            tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
+                "the body {how} and its record could not be removed; a retry waits for the lease to pass");
         }
     }
 
