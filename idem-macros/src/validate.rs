@@ -218,6 +218,13 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         Some(s) => parse_strategy(s.as_str(), s.span()).map_err(|e| errors.push(e)).ok(),
     };
 
+    if let (Some(ret), Some(s)) = (&ret, strategy)
+        && s.keeps_record()
+        && let Some(e) = lossy_ok_type(ret)
+    {
+        errors.push(e);
+    }
+
     // Arguments that belong to other strategies.
     let is_lease = strategy == Some(Strategy::Lease);
     let is_lock = strategy.is_some_and(Strategy::is_lock);
@@ -707,6 +714,54 @@ fn contains_impl_trait(ty: &Type) -> bool {
     let mut finder = Finder(false);
     syn::visit::Visit::visit_type(&mut finder, ty);
     finder.0
+}
+
+/// The first type argument: `T` of `Result<T, E>` (or of an alias such as
+/// `io::Result<T>`), `X` of `Option<X>`.
+fn first_type_arg(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Path(p) => match &p.path.segments.last()?.arguments {
+            syn::PathArguments::AngleBracketed(args) => args.args.iter().find_map(|a| match a {
+                syn::GenericArgument::Type(t) => Some(t),
+                _ => None,
+            }),
+            _ => None,
+        },
+        Type::Group(g) => first_type_arg(&g.elem),
+        Type::Paren(p) => first_type_arg(&p.elem),
+        _ => None,
+    }
+}
+
+/// `Option<X>` with the `X` inside, if `ty` is written so.
+fn option_inner(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() && p.path.segments.last()?.ident == "Option" => first_type_arg(ty),
+        Type::Group(g) => option_inner(&g.elem),
+        Type::Paren(p) => option_inner(&p.elem),
+        _ => None,
+    }
+}
+
+/// An `Ok` type JSON cannot replay exactly, as written: `Option<()>` and
+/// `Option<Option<T>>`, whose `Some(())` / `Some(None)` JSON writes as
+/// `null`, like `None`. (Other shapes, hidden behind aliases or inside
+/// structs, are refused by the runtime on the first call that returns one.)
+fn lossy_ok_type(ret: &Type) -> Option<syn::Error> {
+    let ok = first_type_arg(ret)?;
+    let inner = option_inner(ok)?;
+    let message = match inner {
+        Type::Tuple(t) if t.elems.is_empty() => {
+            "`Option<()>` cannot be replayed exactly: JSON writes `Some(())` as `null`, like `None`, so a \
+             repeat of a `Some(())` answer would get `None`; return `bool` instead"
+        }
+        t if option_inner(t).is_some() => {
+            "`Option<Option<T>>` cannot be replayed exactly: JSON writes `Some(None)` as `null`, like `None`, \
+             so a repeat of a `Some(None)` answer would get `None`; return an enum of your own with three variants"
+        }
+        _ => return None,
+    };
+    Some(syn::Error::new_spanned(ok, message))
 }
 
 fn is_result(ty: &Type) -> bool {
