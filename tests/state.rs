@@ -13,7 +13,6 @@ use sqlx::Transaction;
 
 /// The seed's order lifecycle: WAIT_PAY 1, PAID 2, SHIPPED 3, FINISHED 4, CANCELED 9.
 #[derive(idem::StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(dead_code)]
 #[state(table = "idem_test_state_orders", key_column = "order_no", status_column = "status")]
 enum OrderStatus {
     #[state(code = 1, to(Paid, Canceled))]
@@ -31,7 +30,6 @@ enum OrderStatus {
 /// Stored by name, keyed by an integer.
 #[derive(idem::StateMachine)]
 #[state(table = "idem_test_tickets", key_column = "id", status_column = "state", stored_as = "name")]
-#[allow(dead_code)]
 enum TicketState {
     #[state(to(Closed))]
     Open,
@@ -42,7 +40,6 @@ enum TicketState {
 /// transition fails with a database error.
 #[derive(idem::StateMachine)]
 #[state(table = "idem_test_checked", key_column = "order_no", status_column = "status")]
-#[allow(dead_code)]
 enum CheckedStatus {
     #[state(code = 1, to(Two))]
     One,

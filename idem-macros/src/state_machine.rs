@@ -331,7 +331,16 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
         quote!(::core::matches!((from, to), #(#pairs)|*))
     };
     let variant_names = &idents;
+    let variant_idents = states.iter().map(|s| &s.ident);
     Ok(quote! {
+        // The states are often only named in attribute strings (a
+        // transition), which the compiler does not count as a use: without
+        // this, every state the code never builds warns as dead code. A
+        // closure that is never called names them without running anything.
+        const _: () = {
+            let _ = || [#(#name::#variant_idents),*];
+        };
+
         impl ::idem::StateMachine for #name {
             const STATES: ::idem::state::StateTable = ::idem::state::StateTable {
                 name: #name_str,

@@ -20,6 +20,9 @@ pub enum OrderStatus {
     #[state(code = 2)]
     Paid,
 }
+const _: () = {
+    let _ = || [OrderStatus::WaitPay, OrderStatus::Paid];
+};
 impl ::idem::StateMachine for OrderStatus {
     const STATES: ::idem::state::StateTable = ::idem::state::StateTable {
         name: "OrderStatus",
