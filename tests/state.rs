@@ -415,6 +415,33 @@ macro_rules! state_suite {
                 assert!(matches!(close_ticket(&mut tx, id + 1).await, Err(AppError::Idem(Error::NotFound { .. }))));
             }
 
+            /// A status written in another case (`Open`, by a legacy system):
+            /// MySQL's collation matches it to `OPEN` and the move is made;
+            /// PostgreSQL and SQLite compare exactly, so it is no state of the
+            /// machine: an error naming it, not a retry that can never succeed.
+            #[tokio::test]
+            async fn state_text_code_in_another_case() {
+                let pool = pool!();
+                let id = unique_id();
+                sqlx::query($insert_ticket).bind(id).bind("Open").execute(&pool).await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                let result = close_ticket(&mut tx, id).await;
+                tx.commit().await.unwrap();
+                let state: String = sqlx::query_scalar($get_ticket).bind(id).fetch_one(&pool).await.unwrap();
+                if <Db as idem::SqlBackend>::TEXT_IGNORES_CASE {
+                    result.unwrap();
+                    assert_eq!(state, "CLOSED");
+                } else {
+                    match result {
+                        Err(AppError::Idem(Error::IllegalTransition { current, .. })) => {
+                            assert_eq!(current, "'Open' (no variant of TicketState is stored so)")
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                    assert_eq!(state, "Open");
+                }
+            }
+
             async fn call_both(
                 pool: &sqlx::Pool<Db>,
                 order_no: &str,

@@ -126,6 +126,10 @@ pub trait SqlBackend: sqlx::Database {
     /// cut it short or drop the connection).
     const MAX_RESPONSE: usize = usize::MAX;
 
+    /// Whether `=` on the state table's text columns ignores case (MySQL's
+    /// default collations), so a status stored `Pending` matches `PENDING`.
+    const TEXT_IGNORES_CASE: bool = false;
+
     #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,

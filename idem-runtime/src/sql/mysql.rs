@@ -104,6 +104,7 @@ impl SqlBackend for MySql {
     const BACKEND: &'static str = "mysql";
     /// `MEDIUMTEXT`: 16 MiB less one byte.
     const MAX_RESPONSE: usize = (1 << 24) - 1;
+    const TEXT_IGNORES_CASE: bool = true;
     const SCHEMA: &'static str = concat!(
         include_str!("../../migrations/mysql/0001_idem_records.sql"),
         "\n",

@@ -149,7 +149,12 @@ async fn move_entity<DB: SqlBackend>(
             if rows > 0 {
                 return moved_rows(p, t, rows, *only);
             }
-            match decide(p, t, DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify::<DB>)?)? {
+            match decide(
+                p,
+                t,
+                DB::TEXT_IGNORES_CASE,
+                DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify::<DB>)?,
+            )? {
                 Decision::Repeat => return Ok(Step::Repeat),
                 // It was moved back to the source since: try again.
                 Decision::Source(_) => continue,
@@ -158,7 +163,12 @@ async fn move_entity<DB: SqlBackend>(
             // Several sources: read the status under a row lock first, so the
             // move (and an undo, should the body fail) knows which one it was.
             let cas = Cas { states, from: &all_from, to, key: &p.entity };
-            match decide(p, t, DB::read_state(conn, &cas, ReadMode::ForUpdate).await.map_err(classify::<DB>)?)? {
+            match decide(
+                p,
+                t,
+                DB::TEXT_IGNORES_CASE,
+                DB::read_state(conn, &cas, ReadMode::ForUpdate).await.map_err(classify::<DB>)?,
+            )? {
                 Decision::Repeat => return Ok(Step::Repeat),
                 Decision::Source(i) => i,
             }
@@ -196,13 +206,13 @@ enum Decision {
 
 /// The entity's current status decides: the target is a repeat, a source
 /// state can be moved, no row is `NotFound`, anything else is illegal.
-fn decide(p: &Prepared, t: &Transition, current: Option<StoredState>) -> Result<Decision, Error> {
+fn decide(p: &Prepared, t: &Transition, ignore_case: bool, current: Option<StoredState>) -> Result<Decision, Error> {
     let Some(current) = current else {
         return Err(Error::NotFound { scope: p.spec.scope.to_owned(), key_hash: p.key.hash() });
     };
     let states = t.states;
     let to = t.to_index();
-    let variant = states.variant_of(&current);
+    let variant = states.variant_of(&current, ignore_case);
     match variant {
         Some(v) if v == to => return Ok(Decision::Repeat),
         Some(v) if t.source_indexes().any(|f| f == v) => return Ok(Decision::Source(v)),
