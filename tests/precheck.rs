@@ -5,6 +5,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
 
 use common::{AppError, unique};
 use idem::precheck::PrecheckStore;
@@ -122,6 +123,22 @@ macro_rules! dedup_suite {
                 assert!(matches!(call(&pool, &down, &id, 5, &runs, true).await, (Ok(5), Some(Outcome::Executed))));
                 let again = call(&pool, &down, &id, 5, &runs, true).await;
                 assert!(matches!(again, (Ok(5), Some(Outcome::Replayed))), "{again:?}");
+                assert_eq!(runs.load(SeqCst), 1);
+            }
+
+            /// A precheck store that never answers costs a call at most
+            /// `idem::precheck::WAIT`, then the database decides (the bound
+            /// below is a liveness check, far above that wait).
+            #[tokio::test]
+            async fn a_silent_precheck_store_is_given_up_after_its_wait() {
+                let Some(pool) = $pool else { return };
+                let Some(silent) = common::silent_redis().await else { return };
+                let (id, runs) = (unique("msg"), AtomicUsize::new(0));
+                for expected in [Outcome::Executed, Outcome::Replayed] {
+                    let call = tokio::time::timeout(Duration::from_secs(5), call(&pool, &silent, &id, 5, &runs, true));
+                    let (result, outcome) = call.await.expect("the call waited on the silent store");
+                    assert_eq!((result.unwrap(), outcome), (5, Some(expected)));
+                }
                 assert_eq!(runs.load(SeqCst), 1);
             }
 

@@ -132,6 +132,24 @@ pub async fn unreachable_redis() -> Option<idem::RedisStore> {
     Some(idem::RedisStore::new(conn, "idem-test:"))
 }
 
+/// A real Redis client on a server that accepts connections and never
+/// answers (stuck, or behind a network black hole), with the client's
+/// default timeouts. `None` when Redis tests are skipped altogether.
+pub async fn silent_redis() -> Option<idem::RedisStore> {
+    redis().await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket); // read nothing, answer nothing, close nothing
+        }
+    });
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, Default::default()).unwrap();
+    Some(idem::RedisStore::new(conn, "idem-test:"))
+}
+
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// A connection to RabbitMQ at `IDEM_AMQP_URL` (default: the local broker).

@@ -187,8 +187,19 @@ pub(crate) enum Sight {
     Unknown,
 }
 
+/// How long a call waits for the precheck store before the database record
+/// alone decides. The marker only saves a statement, so a slow or
+/// unreachable store must not cost more than that: a default
+/// `ConnectionManager` retries for about 9.5 s before it reports Redis down.
+/// A marker written after the wait was given up is harmless (a later repeat
+/// confirms it against the record).
+pub const WAIT: Duration = Duration::from_millis(250);
+
 pub(crate) async fn look(store: &dyn PrecheckStore, scope: &str, key: &str, ttl: Duration, guard: &str) -> Sight {
-    match store.mark(scope, key, ttl).await {
+    let marked = tokio::time::timeout(WAIT, store.mark(scope, key, ttl)).await.unwrap_or_else(|_| {
+        Err(Error::Store { store: store.kind(), source: format!("no answer within {WAIT:?}").into() })
+    });
+    match marked {
         Ok(true) => {
             MARKED.fetch_add(1, Ordering::Relaxed);
             Sight::First
