@@ -978,9 +978,13 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: Strategy) -> Resul
         return Err(syn::Error::new(marked[1].1, "only one parameter can be `#[idem(tx)]`"));
     }
     let mut by_type = Vec::new();
+    let mut not_a_tx = None;
     for input in &sig.inputs {
         let FnArg::Typed(pt) = input else { continue };
         let Pat::Ident(pi) = &*pt.pat else { continue };
+        if not_a_tx.is_none() {
+            not_a_tx = connection_or_pool(&pt.ty).map(|what| (pi.ident.clone(), &pt.ty, what));
+        }
         if let Some((ident, _)) = marked.first() {
             if *ident == pi.ident {
                 return require_mut_ref(&pt.ty).map(|()| (pi.ident.clone(), referent(&pt.ty)));
@@ -991,19 +995,32 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: Strategy) -> Resul
             by_type.push((pi.ident.clone(), &pt.ty));
         }
     }
+    let doing = match strategy {
+        Strategy::State | Strategy::LockState => "moves the entity's status in your transaction",
+        Strategy::DedupState => "writes its record and moves the entity's status in your transaction",
+        _ => "writes its record in your transaction",
+    };
     match by_type.as_slice() {
         [(ident, ty)] => require_mut_ref(ty).map(|()| (ident.clone(), referent(ty))),
+        [] if marked.is_empty()
+            && let Some((ident, ty, what)) = not_a_tx =>
+        {
+            Err(syn::Error::new_spanned(
+                ty,
+                format!(
+                    "`{ident}` is {what}, not a transaction: strategy `{}` {doing}, so that it commits or \
+                     rolls back with your change; take `{ident}: &mut sqlx::Transaction<'_, DB>` (from \
+                     `pool.begin()`) instead, and commit it after the call",
+                    strategy.name()
+                ),
+            ))
+        }
         [] => Err(syn::Error::new(
             sig.ident.span(),
             format!(
-                "strategy `{}` {}, but `{}` takes none: add a parameter `tx: &mut sqlx::Transaction<'_, DB>` \
+                "strategy `{}` {doing}, but `{}` takes none: add a parameter `tx: &mut sqlx::Transaction<'_, DB>` \
                  (or mark yours with `#[idem(tx)]`) so {} with your change",
                 strategy.name(),
-                match strategy {
-                    Strategy::State | Strategy::LockState => "moves the entity's status in your transaction",
-                    Strategy::DedupState => "writes its record and moves the entity's status in your transaction",
-                    _ => "writes its record in your transaction",
-                },
                 sig.ident,
                 if strategy.moves_state() {
                     "the status change commits or rolls back"
@@ -1024,6 +1041,24 @@ fn referent(ty: &Type) -> Type {
     match ty {
         Type::Reference(r) => (*r.elem).clone(),
         other => other.clone(),
+    }
+}
+
+/// "a connection" or "a pool", if `ty` names one of sqlx's (by its last
+/// path segment, behind any references).
+fn connection_or_pool(ty: &Type) -> Option<&'static str> {
+    match ty {
+        Type::Reference(r) => connection_or_pool(&r.elem),
+        Type::Group(g) => connection_or_pool(&g.elem),
+        Type::Paren(p) => connection_or_pool(&p.elem),
+        Type::Path(p) => match p.path.segments.last()?.ident.to_string().as_str() {
+            "PgConnection" | "MySqlConnection" | "SqliteConnection" | "AnyConnection" | "PoolConnection" => {
+                Some("a connection")
+            }
+            "Pool" | "PgPool" | "MySqlPool" | "SqlitePool" | "AnyPool" => Some("a pool"),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

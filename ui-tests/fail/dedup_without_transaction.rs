@@ -10,8 +10,8 @@ impl From<idem::Error> for AppError {
 }
 
 #[idempotent(key = "trade_no")]
-async fn pay(pool: &sqlx::PgPool, trade_no: &str) -> Result<(), AppError> {
-    let _ = (pool, trade_no);
+async fn pay(trade_no: &str) -> Result<(), AppError> {
+    let _ = trade_no;
     Ok(())
 }
 fn main() {}

@@ -24,8 +24,8 @@ pub enum OrderStatus {
 }
 
 #[idempotent(key = "order_no", strategy = "state", transition = "OrderStatus::WaitPay -> OrderStatus::Paid")]
-async fn pay(pool: &sqlx::PgPool, order_no: &str) -> Result<(), AppError> {
-    let _ = (pool, order_no);
+async fn pay(order_no: &str) -> Result<(), AppError> {
+    let _ = order_no;
     Ok(())
 }
 fn main() {}
