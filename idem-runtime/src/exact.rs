@@ -2,17 +2,36 @@
 //!
 //! JSON writes `Some(x)` as plain `x` and `None` as `null`, so a `Some`
 //! around a value JSON itself writes as `null` (`()`, a unit struct, `None`,
-//! `serde_json::Value::Null`) comes back as `None`: `Some(())` would replay
-//! as `None`. [`check`] walks the value as serde presents it and finds such
-//! a `Some`, so the first call fails with a clear error instead of every
-//! repeat silently getting another answer.
+//! `serde_json::Value::Null`, a NaN or infinite float) comes back as `None`:
+//! `Some(())` would replay as `None`. The stored JSON decodes fine, so only a
+//! comparison finds it: [`check`] records the `Some`s and `None`s a value
+//! presents to serde, in order, and those of its decoded copy; they differ
+//! exactly when a repeat would get another answer in this way. (A type that
+//! tells a missing field from `null` by hand, `deserialize_with` a
+//! `Some(None)`, decodes back the same, and passes.)
 
 use serde::Serialize;
 use serde::ser;
 
-/// `Err` with a message if some `Some` in `value` would replay as `None`.
-pub(crate) fn check<T: Serialize + ?Sized>(value: &T) -> Result<(), String> {
-    value.serialize(Probe).map(|_| ()).map_err(|e| e.0)
+/// `Err` with a message if the decoded copy `back` of `value` lost a `Some`
+/// that JSON wrote as `null`: `value` has more of them than `back`.
+pub(crate) fn check<T: Serialize + ?Sized>(value: &T, back: &T) -> Result<(), String> {
+    if lossy_somes(value)? <= lossy_somes(back)? {
+        return Ok(());
+    }
+    Err("it holds a `Some` around a value JSON writes as `null` (`()`, a unit struct, `None`, `Value::Null`, a NaN \
+         or infinite float), which would replay as `None`; return a type that tells them apart (`bool` instead of \
+         `Option<()>`, an enum of your own instead of `Option<Option<T>>`)"
+        .to_owned())
+}
+
+/// How many `Some`s in `value` wrap a value JSON writes as `null`. A count,
+/// not a list: the entries of a `HashMap` or `HashSet` come in another order
+/// from the decoded copy.
+fn lossy_somes<T: Serialize + ?Sized>(value: &T) -> Result<usize, String> {
+    let mut n = 0;
+    value.serialize(Probe(&mut n)).map_err(|e| e.0)?;
+    Ok(n)
 }
 
 #[derive(Debug)]
@@ -32,15 +51,12 @@ impl ser::Error for Lossy {
     }
 }
 
-/// Serializes nothing: answers whether the value is written as `null`.
-struct Probe;
+/// Serializes nothing: answers whether the value is written as `null`, and
+/// counts the `Some`s around such values.
+struct Probe<'a>(&'a mut usize);
 
 /// Whether a value is written as `null`.
 type Null = Result<bool, Lossy>;
-
-fn walk<T: Serialize + ?Sized>(value: &T) -> Result<(), Lossy> {
-    value.serialize(Probe).map(|_| ())
-}
 
 macro_rules! not_null {
     ($($method:ident($t:ty)),* $(,)?) => {$(
@@ -50,16 +66,16 @@ macro_rules! not_null {
     )*};
 }
 
-impl ser::Serializer for Probe {
+impl<'a> ser::Serializer for Probe<'a> {
     type Ok = bool;
     type Error = Lossy;
-    type SerializeSeq = Parts;
-    type SerializeTuple = Parts;
-    type SerializeTupleStruct = Parts;
-    type SerializeTupleVariant = Parts;
-    type SerializeMap = Parts;
-    type SerializeStruct = Parts;
-    type SerializeStructVariant = Parts;
+    type SerializeSeq = Self;
+    type SerializeTuple = Self;
+    type SerializeTupleStruct = Self;
+    type SerializeTupleVariant = Self;
+    type SerializeMap = Self;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = Self;
 
     not_null!(
         serialize_bool(bool),
@@ -73,25 +89,27 @@ impl ser::Serializer for Probe {
         serialize_u32(u32),
         serialize_u64(u64),
         serialize_u128(u128),
-        serialize_f32(f32),
-        serialize_f64(f64),
         serialize_char(char),
         serialize_str(&str),
         serialize_bytes(&[u8]),
     );
+
+    // serde_json writes a NaN or an infinity as `null`.
+    fn serialize_f32(self, v: f32) -> Null {
+        Ok(!v.is_finite())
+    }
+
+    fn serialize_f64(self, v: f64) -> Null {
+        Ok(!v.is_finite())
+    }
 
     fn serialize_none(self) -> Null {
         Ok(true)
     }
 
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Null {
-        if value.serialize(Probe)? {
-            return Err(Lossy(
-                "it holds a `Some` around a value JSON writes as `null` (`()`, a unit struct, `None`, \
-                 `Value::Null`), which would replay as `None`; return a type that tells them apart \
-                 (`bool` instead of `Option<()>`, an enum of your own instead of `Option<Option<T>>`)"
-                    .to_owned(),
-            ));
+        if value.serialize(Probe(&mut *self.0))? {
+            *self.0 += 1;
         }
         Ok(false)
     }
@@ -109,7 +127,7 @@ impl ser::Serializer for Probe {
     }
 
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Null {
-        value.serialize(Probe)
+        value.serialize(self)
     }
 
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -119,116 +137,78 @@ impl ser::Serializer for Probe {
         _: &'static str,
         value: &T,
     ) -> Null {
-        walk(value).map(|()| false)
+        value.serialize(self).map(|_| false)
     }
 
-    fn serialize_seq(self, _: Option<usize>) -> Result<Parts, Lossy> {
-        Ok(Parts)
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self, Lossy> {
+        Ok(self)
     }
 
-    fn serialize_tuple(self, _: usize) -> Result<Parts, Lossy> {
-        Ok(Parts)
+    fn serialize_tuple(self, _: usize) -> Result<Self, Lossy> {
+        Ok(self)
     }
 
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Parts, Lossy> {
-        Ok(Parts)
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, Lossy> {
+        Ok(self)
     }
 
-    fn serialize_tuple_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Parts, Lossy> {
-        Ok(Parts)
+    fn serialize_tuple_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Self, Lossy> {
+        Ok(self)
     }
 
-    fn serialize_map(self, _: Option<usize>) -> Result<Parts, Lossy> {
-        Ok(Parts)
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, Lossy> {
+        Ok(self)
     }
 
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Parts, Lossy> {
-        Ok(Parts)
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Lossy> {
+        Ok(self)
     }
 
-    fn serialize_struct_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Parts, Lossy> {
-        Ok(Parts)
+    fn serialize_struct_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Self, Lossy> {
+        Ok(self)
     }
 }
 
-/// The parts of a compound value, each probed; the compound itself is
-/// never written as `null`.
-struct Parts;
-
-impl ser::SerializeSeq for Parts {
-    type Ok = bool;
-    type Error = Lossy;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Lossy> {
-        walk(value)
-    }
-    fn end(self) -> Null {
-        Ok(false)
+impl Probe<'_> {
+    /// Probe one part of a compound value (a compound itself is never
+    /// written as `null`).
+    fn part<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Lossy> {
+        value.serialize(Probe(&mut *self.0)).map(|_| ())
     }
 }
 
-impl ser::SerializeTuple for Parts {
-    type Ok = bool;
-    type Error = Lossy;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Lossy> {
-        walk(value)
-    }
-    fn end(self) -> Null {
-        Ok(false)
-    }
+macro_rules! compound {
+    ($($trait:ident :: $method:ident ($($skip:ty)?)),* $(,)?) => {$(
+        impl ser::$trait for Probe<'_> {
+            type Ok = bool;
+            type Error = Lossy;
+            fn $method<T: Serialize + ?Sized>(&mut self, $(_: $skip,)? value: &T) -> Result<(), Lossy> {
+                self.part(value)
+            }
+            fn end(self) -> Null {
+                Ok(false)
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTupleStruct for Parts {
-    type Ok = bool;
-    type Error = Lossy;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Lossy> {
-        walk(value)
-    }
-    fn end(self) -> Null {
-        Ok(false)
-    }
-}
+compound!(
+    SerializeSeq::serialize_element(),
+    SerializeTuple::serialize_element(),
+    SerializeTupleStruct::serialize_field(),
+    SerializeTupleVariant::serialize_field(),
+    SerializeStruct::serialize_field(&'static str),
+    SerializeStructVariant::serialize_field(&'static str),
+);
 
-impl ser::SerializeTupleVariant for Parts {
-    type Ok = bool;
-    type Error = Lossy;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Lossy> {
-        walk(value)
-    }
-    fn end(self) -> Null {
-        Ok(false)
-    }
-}
-
-impl ser::SerializeMap for Parts {
+impl ser::SerializeMap for Probe<'_> {
     type Ok = bool;
     type Error = Lossy;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Lossy> {
-        walk(key)
+        self.part(key)
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Lossy> {
-        walk(value)
-    }
-    fn end(self) -> Null {
-        Ok(false)
-    }
-}
-
-impl ser::SerializeStruct for Parts {
-    type Ok = bool;
-    type Error = Lossy;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Result<(), Lossy> {
-        walk(value)
-    }
-    fn end(self) -> Null {
-        Ok(false)
-    }
-}
-
-impl ser::SerializeStructVariant for Parts {
-    type Ok = bool;
-    type Error = Lossy;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Result<(), Lossy> {
-        walk(value)
+        self.part(value)
     }
     fn end(self) -> Null {
         Ok(false)
@@ -238,42 +218,68 @@ impl ser::SerializeStructVariant for Parts {
 #[cfg(test)]
 mod tests {
     use super::check;
-    use std::collections::BTreeMap;
+    use serde::{Deserialize, Serialize};
+    use std::collections::{BTreeMap, HashMap};
 
-    #[derive(serde::Serialize)]
+    #[derive(Serialize, Deserialize, Debug)]
     struct Marker;
 
-    #[derive(serde::Serialize)]
+    #[derive(Serialize, Deserialize, Debug)]
     struct Wrapped(Option<()>);
 
-    #[derive(serde::Serialize)]
+    #[derive(Serialize, Deserialize, Debug)]
     struct Receipt {
         id: u64,
         note: Option<String>,
         flags: Vec<Option<bool>>,
     }
 
+    /// A field that tells "absent" (`None`) from "null" (`Some(None)`) by
+    /// hand, as serde users do for PATCH bodies: it round-trips.
+    #[derive(Serialize, Deserialize, Debug)]
+    struct Patch {
+        #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some")]
+        email: Option<Option<String>>,
+    }
+
+    fn some<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+        T::deserialize(d).map(Some)
+    }
+
+    /// What `stored_response` does: encode, decode, compare.
+    fn round_trip<T: Serialize + serde::de::DeserializeOwned>(value: &T) -> Result<(), String> {
+        let back: T = serde_json::from_str(&serde_json::to_string(value).unwrap()).unwrap();
+        check(value, &back)
+    }
+
     #[test]
-    fn a_some_written_as_null_is_found_wherever_it_sits() {
-        assert!(check(&Some(())).is_err());
-        assert!(check(&Some(None::<u8>)).is_err());
-        assert!(check(&Some(Marker)).is_err());
-        assert!(check(&Some(serde_json::Value::Null)).is_err());
-        assert!(check(&vec![None, Some(())]).is_err());
-        assert!(check(&Wrapped(Some(()))).is_err());
-        assert!(check(&BTreeMap::from([("k", Some(Some(None::<u8>)))])).is_err());
+    fn a_some_that_comes_back_none_is_found_wherever_it_sits() {
+        assert!(round_trip(&Some(())).is_err());
+        assert!(round_trip(&Some(None::<u8>)).is_err());
+        assert!(round_trip(&Some(Marker)).is_err());
+        assert!(round_trip(&Some(serde_json::Value::Null)).is_err());
+        assert!(round_trip(&Some(f64::NAN)).is_err());
+        assert!(round_trip(&vec![Some(1.0), Some(f64::INFINITY)]).is_err());
+        assert!(round_trip(&vec![None, Some(())]).is_err());
+        assert!(round_trip(&Wrapped(Some(()))).is_err());
+        assert!(round_trip(&BTreeMap::from([("k".to_owned(), Some(Some(None::<u8>)))])).is_err());
     }
 
     #[test]
     fn values_that_replay_exactly_pass() {
-        assert!(check(&()).is_ok());
-        assert!(check(&None::<()>).is_ok());
-        assert!(check(&Wrapped(None)).is_ok());
-        assert!(check(&Some(Some(0))).is_ok());
-        assert!(check(&Some(false)).is_ok());
-        assert!(check(&Some("")).is_ok());
-        assert!(check(&Some(Vec::<()>::new())).is_ok());
-        assert!(check(&Receipt { id: 1, note: None, flags: vec![None, Some(false)] }).is_ok());
-        assert!(check(&serde_json::json!({"a": null, "b": [null]})).is_ok());
+        assert!(round_trip(&()).is_ok());
+        assert!(round_trip(&None::<()>).is_ok());
+        assert!(round_trip(&Wrapped(None)).is_ok());
+        assert!(round_trip(&Some(Some(0))).is_ok());
+        assert!(round_trip(&Some(false)).is_ok());
+        assert!(round_trip(&Some(String::new())).is_ok());
+        assert!(round_trip(&Some(Vec::<()>::new())).is_ok());
+        assert!(round_trip(&Receipt { id: 1, note: None, flags: vec![None, Some(false)] }).is_ok());
+        assert!(round_trip(&serde_json::json!({"a": null, "b": [null]})).is_ok());
+        assert!(round_trip(&Patch { email: Some(None) }).is_ok());
+        assert!(round_trip(&Patch { email: None }).is_ok());
+        // Order-free: a map's entries come back in another order.
+        let many: HashMap<String, Option<u8>> = (0..50).map(|i| (i.to_string(), (i % 2 == 0).then_some(1))).collect();
+        assert!(round_trip(&many).is_ok());
     }
 }

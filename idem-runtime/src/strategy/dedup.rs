@@ -287,10 +287,10 @@ pub(crate) fn stored_response<T: Replayable>(value: &T, max: usize) -> Result<St
             json.len()
         )));
     }
-    serde_json::from_str::<T>(&json)?;
+    let back = serde_json::from_str::<T>(&json)?;
     // Only JSON with a `null` in it can hide such a `Some`.
     if json.contains("null") {
-        crate::exact::check(value).map_err(serde_json::Error::custom)?;
+        crate::exact::check(value, &back).map_err(serde_json::Error::custom)?;
     }
     Ok(json)
 }
