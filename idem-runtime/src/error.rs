@@ -108,7 +108,8 @@ pub enum Error {
     /// run out, so the body was stopped before another worker could take it
     /// over. Its completion was not written.
     #[error(
-        "the lease on key {key_hash} in scope `{scope}` was lost (taken over by another worker, or not renewed in          time because the store did not answer); nothing was overwritten"
+        "the lease on key {key_hash} in scope `{scope}` was lost (taken over by another worker, or not renewed in \
+         time because the store did not answer); nothing was overwritten"
     )]
     LeaseLost {
         /// Scope of the guard.
