@@ -154,6 +154,10 @@ impl IdempotencyKey for char {
         // Escaped as a one-character string: `:`, `\` and NUL included.
         self.encode_utf8(&mut [0; 4]).write_key(out)
     }
+    fn sql_key(&self) -> Result<SqlKey, &'static str> {
+        // The character itself, as an entity's key column holds it.
+        self.encode_utf8(&mut [0; 4]).sql_key()
+    }
 }
 
 #[cfg(feature = "uuid")]
