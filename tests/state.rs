@@ -625,3 +625,52 @@ state_suite! {
     count_records = "SELECT COUNT(*) FROM idem_records WHERE scope = ? AND idem_key = ?";
     insert_checked = "INSERT INTO idem_test_checked (order_no, status) VALUES (?, 1)";
 }
+
+/// Stored by name in a MySQL column that compares exactly (`utf8mb4_bin`).
+#[derive(idem::StateMachine)]
+#[state(table = "idem_test_tickets_bin", key_column = "id", status_column = "state", stored_as = "name")]
+enum BinTicketState {
+    #[state(to(Closed))]
+    Open,
+    Closed,
+}
+
+#[idempotent(
+    key = "id",
+    strategy = "state",
+    scope = "tests.state.close_bin",
+    transition = "BinTicketState::Open -> BinTicketState::Closed"
+)]
+async fn close_bin_ticket(tx: &mut Transaction<'_, sqlx::MySql>, id: i64) -> Result<(), AppError> {
+    let _ = &tx;
+    Ok(())
+}
+
+/// MySQL reads `Open` as `OPEN` (its default collations ignore case), but a
+/// `_bin` column's compare-and-set never matches it: after its attempts the
+/// guard reads the status exactly and names it, rather than answering
+/// `InProgress` to a call that can never succeed.
+#[tokio::test]
+async fn mysql_status_in_another_case_under_a_binary_collation() {
+    let Some(pool) = common::mysql().await else { return };
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idem_test_tickets_bin (id BIGINT PRIMARY KEY, \
+         state VARCHAR(16) COLLATE utf8mb4_bin NOT NULL) ENGINE = InnoDB",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let id = unique_id();
+    sqlx::query("INSERT INTO idem_test_tickets_bin (id, state) VALUES (?, 'Open')")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    match close_bin_ticket(&mut tx, id).await {
+        Err(AppError::Idem(Error::IllegalTransition { current, .. })) => {
+            assert_eq!(current, "'Open' (no variant of BinTicketState is stored so)")
+        }
+        other => panic!("{other:?}"),
+    }
+}

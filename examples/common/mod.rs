@@ -147,7 +147,7 @@ impl OrderStatus {
         // In declaration order, like the derive's table.
         const LABELS: [&str; 5] = ["WAIT_PAY", "PAID", "SHIPPED", "FINISHED", "CANCELED"];
         let states = <OrderStatus as idem::StateMachine>::STATES;
-        states.variant_of(&idem::state::StoredState::Int(code), false).map_or("?", |i| LABELS[i])
+        states.variant_of(&idem::state::StoredState::Int(code)).map_or("?", |i| LABELS[i])
     }
 }
 

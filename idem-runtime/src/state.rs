@@ -79,27 +79,25 @@ impl StateTable {
         false
     }
 
-    /// The variant stored as `code`, if any. Names match exactly, or, with
-    /// `ignore_case` (MySQL, whose default collations compare names so, and
-    /// so would move a row stored `Pending` from `PENDING`), ignoring ASCII
-    /// case; the derive refuses names that differ only in case. PostgreSQL
-    /// and SQLite compare exactly, so there a differently cased name is no
-    /// variant: reading it as one would promise a move the `UPDATE` then
-    /// never makes.
-    pub fn variant_of(&self, code: &StoredState, ignore_case: bool) -> Option<usize> {
-        let exact = self.codes.iter().position(|c| match (c, code) {
-            (StateCode::Int(a), StoredState::Int(b)) => a == b,
-            (StateCode::Text(a), StoredState::Text(b)) => a == b,
-            _ => false,
-        });
-        exact.or_else(|| {
-            if !ignore_case {
-                return None;
-            }
+    /// The variant stored as `code`, if any. Names match exactly, or else
+    /// ignoring ASCII case, as MySQL's default collations compare them (the
+    /// derive refuses names that differ only in case). PostgreSQL and SQLite
+    /// compare exactly: see [`variant_exact`](Self::variant_exact).
+    pub fn variant_of(&self, code: &StoredState) -> Option<usize> {
+        self.variant_exact(code).or_else(|| {
             self.codes.iter().position(|c| match (c, code) {
                 (StateCode::Text(a), StoredState::Text(b)) => a.eq_ignore_ascii_case(b),
                 _ => false,
             })
+        })
+    }
+
+    /// The variant stored exactly as `code`, if any.
+    pub fn variant_exact(&self, code: &StoredState) -> Option<usize> {
+        self.codes.iter().position(|c| match (c, code) {
+            (StateCode::Int(a), StoredState::Int(b)) => a == b,
+            (StateCode::Text(a), StoredState::Text(b)) => a == b,
+            _ => false,
         })
     }
 

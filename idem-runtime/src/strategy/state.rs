@@ -180,7 +180,15 @@ async fn move_entity<DB: SqlBackend>(
             return moved_rows(p, t, rows, source);
         }
     }
-    Err(p.in_progress(Some(std::time::Duration::ZERO)))
+    // Every attempt found a source state and moved nothing: the row kept
+    // moving under us, or its text matched a source only ignoring case and
+    // the column compares exactly (a `_bin` collation on MySQL). Read it once
+    // more, exactly: the second is no state, and an error says so.
+    let cas = Cas { states, from: &all_from, to, key: &p.entity };
+    match decide(p, t, false, DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify::<DB>)?)? {
+        Decision::Repeat => Ok(Step::Repeat),
+        Decision::Source(_) => Err(p.in_progress(Some(std::time::Duration::ZERO))),
+    }
 }
 
 fn moved_rows(p: &Prepared, t: &Transition, rows: u64, from: usize) -> Result<Step, Error> {
@@ -212,7 +220,7 @@ fn decide(p: &Prepared, t: &Transition, ignore_case: bool, current: Option<Store
     };
     let states = t.states;
     let to = t.to_index();
-    let variant = states.variant_of(&current, ignore_case);
+    let variant = if ignore_case { states.variant_of(&current) } else { states.variant_exact(&current) };
     match variant {
         Some(v) if v == to => return Ok(Decision::Repeat),
         Some(v) if t.source_indexes().any(|f| f == v) => return Ok(Decision::Source(v)),
