@@ -102,8 +102,10 @@ const HELD_OR_DONE: &str =
 
 impl SqlBackend for MySql {
     const BACKEND: &'static str = "mysql";
-    /// `MEDIUMTEXT`: 16 MiB less one byte.
-    const MAX_RESPONSE: usize = (1 << 24) - 1;
+    /// `MEDIUMTEXT` holds 16 MiB less one byte; the statement carrying it
+    /// must also fit MySQL's and MariaDB's default `max_allowed_packet`
+    /// (16 MiB on MariaDB), hence 64 KiB less.
+    const MAX_RESPONSE: usize = (1 << 24) - (1 << 16);
     const TEXT_IGNORES_CASE: bool = true;
     const SCHEMA: &'static str = concat!(
         include_str!("../../migrations/mysql/0001_idem_records.sql"),
