@@ -1010,7 +1010,8 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: Strategy) -> Resul
                 format!(
                     "`{ident}` is {what}, not a transaction: strategy `{}` {doing}, so that it commits or \
                      rolls back with your change; take `{ident}: &mut sqlx::Transaction<'_, DB>` (from \
-                     `pool.begin()`) instead, and commit it after the call",
+                     `pool.begin()`) instead, and commit it after the call (a transaction type of your own: mark \
+                     that parameter `#[idem(tx)]`)",
                     strategy.name()
                 ),
             ))
