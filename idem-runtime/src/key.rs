@@ -408,5 +408,7 @@ mod tests {
         let c = KeyBuilder::new("s", "a, b").part(&'\\').part("y").finish().unwrap();
         assert_ne!(c, Key::new(":y").unwrap());
         assert_eq!(Key::new(&':').unwrap(), Key::new(":").unwrap());
+        // As an entity's key value, a char is itself, unescaped.
+        assert_eq!(':'.sql_key(), Ok(SqlKey::Text(":".to_owned())));
     }
 }
