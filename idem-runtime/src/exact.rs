@@ -4,9 +4,9 @@
 //! around a value JSON itself writes as `null` (`()`, a unit struct, `None`,
 //! `serde_json::Value::Null`, a NaN or infinite float) comes back as `None`:
 //! `Some(())` would replay as `None`. The stored JSON decodes fine, so only a
-//! comparison finds it: [`check`] records the `Some`s and `None`s a value
-//! presents to serde, in order, and those of its decoded copy; they differ
-//! exactly when a repeat would get another answer in this way. (A type that
+//! comparison finds it: [`check`] counts the `Some`s around such values in
+//! the answer and in its decoded copy; the copy has fewer exactly when a
+//! repeat would get `None` where the first call got `Some`. (A type that
 //! tells a missing field from `null` by hand, `deserialize_with` a
 //! `Some(None)`, decodes back the same, and passes.)
 
