@@ -716,31 +716,38 @@ fn contains_impl_trait(ty: &Type) -> bool {
     finder.0
 }
 
+/// `ty` as a path type (`a::b::Name<..>`), seen through groups and
+/// parentheses, and with `through_refs` through references too.
+fn path_type(ty: &Type, through_refs: bool) -> Option<&syn::TypePath> {
+    match ty {
+        Type::Path(p) => Some(p),
+        Type::Group(g) => path_type(&g.elem, through_refs),
+        Type::Paren(p) => path_type(&p.elem, through_refs),
+        Type::Reference(r) if through_refs => path_type(&r.elem, through_refs),
+        _ => None,
+    }
+}
+
+/// The last segment of a path type with no `<T as Trait>::` qualifier.
+fn named(ty: &Type, through_refs: bool) -> Option<&syn::PathSegment> {
+    path_type(ty, through_refs).filter(|p| p.qself.is_none())?.path.segments.last()
+}
+
 /// The first type argument: `T` of `Result<T, E>` (or of an alias such as
 /// `io::Result<T>`), `X` of `Option<X>`.
 fn first_type_arg(ty: &Type) -> Option<&Type> {
-    match ty {
-        Type::Path(p) => match &p.path.segments.last()?.arguments {
-            syn::PathArguments::AngleBracketed(args) => args.args.iter().find_map(|a| match a {
-                syn::GenericArgument::Type(t) => Some(t),
-                _ => None,
-            }),
+    match &path_type(ty, false)?.path.segments.last()?.arguments {
+        syn::PathArguments::AngleBracketed(args) => args.args.iter().find_map(|a| match a {
+            syn::GenericArgument::Type(t) => Some(t),
             _ => None,
-        },
-        Type::Group(g) => first_type_arg(&g.elem),
-        Type::Paren(p) => first_type_arg(&p.elem),
+        }),
         _ => None,
     }
 }
 
 /// `Option<X>` with the `X` inside, if `ty` is written so.
 fn option_inner(ty: &Type) -> Option<&Type> {
-    match ty {
-        Type::Path(p) if p.qself.is_none() && p.path.segments.last()?.ident == "Option" => first_type_arg(ty),
-        Type::Group(g) => option_inner(&g.elem),
-        Type::Paren(p) => option_inner(&p.elem),
-        _ => None,
-    }
+    named(ty, false).filter(|s| s.ident == "Option").and_then(|_| first_type_arg(ty))
 }
 
 /// An `Ok` type JSON cannot replay exactly, as written: `Option<()>` and
@@ -765,12 +772,7 @@ fn lossy_ok_type(ret: &Type) -> Option<syn::Error> {
 }
 
 fn is_result(ty: &Type) -> bool {
-    match ty {
-        Type::Path(p) => p.qself.is_none() && p.path.segments.last().is_some_and(|s| s.ident == "Result"),
-        Type::Group(g) => is_result(&g.elem),
-        Type::Paren(p) => is_result(&p.elem),
-        _ => false,
-    }
+    named(ty, false).is_some_and(|s| s.ident == "Result")
 }
 
 fn parse_strategy(name: &str, span: Span) -> Result<Strategy, syn::Error> {
@@ -1048,29 +1050,17 @@ fn referent(ty: &Type) -> Type {
 /// "a connection" or "a pool", if `ty` names one of sqlx's (by its last
 /// path segment, behind any references).
 fn connection_or_pool(ty: &Type) -> Option<&'static str> {
-    match ty {
-        Type::Reference(r) => connection_or_pool(&r.elem),
-        Type::Group(g) => connection_or_pool(&g.elem),
-        Type::Paren(p) => connection_or_pool(&p.elem),
-        Type::Path(p) => match p.path.segments.last()?.ident.to_string().as_str() {
-            "PgConnection" | "MySqlConnection" | "SqliteConnection" | "AnyConnection" | "PoolConnection" => {
-                Some("a connection")
-            }
-            "Pool" | "PgPool" | "MySqlPool" | "SqlitePool" | "AnyPool" => Some("a pool"),
-            _ => None,
-        },
+    match path_type(ty, true)?.path.segments.last()?.ident.to_string().as_str() {
+        "PgConnection" | "MySqlConnection" | "SqliteConnection" | "AnyConnection" | "PoolConnection" => {
+            Some("a connection")
+        }
+        "Pool" | "PgPool" | "MySqlPool" | "SqlitePool" | "AnyPool" => Some("a pool"),
         _ => None,
     }
 }
 
 fn names_transaction(ty: &Type) -> bool {
-    match ty {
-        Type::Reference(r) => names_transaction(&r.elem),
-        Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Transaction"),
-        Type::Group(g) => names_transaction(&g.elem),
-        Type::Paren(p) => names_transaction(&p.elem),
-        _ => false,
-    }
+    path_type(ty, true).and_then(|p| p.path.segments.last()).is_some_and(|s| s.ident == "Transaction")
 }
 
 fn require_mut_ref(ty: &Type) -> Result<(), syn::Error> {

@@ -88,8 +88,19 @@ impl<S: LeaseStore> Routed<S> {
     }
 }
 
-fn refused<'a, T: Send + 'a>(e: Error) -> BoxFuture<'a, Result<T, Error>> {
-    Box::pin(std::future::ready(Err(e)))
+impl<S: LeaseStore> Routed<S> {
+    /// `op` on the shard of `(scope, key)`, or the routing error.
+    fn on<'a, T: Send + 'a>(
+        &'a self,
+        scope: &str,
+        key: &str,
+        op: impl FnOnce(&'a S) -> BoxFuture<'a, Result<T, Error>>,
+    ) -> BoxFuture<'a, Result<T, Error>> {
+        match self.shard(scope, key) {
+            Ok(s) => op(s),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
 }
 
 impl<S: LeaseStore> LeaseStore for Routed<S> {
@@ -98,38 +109,23 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
     }
 
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
-        match self.shard(req.scope, req.key) {
-            Ok(s) => s.claim(req),
-            Err(e) => refused(e),
-        }
+        self.on(req.scope, req.key, |s| s.claim(req))
     }
 
     fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        match self.shard(held.scope, held.key) {
-            Ok(s) => s.complete(held, response),
-            Err(e) => refused(e),
-        }
+        self.on(held.scope, held.key, |s| s.complete(held, response))
     }
 
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        match self.shard(held.scope, held.key) {
-            Ok(s) => s.release(held),
-            Err(e) => refused(e),
-        }
+        self.on(held.scope, held.key, |s| s.release(held))
     }
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        match self.shard(held.scope, held.key) {
-            Ok(s) => s.extend(held),
-            Err(e) => refused(e),
-        }
+        self.on(held.scope, held.key, |s| s.extend(held))
     }
 
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
-        match self.shard(req.scope, req.key) {
-            Ok(s) => s.peek(req),
-            Err(e) => refused(e),
-        }
+        self.on(req.scope, req.key, |s| s.peek(req))
     }
 
     fn max_response(&self) -> usize {
