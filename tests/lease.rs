@@ -548,6 +548,42 @@ mod redis_batching {
     }
 
     #[tokio::test]
+    async fn a_record_held_by_an_earlier_version_is_busy_then_taken_over() {
+        // During a rolling deploy a worker of the previous release may hold a
+        // key: its record has the earlier layout
+        // (`P<fp 64><fence>:<deadline ms>:<owner>`, the deadline absolute).
+        let Some((store, mut conn)) = store().await else { return };
+        let (scope, key) = ("tests.lease.layout", unique("layout"));
+        let record = store.record_key(scope, &key);
+        let (secs, micros): (i64, i64) = {
+            let t: Vec<String> = ::redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+            (t[0].parse().unwrap(), t[1].parse().unwrap())
+        };
+        let now_ms = secs * 1000 + micros / 1000;
+        let old = |deadline: i64| format!("P{}41:{deadline}:old-worker", ".".repeat(64));
+        let req = LeaseRequest {
+            scope,
+            key: &key,
+            fingerprint: None,
+            owner: "new-worker",
+            lease: Duration::from_secs(5),
+            retention: Duration::from_secs(60),
+        };
+        let set = |value: String| ::redis::cmd("SET").arg(&record).arg(value).arg("PX").arg(60_000).clone();
+        let _: () = set(old(now_ms + 30_000)).query_async(&mut conn).await.unwrap();
+        match store.claim(&req).await.unwrap() {
+            LeaseClaim::Busy { retry_after } => assert!(retry_after > Duration::from_secs(20), "{retry_after:?}"),
+            other => panic!("a live lease of the earlier layout is busy: {other:?}"),
+        }
+        let _: () = set(old(now_ms - 1)).query_async(&mut conn).await.unwrap();
+        assert_eq!(store.claim(&req).await.unwrap(), LeaseClaim::Acquired { fence: 42, reclaimed: true });
+        let held = holder(scope, &key, "new-worker", 42, Duration::from_secs(5));
+        assert!(store.complete(&HeldLease { retention: Duration::from_secs(60), ..held }, "1").await.unwrap());
+        assert_eq!(store.claim(&req).await.unwrap(), LeaseClaim::Done { response: "1".into() });
+        let _: () = ::redis::cmd("DEL").arg(&record).query_async(&mut conn).await.unwrap();
+    }
+
+    #[tokio::test]
     async fn a_key_holding_something_else_is_an_error_not_a_record() {
         let Some((store, mut conn)) = store().await else { return };
         let (scope, key) = ("tests.lease.garbage", unique("garbage"));

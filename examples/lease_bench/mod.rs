@@ -360,25 +360,47 @@ pub async fn run_instructions(redis_url: &str, out: &str, calls: u64, clients: u
             per_call(replay, n)
         ));
     }
-    // The peer: one script call per operation, serially.
-    let peer = peer::Peer::connect(redis_url).await?;
-    let keys: Vec<String> = (0..calls).map(|i| format!("I{run}-{i}")).collect();
-    for key in &keys[..10] {
-        peer::first(&peer.store, key.clone()).await?;
-        peer::replay(&peer.store, key.clone()).await?;
+    // The peer: one script call per operation, serially, then from
+    // `clients` tasks (pipelined on its connection as they queue).
+    let peer = Arc::new(peer::Peer::connect(redis_url).await?);
+    for tasks in [1, clients.max(2)] {
+        let keys: Vec<String> = (0..calls).map(|i| format!("I{run}-p{tasks}-{i}")).collect();
+        let each = |keys: &[String], replay: bool| {
+            let chunks: Vec<Vec<String>> = keys.chunks(keys.len().div_ceil(tasks)).map(<[String]>::to_vec).collect();
+            let peer = peer.clone();
+            async move {
+                let mut handles = Vec::new();
+                for chunk in chunks {
+                    let peer = peer.clone();
+                    handles.push(tokio::spawn(async move {
+                        for key in chunk {
+                            if replay {
+                                peer::replay(&peer.store, key).await?;
+                            } else {
+                                peer::first(&peer.store, key).await?;
+                            }
+                        }
+                        Ok::<(), BoxError>(())
+                    }));
+                }
+                for h in handles {
+                    h.await.expect("task")?;
+                }
+                Ok::<(), BoxError>(())
+            }
+        };
+        each(&keys[..10], false).await?;
+        each(&keys[..10], true).await?;
+        control("-z")?;
+        each(&keys[10..], false).await?;
+        let first = counted()?;
+        control("-z")?;
+        each(&keys[10..], true).await?;
+        let replay = counted()?;
+        let n = calls - 10;
+        let label = if tasks == 1 { "peer".to_owned() } else { format!("peer_clients{tasks}") };
+        line.push_str(&format!(" {label}_first={:.0} {label}_replay={:.0}", per_call(first, n), per_call(replay, n)));
     }
-    control("-z")?;
-    for key in &keys[10..] {
-        peer::first(&peer.store, key.clone()).await?;
-    }
-    let first = counted()?;
-    control("-z")?;
-    for key in &keys[10..] {
-        peer::replay(&peer.store, key.clone()).await?;
-    }
-    let replay = counted()?;
-    let n = calls - 10;
-    line.push_str(&format!(" peer_first={:.0} peer_replay={:.0}", per_call(first, n), per_call(replay, n)));
     println!("{line}");
     Ok(())
 }

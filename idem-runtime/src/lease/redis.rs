@@ -27,22 +27,42 @@ use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore, millis};
 use crate::Error;
 
 // A record is one string, written with its TTL by one SET ... PX:
-// `P<fp 64><fence>:<lease deadline ms>:<owner>` while held,
+// `P<fence>.<TTL ms>:<owner>|<lease ms>:<tail ms>:<fp 64>` while held, and
 // `D<fp 64><fence>:<retention ms>:<owner>|<response JSON>` once done (owner
 // ids hold no `|`); `<fp 64>` is the hex fingerprint (SHA-256), or 64 dots
-// without one. One string (rather than a hash plus PEXPIRE) keeps every
-// operation to one to three cheap commands.
+// without one. A held record's TTL is `lease + tail` (`tail` =
+// `max(lease, retention) - lease`): the lease is the key's TTL less the
+// tail, on Redis's clock, so a held record never changes while its holder
+// runs (an extension only resets the TTL) and the holder knows it exactly.
+// A new record's fence is Redis's clock in microseconds (`TIME`), so a key's
+// fences keep increasing after its record was removed or expired; a
+// take-over adds one.
 //
 // One script runs every operation, on one key or on a batch of keys:
-// `KEYS[i]` is item i's record, `ARGV[5i-4 .. 5i]` its operation
-// (`c` claim, `d` complete, `r` release, `e` extend) and four arguments.
+// `KEYS[i]` is item i's record and its arguments follow those of the items
+// before it in `ARGV`, the first telling the operation apart:
+// - claim: the record but for its head (`.<TTL>:<owner>|<lease>:<tail>:<fp
+//   64>`, which the script prefixes with `P<fence>`);
+// - complete: the done record whole (`D...`), its TTL, the holder's record;
+// - release: `r`, the holder's record;
+// - extend: `e`, the holder's record, its TTL.
 // It returns one flat reply per item (a nested table costs Redis more to
 // turn into a reply than the item's own GET): a claim replies the fence of
-// a new record (an integer), `A<fence>` (its own record again),
+// a new record (digits), `A<fence>` (its own record again),
 // `R<fence>` (taken over), `B<ms left>` (held), `M` (another fingerprint)
-// or the whole done record (`D...`: the client checks its fingerprint and cuts the response out); the
-// others reply 1 or 0. An item whose commands failed (a key of the wrong
-// type, say) replies `X<message>` and the others go on.
+// or the whole done record (`D...`: the client checks its fingerprint and
+// cuts the response out); the others reply 1 or 0. An item whose commands
+// failed (a key of the wrong type, say) replies `X<message>` and the others
+// go on.
+//
+// What a call costs Redis is mostly per argument and per command, so the hot
+// paths keep both to the least: a replay is one GET, a new claim a GET and a
+// SET (and one TIME per call), a completion one `SET ... XX GET` and a
+// comparison of the record it replaced with the holder's (interned strings:
+// a pointer comparison). The holder's record as the client rebuilds it
+// differs from the stored one only if the holder was built by hand with
+// another lease, retention or fingerprint than its claim: then the record
+// is the holder's if it has the same fence and owner.
 static OPS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -50,132 +70,154 @@ static OPS: LazyLock<Script> = LazyLock::new(|| {
 -- every call, and the closures it would create each time cost about a
 -- fifth of a lone replay's work on the server. Commands go through
 -- redis.pcall, so an item whose command fails (a key of another type, say)
--- replies X<message> and the others go on.
-local now, fresh, dots, last_lease, last_deadline
--- The clock, read once per call and only if needed: ms for leases, and a
--- new record's fence, the clock in microseconds, so a key's fences keep
--- increasing after its record was removed or expired.
+-- replies X<message> and the others go on. A failed command's reply is a
+-- table with `err`; `v.err` tells it from a string (whose `err` is nil)
+-- without a call of `type`, and each failure becomes its X reply where it
+-- happens.
+local fresh, now
+-- The clock, read once per call and only if needed: a new record's fence
+-- (microseconds), and milliseconds for records of the earlier layout.
 local function tick()
-  if not now then
+  if not fresh then
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     fresh = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
 end
--- Whether `v` is the live record of `owner` at `fence`.
-local function mine(v, owner, fence)
-  return string.byte(v) == 80 and string.sub(v, 66, 66 + #fence) == fence .. ':'
-    and string.sub(v, -1 - #owner) == ':' .. owner
+-- A held record's fence, lease, tail, fingerprint and owner; for a record
+-- written by an earlier version (`P<fp 64><fence>:<deadline ms>:<owner>`),
+-- its fence, nil, nil, fingerprint, owner and milliseconds left.
+local function held(v)
+  local f, o, lease, tail, fp = string.match(v, '^P(%d+)%.%d+:([^|]*)|(%d+):(%d+):(.*)$')
+  if f then return f, lease, tail, fp, o end
+  local fp2, f2, lu, o2 = string.match(v, '^P(' .. string.rep('.', 64) .. ')(%d+):(%d+):(.*)$')
+  if f2 then
+    tick()
+    return f2, nil, nil, fp2, o2, tonumber(lu) - now
+  end
+end
+-- Whether `v` is the record of the holder whose record (as the client
+-- rebuilt it) is `mine`: the same fence and owner.
+local function ours(v, mine)
+  local f, _, _, _, o = held(v)
+  local mf, _, _, _, mo = held(mine)
+  return f ~= nil and f == mf and o == mo
 end
 
-local out = {}
+local out, j = {}, 1
 for i = 1, #KEYS do
-  local k, b = KEYS[i], (i - 1) * 5
-  local op, a1, a2, a3, a4 = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
+  local k, a = KEYS[i], ARGV[j]
+  local op = string.byte(a)
   local r
-  if op == 'c' then
-    -- a1 fingerprint ('' for none), a2 owner, a3 lease ms, a4 TTL ms.
+  if op == 46 then
+    -- Claim: a the record but for its head (`.<TTL>:...`).
+    j = j + 1
     local v = redis.pcall('GET', k)
-    local fence, took
-    if type(v) == 'table' then
-      r = v
-    elseif not v then
+    if not v then
       tick()
-      fence = fresh
+      r = redis.pcall('SET', k, 'P' .. fresh .. a, 'PX', string.sub(a, 2, string.find(a, ':', 2, true) - 1))
+      r = r.err and 'X' .. r.err or fresh
+    elseif v.err then
+      r = 'X' .. v.err
     elseif string.byte(v) == 68 then
       -- Done: the record whole; the client checks its fingerprint.
       r = v
-    elseif a1 ~= '' and string.sub(v, 2, 65) ~= a1 and string.byte(v, 2) ~= 46 then
-      r = 'M'
     else
-      local f, lu, o = string.match(v, '^(%d+):(%d+):(.*)$', 66)
-      if not o then
-        r = {err = 'not an idem lease record'}
-      elseif o == a2 then
-        r = 'A' .. f
+      local f, lease, tail, fp, o, left = held(v)
+      if not f then
+        r = 'Xnot an idem lease record'
       else
-        tick()
-        lu = tonumber(lu)
-        if lu > now then
-          r = 'B' .. string.format('%d', lu - now)
+        local co, cfp = string.match(a, '^%.%d+:([^|]*)|%d+:%d+:(.*)$')
+        if string.byte(cfp) ~= 46 and string.byte(fp) ~= 46 and fp ~= cfp then
+          r = 'M'
+        elseif o == co then
+          r = 'A' .. f
         else
-          fence, took = string.format('%d', tonumber(f) + 1), true
+          if not left then
+            left = redis.pcall('PTTL', k)
+            if type(left) == 'number' then left = left - tonumber(tail) end
+          end
+          if type(left) == 'table' then
+            r = 'X' .. left.err
+          elseif left > 0 then
+            r = 'B' .. string.format('%d', left)
+          else
+            local fence = string.format('%d', tonumber(f) + 1)
+            r = redis.pcall('SET', k, 'P' .. fence .. a, 'PX', string.match(a, '^%.(%d+)'))
+            r = r.err and 'X' .. r.err or 'R' .. fence
+          end
         end
       end
     end
-    if fence then
-      local fp = a1
-      if fp == '' then
-        if not dots then dots = string.rep('.', 64) end
-        fp = dots
-      end
-      if a3 ~= last_lease then
-        last_lease, last_deadline = a3, string.format('%d', now + tonumber(a3))
-      end
-      local w = redis.pcall('SET', k, 'P' .. fp .. fence .. ':' .. last_deadline .. ':' .. a2, 'PX', a4)
-      if w.err then
-        r = w
-      elseif took then
-        r = 'R' .. fence
-      else
-        r = tonumber(fence)
-      end
-    end
-  elseif op == 'd' then
-    -- a1 owner, a2 fence, a3 the done record whole, a4 retention ms.
-    -- Written first, checked after: SET ... XX GET swaps the record in and
-    -- hands back what it replaced, in one command. What was not this
-    -- holder's live record goes back as it was: another holder's (this
-    -- one's lease was taken over), or this holder's own done record (a
-    -- repeated completion changes nothing). A live lease goes back with at
-    -- least its time left, a done record with its own retention.
-    local v = redis.pcall('SET', k, a3, 'XX', 'GET', 'PX', a4)
-    if type(v) == 'table' or not v then
-      r = v or 0
-    elseif mine(v, a1, a2) then
-      r = 1
-      -- The fingerprint stays the record's own.
-      if string.sub(v, 2, 65) ~= string.sub(a3, 2, 65) then
-        r = redis.pcall('SET', k, 'D' .. string.sub(v, 2, 65) .. string.sub(a3, 66), 'PX', a4)
-        if not r.err then r = 1 end
-      end
-    elseif v == a3 then
-      r = 1
-    else
-      local ttl
-      if string.byte(v) == 68 then
-        ttl = string.match(v, '^%d+:(%d+):', 66) or a4
-      else
-        tick()
-        local lu = string.byte(v) == 80 and tonumber(string.match(v, '^%d+:(%d+):', 66)) or 0
-        ttl = string.format('%d', math.max(tonumber(a4), lu - now))
-      end
-      r = redis.pcall('SET', k, v, 'PX', ttl)
-      if not r.err then
-        local head = a2 .. ':' .. a4 .. ':' .. a1 .. '|'
-        r = (string.byte(v) == 68 and string.sub(v, 66, 65 + #head) == head) and 1 or 0
-      end
-    end
-  elseif op == 'r' or op == 'e' then
-    -- a1 owner, a2 fence; to extend, a3 the lease ms.
-    local v = redis.pcall('GET', k)
-    if type(v) == 'table' then
-      r = v
-    elseif not v or not mine(v, a1, a2) then
+  elseif op == 68 then
+    -- Complete: a the done record, its TTL, the holder's record. Written
+    -- first, checked after: SET ... XX GET swaps the record in and hands
+    -- back what it replaced, in one command. What was not this holder's
+    -- record goes back as it was: another holder's (this one's lease was
+    -- taken over), or this holder's own done record (a repeated completion
+    -- changes nothing). A live lease goes back with at least its time left,
+    -- a done record with its own retention.
+    local ttl, mine = ARGV[j + 1], ARGV[j + 2]
+    j = j + 3
+    local v = redis.pcall('SET', k, a, 'XX', 'GET', 'PX', ttl)
+    if not v then
       r = 0
-    elseif op == 'r' then
-      r = redis.pcall('DEL', k)
+    elseif v.err then
+      r = 'X' .. v.err
+    elseif v == mine or v == a then
+      r = 1
+    elseif ours(v, mine) then
+      -- A holder built by hand: the fingerprint stays the claim's.
+      r = 1
+      local fp = string.sub(v, -64)
+      if fp ~= string.sub(a, 2, 65) then
+        r = redis.pcall('SET', k, 'D' .. fp .. string.sub(a, 66), 'PX', ttl)
+        r = r.err and 'X' .. r.err or 1
+      end
     else
-      tick()
-      local ttl = redis.pcall('PTTL', k)
-      r = redis.pcall('SET', k, 'P' .. string.sub(v, 2, 65) .. a2 .. ':' .. string.format('%d', now + tonumber(a3))
-        .. ':' .. a1, 'PX', string.format('%d', math.max(tonumber(ttl) or 0, tonumber(a3))))
-      if not r.err then r = 1 end
+      local keep = ttl
+      if string.byte(v) == 68 then
+        keep = string.match(v, '^%d+:(%d+):', 66) or ttl
+      else
+        local f, lease, tail, _, _, left = held(v)
+        if left then
+          keep = string.format('%d', math.max(tonumber(ttl), left))
+        elseif f then
+          keep = string.format('%d', tonumber(lease) + tonumber(tail))
+        end
+      end
+      r = redis.pcall('SET', k, v, 'PX', keep)
+      if r.err then
+        r = 'X' .. r.err
+      else
+        local bar = string.find(a, '|', 66, true)
+        r = (bar and string.byte(v) == 68 and string.sub(v, 66, bar) == string.sub(a, 66, bar)) and 1 or 0
+      end
     end
+  elseif op == 114 or op == 101 then
+    -- Release (`r`) or extend (`e`): the holder's record; to extend, its TTL.
+    local mine = ARGV[j + 1]
+    j = j + (op == 114 and 2 or 3)
+    local v = redis.pcall('GET', k)
+    if v and v.err then
+      r = 'X' .. v.err
+    elseif v ~= mine and not (v and ours(v, mine)) then
+      r = 0
+    elseif op == 114 then
+      r = redis.pcall('DEL', k)
+    elseif v == mine then
+      r = redis.pcall('PEXPIRE', k, ARGV[j - 1])
+    else
+      -- A holder built by hand: its lease, the record's tail.
+      local _, lease = held(mine)
+      local _, _, tail = held(v)
+      r = redis.pcall('PEXPIRE', k, string.format('%d', tonumber(lease) + tonumber(tail)))
+    end
+    if type(r) == 'table' then r = 'X' .. r.err end
   else
-    r = {err = 'unknown operation ' .. tostring(op)}
+    r = 'Xunknown operation ' .. a
+    j = j + 1
   end
-  if type(r) == 'table' then r = 'X' .. tostring(r.err) end
   out[i] = r
 end
 -- One item: its reply bare (a one-item table costs more to send).
@@ -199,25 +241,25 @@ const IN_FLIGHT: usize = 2;
 const MAX_BATCH: usize = 128;
 
 /// One operation on one record, as the script takes it: the record's key
-/// and four arguments, packed in one buffer (one allocation per operation).
+/// and up to three arguments (the first telling the operation apart), packed
+/// in one buffer (one allocation per operation).
 struct Op {
-    code: &'static str,
     buf: String,
     /// End of the key, then of each argument, in `buf`.
-    ends: [usize; 5],
+    ends: [usize; 4],
     parts: usize,
 }
 
 impl Op {
     /// An operation on the record `{prefix}{<key>}:<scope>`.
-    fn new(code: &'static str, prefix: &str, scope: &str, key: &str) -> Op {
-        let mut buf = String::with_capacity(prefix.len() + key.len() + scope.len() + 160);
+    fn new(prefix: &str, scope: &str, key: &str) -> Op {
+        let mut buf = String::with_capacity(prefix.len() + key.len() + scope.len() + 200);
         buf.push_str(prefix);
         buf.push('{');
         buf.push_str(key);
         buf.push_str("}:");
         buf.push_str(scope);
-        Op { code, ends: [buf.len(), 0, 0, 0, 0], buf, parts: 1 }
+        Op { ends: [buf.len(), 0, 0, 0], buf, parts: 1 }
     }
 
     fn arg(mut self, value: impl std::fmt::Display) -> Op {
@@ -422,10 +464,19 @@ where
         }
     }
 
-    /// `code` on the record of `held`, with the holder's owner and fence as
-    /// its first arguments.
-    async fn held(&self, code: &'static str, held: &HeldLease<'_>, c: &str, d: &str) -> Result<bool, Error> {
-        let op = Op::new(code, &self.prefix, held.scope, held.key).arg(held.owner).arg(held.fence).arg(c).arg(d);
+    /// `op` (with the holder's record as its second argument, then `ttl` if
+    /// any) on the record of `held`: 1 if it was the holder's.
+    async fn held(&self, op: char, held: &HeldLease<'_>, ttl: Option<i64>) -> Result<bool, Error> {
+        let mut op = Op::new(&self.prefix, held.scope, held.key).arg(op).arg(Holder(held));
+        if let Some(ttl) = ttl {
+            op = op.arg(ttl);
+        }
+        self.finished(op).await
+    }
+
+    /// A completion's, release's or extension's reply: 1 if the record was
+    /// the holder's.
+    async fn finished(&self, op: Op) -> Result<bool, Error> {
         match self.run(op).await? {
             redis::Value::Int(n) => Ok(n == 1),
             other => Err(unexpected(&other)),
@@ -586,8 +637,7 @@ async fn eval<'o, C: redis::aio::ConnectionLike + Send>(
         cmd.arg(op.part(0));
     }
     for op in ops {
-        cmd.arg(op.code);
-        for i in 1..5 {
+        for i in 1..op.parts {
             cmd.arg(op.part(i));
         }
     }
@@ -627,6 +677,25 @@ fn item_reply(item: redis::Value) -> Result<redis::Value, Error> {
     Ok(item)
 }
 
+/// A held record's lease and tail in milliseconds: its TTL is their sum,
+/// `max(lease, retention)`, and the lease left is the TTL less the tail.
+fn lease_and_tail(lease: std::time::Duration, retention: std::time::Duration) -> (i64, i64) {
+    let lease = millis(lease);
+    (lease, millis(retention).saturating_sub(lease).max(0))
+}
+
+/// The record of `held`'s holder, as its claim wrote it (see the script).
+struct Holder<'a>(&'a HeldLease<'a>);
+
+impl std::fmt::Display for Holder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.0;
+        let (lease, tail) = lease_and_tail(held.lease, held.retention);
+        let fp = held.fingerprint.map_or(Cow::Borrowed(NO_FINGERPRINT), fingerprint64);
+        write!(f, "P{}.{}:{}|{lease}:{tail}:{fp}", held.fence, lease + tail, held.owner)
+    }
+}
+
 /// A fingerprint as records hold it: 64 characters. The runtime's are
 /// SHA-256 in hex already; any other text (a store driven by hand) is
 /// hashed, the same way on claim and completion.
@@ -644,10 +713,16 @@ fn fingerprint64(fp: &str) -> Cow<'_, str> {
 /// here against the claim's `fingerprint` (64 characters, or none).
 fn claim_reply(reply: redis::Value, fingerprint: Option<&str>) -> Result<LeaseClaim, Error> {
     let b = match reply {
-        redis::Value::Int(fence) => return Ok(LeaseClaim::Acquired { fence, reclaimed: false }),
         redis::Value::BulkString(b) if !b.is_empty() => b,
         other => return Err(unexpected(&other)),
     };
+    if b[0].is_ascii_digit() {
+        // A new record's fence.
+        return match std::str::from_utf8(&b).ok().and_then(|t| t.parse::<i64>().ok()) {
+            Some(fence) => Ok(LeaseClaim::Acquired { fence, reclaimed: false }),
+            None => Err(unexpected(&redis::Value::BulkString(b))),
+        };
+    }
     let number = |b: &[u8]| std::str::from_utf8(&b[1..]).ok().and_then(|t| t.parse::<i64>().ok());
     let claim = match b[0] {
         // `D<fp 64><fence>:<retention>:<owner>|<response>`: the response
@@ -734,11 +809,13 @@ where
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         Box::pin(async move {
             let fingerprint = req.fingerprint.map(fingerprint64);
-            let op = Op::new("c", &self.prefix, req.scope, req.key)
-                .arg(fingerprint.as_deref().unwrap_or(""))
-                .arg(req.owner)
-                .arg(millis(req.lease))
-                .arg(millis(req.lease.max(req.retention)));
+            let fp = fingerprint.as_deref().unwrap_or(NO_FINGERPRINT);
+            let (lease, tail) = lease_and_tail(req.lease, req.retention);
+            let op = Op::new(&self.prefix, req.scope, req.key).arg(format_args!(
+                ".{}:{}|{lease}:{tail}:{fp}",
+                lease + tail,
+                req.owner
+            ));
             claim_reply(self.run(op).await?, fingerprint.as_deref())
         })
     }
@@ -748,23 +825,22 @@ where
             // The done record whole, as the script swaps it in.
             let fp = held.fingerprint.map_or(Cow::Borrowed(NO_FINGERPRINT), fingerprint64);
             let retention = millis(held.retention);
-            let op = Op::new("d", &self.prefix, held.scope, held.key)
-                .arg(held.owner)
-                .arg(held.fence)
+            let op = Op::new(&self.prefix, held.scope, held.key)
                 .arg(format_args!("D{fp}{}:{retention}:{}|{response}", held.fence, held.owner))
-                .arg(retention);
-            match self.run(op).await? {
-                redis::Value::Int(n) => Ok(n == 1),
-                other => Err(unexpected(&other)),
-            }
+                .arg(retention)
+                .arg(Holder(held));
+            self.finished(op).await
         })
     }
 
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.held("r", held, "", ""))
+        Box::pin(self.held('r', held, None))
     }
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move { self.held("e", held, &millis(held.lease).to_string(), "").await })
+        Box::pin(async move {
+            let (lease, tail) = lease_and_tail(held.lease, held.retention);
+            self.held('e', held, Some(lease + tail)).await
+        })
     }
 }
