@@ -66,55 +66,29 @@ use crate::Error;
 static OPS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
--- Straight-line code, no function per operation: Redis runs this chunk on
--- every call, and the closures it would create each time cost about a
--- fifth of a lone replay's work on the server. Commands go through
--- redis.pcall, so an item whose command fails (a key of another type, say)
--- replies X<message> and the others go on. A failed command's reply is a
--- table with `err`; `v.err` tells it from a string (whose `err` is nil)
--- without a call of `type`, and each failure becomes its X reply where it
--- happens.
-local fresh, now
--- The clock, read once per call and only if needed: a new record's fence
--- (microseconds), and milliseconds for records of the earlier layout.
-local function tick()
-  if not fresh then
-    local t = redis.call('TIME')
-    fresh = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-end
--- A held record's fence, lease, tail, fingerprint and owner; for a record
--- written by an earlier version (`P<fp 64><fence>:<deadline ms>:<owner>`),
--- its fence, nil, nil, fingerprint, owner and milliseconds left.
-local function held(v)
-  local f, o, lease, tail, fp = string.match(v, '^P(%d+)%.%d+:([^|]*)|(%d+):(%d+):(.*)$')
-  if f then return f, lease, tail, fp, o end
-  local fp2, f2, lu, o2 = string.match(v, '^P(' .. string.rep('.', 64) .. ')(%d+):(%d+):(.*)$')
-  if f2 then
-    tick()
-    return f2, nil, nil, fp2, o2, tonumber(lu) - now
-  end
-end
--- Whether `v` is the record of the holder whose record (as the client
--- rebuilt it) is `mine`: the same fence and owner.
-local function ours(v, mine)
-  local f, _, _, _, o = held(v)
-  local mf, _, _, _, mo = held(mine)
-  return f ~= nil and f == mf and o == mo
-end
-
-local out, j = {}, 1
-for i = 1, #KEYS do
+-- Straight-line code: Redis runs this chunk on every call, and each closure
+-- it makes costs about a thousand instructions, so the helpers of the rare
+-- paths are made only when one of those paths is taken. Commands go
+-- through redis.pcall, so an item whose command fails (a key of another
+-- type, say) replies X<message> and the others go on. A failed command's
+-- reply is a table with `err`; `v.err` tells it from a string (whose `err`
+-- is nil) without a call of `type`.
+local n, j, out, fresh, held, ours = #KEYS, 1
+if n > 1 then out = {} end
+local r
+for i = 1, n do
   local k, a = KEYS[i], ARGV[j]
-  local op = string.byte(a)
-  local r
+  local op, v, mine, ttl = string.byte(a)
+  r = nil
   if op == 46 then
     -- Claim: a the record but for its head (`.<TTL>:...`).
     j = j + 1
-    local v = redis.pcall('GET', k)
+    v = redis.pcall('GET', k)
     if not v then
-      tick()
+      if not fresh then
+        local t = redis.call('TIME')
+        fresh = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+      end
       r = redis.pcall('SET', k, 'P' .. fresh .. a, 'PX', string.sub(a, 2, string.find(a, ':', 2, true) - 1))
       r = r.err and 'X' .. r.err or fresh
     elseif v.err then
@@ -122,7 +96,65 @@ for i = 1, #KEYS do
     elseif string.byte(v) == 68 then
       -- Done: the record whole; the client checks its fingerprint.
       r = v
-    else
+    end
+  elseif op == 68 then
+    -- Complete: a the done record, its TTL, the holder's record. Written
+    -- first, checked after: SET ... XX GET swaps the record in and hands
+    -- back what it replaced, in one command.
+    ttl, mine = ARGV[j + 1], ARGV[j + 2]
+    j = j + 3
+    v = redis.pcall('SET', k, a, 'XX', 'GET', 'PX', ttl)
+    if not v then
+      r = 0
+    elseif v.err then
+      r = 'X' .. v.err
+    elseif v == mine or v == a then
+      r = 1
+    end
+  elseif op == 114 or op == 101 then
+    -- Release (`r`) or extend (`e`): the holder's record; to extend, its TTL.
+    mine, ttl = ARGV[j + 1], ARGV[j + 2]
+    j = j + (op == 114 and 2 or 3)
+    v = redis.pcall('GET', k)
+    if not v then
+      r = 0
+    elseif v.err then
+      r = 'X' .. v.err
+    elseif v == mine then
+      r = op == 114 and redis.pcall('DEL', k) or redis.pcall('PEXPIRE', k, ttl)
+      if type(r) == 'table' then r = 'X' .. r.err end
+    end
+  else
+    r = 'Xunknown operation ' .. a
+    j = j + 1
+  end
+  if r == nil then
+    -- The rare paths: a claim finding a held record, a completion finding
+    -- another record than its holder's, a release or extension by a holder
+    -- built by hand.
+    if not held then
+      -- A held record's fence, lease, tail, fingerprint and owner; for a
+      -- record written by an earlier version
+      -- (`P<fp 64><fence>:<deadline ms>:<owner>`), its fence, nil, nil,
+      -- fingerprint, owner and milliseconds left.
+      held = function(v)
+        local f, o, lease, tail, fp = string.match(v, '^P(%d+)%.%d+:([^|]*)|(%d+):(%d+):(.*)$')
+        if f then return f, lease, tail, fp, o end
+        local fp2, f2, lu, o2 = string.match(v, '^P(' .. string.rep('.', 64) .. ')(%d+):(%d+):(.*)$')
+        if f2 then
+          local t = redis.call('TIME')
+          return f2, nil, nil, fp2, o2, tonumber(lu) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+        end
+      end
+      -- Whether `v` is the record of the holder whose record (as the client
+      -- rebuilt it) is `mine`: the same fence and owner.
+      ours = function(v, mine)
+        local f, _, _, _, o = held(v)
+        local mf, _, _, _, mo = held(mine)
+        return f ~= nil and f == mf and o == mo
+      end
+    end
+    if op == 46 then
       local f, lease, tail, fp, o, left = held(v)
       if not f then
         r = 'Xnot an idem lease record'
@@ -148,81 +180,57 @@ for i = 1, #KEYS do
           end
         end
       end
-    end
-  elseif op == 68 then
-    -- Complete: a the done record, its TTL, the holder's record. Written
-    -- first, checked after: SET ... XX GET swaps the record in and hands
-    -- back what it replaced, in one command. What was not this holder's
-    -- record goes back as it was: another holder's (this one's lease was
-    -- taken over), or this holder's own done record (a repeated completion
-    -- changes nothing). A live lease goes back with at least its time left,
-    -- a done record with its own retention.
-    local ttl, mine = ARGV[j + 1], ARGV[j + 2]
-    j = j + 3
-    local v = redis.pcall('SET', k, a, 'XX', 'GET', 'PX', ttl)
-    if not v then
-      r = 0
-    elseif v.err then
-      r = 'X' .. v.err
-    elseif v == mine or v == a then
-      r = 1
-    elseif ours(v, mine) then
-      -- A holder built by hand: the fingerprint stays the claim's.
-      r = 1
-      local fp = string.sub(v, -64)
-      if fp ~= string.sub(a, 2, 65) then
-        r = redis.pcall('SET', k, 'D' .. fp .. string.sub(a, 66), 'PX', ttl)
-        r = r.err and 'X' .. r.err or 1
-      end
-    else
-      local keep = ttl
-      if string.byte(v) == 68 then
-        keep = string.match(v, '^%d+:(%d+):', 66) or ttl
+    elseif op == 68 then
+      if ours(v, mine) then
+        -- A holder built by hand: the fingerprint stays the claim's.
+        r = 1
+        local fp = string.sub(v, -64)
+        if fp ~= string.sub(a, 2, 65) then
+          r = redis.pcall('SET', k, 'D' .. fp .. string.sub(a, 66), 'PX', ttl)
+          r = r.err and 'X' .. r.err or 1
+        end
       else
-        local f, lease, tail, _, _, left = held(v)
-        if left then
-          keep = string.format('%d', math.max(tonumber(ttl), left))
-        elseif f then
-          keep = string.format('%d', tonumber(lease) + tonumber(tail))
+        -- Not this holder's record: it goes back as it was, another
+        -- holder's (this one's lease was taken over) with at least its time
+        -- left, a done record (this holder's own, if the completion was
+        -- repeated with another answer) with its own retention.
+        local keep = ttl
+        if string.byte(v) == 68 then
+          keep = string.match(v, '^%d+:(%d+):', 66) or ttl
+        else
+          local f, lease, tail, _, _, left = held(v)
+          if left then
+            keep = string.format('%d', math.max(tonumber(ttl), left))
+          elseif f then
+            keep = string.format('%d', tonumber(lease) + tonumber(tail))
+          end
+        end
+        r = redis.pcall('SET', k, v, 'PX', keep)
+        if r.err then
+          r = 'X' .. r.err
+        else
+          local bar = string.find(a, '|', 66, true)
+          r = (bar and string.byte(v) == 68 and string.sub(v, 66, bar) == string.sub(a, 66, bar)) and 1 or 0
         end
       end
-      r = redis.pcall('SET', k, v, 'PX', keep)
-      if r.err then
-        r = 'X' .. r.err
-      else
-        local bar = string.find(a, '|', 66, true)
-        r = (bar and string.byte(v) == 68 and string.sub(v, 66, bar) == string.sub(a, 66, bar)) and 1 or 0
-      end
-    end
-  elseif op == 114 or op == 101 then
-    -- Release (`r`) or extend (`e`): the holder's record; to extend, its TTL.
-    local mine = ARGV[j + 1]
-    j = j + (op == 114 and 2 or 3)
-    local v = redis.pcall('GET', k)
-    if v and v.err then
-      r = 'X' .. v.err
-    elseif v ~= mine and not (v and ours(v, mine)) then
+    elseif not ours(v, mine) then
       r = 0
-    elseif op == 114 then
-      r = redis.pcall('DEL', k)
-    elseif v == mine then
-      r = redis.pcall('PEXPIRE', k, ARGV[j - 1])
     else
-      -- A holder built by hand: its lease, the record's tail.
-      local _, lease = held(mine)
-      local _, _, tail = held(v)
-      r = redis.pcall('PEXPIRE', k, string.format('%d', tonumber(lease) + tonumber(tail)))
+      if op == 114 then
+        r = redis.pcall('DEL', k)
+      else
+        -- Extended by a holder built by hand: its lease, the record's tail.
+        local _, lease = held(mine)
+        local _, _, tail = held(v)
+        r = redis.pcall('PEXPIRE', k, string.format('%d', tonumber(lease) + tonumber(tail)))
+      end
+      if type(r) == 'table' then r = 'X' .. r.err end
     end
-    if type(r) == 'table' then r = 'X' .. r.err end
-  else
-    r = 'Xunknown operation ' .. a
-    j = j + 1
   end
-  out[i] = r
+  if out then out[i] = r end
 end
 -- One item: its reply bare (a one-item table costs more to send).
-if #KEYS == 1 then return out[1] end
-return out
+return out or r
 "#,
     )
 });
