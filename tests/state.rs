@@ -674,3 +674,32 @@ async fn mysql_status_in_another_case_under_a_binary_collation() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Tickets keyed by text where the table's id is `BIGINT`.
+#[idempotent(
+    key = "id",
+    strategy = "state",
+    scope = "tests.state.text_key",
+    transition = "TicketState::Open -> TicketState::Closed"
+)]
+async fn close_ticket_by_text(tx: &mut Transaction<'_, sqlx::Postgres>, id: &str) -> Result<(), AppError> {
+    let _ = &tx;
+    Ok(())
+}
+
+/// PostgreSQL compares a text key with a `BIGINT` column not at all
+/// (`operator does not exist: bigint = text`, with advice to add casts the
+/// user cannot add): the error names the table and column and says to key
+/// the guard with the column's type.
+#[tokio::test]
+async fn postgres_key_of_another_type_than_its_column() {
+    let Some(pool) = common::postgres().await else { return };
+    sqlx::raw_sql("CREATE TABLE IF NOT EXISTS idem_test_tickets (id BIGINT PRIMARY KEY, state VARCHAR(16) NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let err = close_ticket_by_text(&mut tx, "42").await.unwrap_err().to_string();
+    assert!(err.contains("`idem_test_tickets`") && err.contains("the type of `id`"), "{err}");
+    assert!(err.contains("bigint = text"), "the database's words are kept: {err}");
+}

@@ -412,6 +412,30 @@ pub(crate) fn classify<DB: SqlBackend>(err: sqlx::Error) -> Error {
     }
 }
 
+/// [`classify`] for a statement on a state machine's entity table, where a
+/// guard's key or state codes of another type than their columns (a text key
+/// for a `BIGINT` id: PostgreSQL compares strictly, SQLSTATE 42883 or 42804)
+/// get an error that names the table and columns and says what to change,
+/// rather than the database's advice to add casts.
+pub(crate) fn classify_state<DB: SqlBackend>(states: &'static StateTable) -> impl Fn(sqlx::Error) -> Error {
+    move |err| {
+        let said = match err.as_database_error() {
+            Some(d) if d.code().is_some_and(|c| c == "42883" || c == "42804") => d.message().to_owned(),
+            _ => return classify::<DB>(err),
+        };
+        Error::Database(sqlx::Error::Protocol(format!(
+            "a value a `{}` guard compares with a column of `{}` has another type than the column (the database \
+             says: {said}): key the guard with a value of the type of {} (an integer for an integer column, text \
+             for a text column) and store the states as `{}` holds them (`code = N` for a numeric column, \
+             `stored_as = \"name\"` for text)",
+            states.name,
+            states.table,
+            states.key_columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", "),
+            states.status_column,
+        )))
+    }
+}
+
 /// Create idem's record table if it does not exist yet.
 ///
 /// Idempotent and safe to run from several processes at once; call it at

@@ -8,7 +8,9 @@
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
 use crate::record::{Outcome, RecordStatus, report};
-use crate::sql::{Cas, ClaimResult, Conn, ExistingRecord, InsertDone, SqlBackend, classify, in_transaction};
+use crate::sql::{
+    Cas, ClaimResult, Conn, ExistingRecord, InsertDone, SqlBackend, classify, classify_state, in_transaction,
+};
 use crate::strategy::state::{Moved, revert};
 use crate::{Error, Replayable};
 
@@ -126,7 +128,7 @@ pub(crate) async fn claim_record<DB: SqlBackend>(
     for _ in 0..MAX_ATTEMPTS {
         let (claim, moved) = match cas {
             None => (DB::claim(conn, &record).await.map_err(classify::<DB>)?, 0),
-            Some(cas) => DB::claim_transition(conn, &record, cas).await.map_err(classify::<DB>)?,
+            Some(cas) => DB::claim_transition(conn, &record, cas).await.map_err(classify_state::<DB>(cas.states))?,
         };
         if claim == ClaimResult::Claimed {
             return Ok(Claimed::Fresh { moved });

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::guard::{Guard, Prepared};
 use crate::precheck::PrecheckStore;
 use crate::record::{Outcome, report};
-use crate::sql::{Cas, Conn, ReadMode, SqlBackend, classify};
+use crate::sql::{Cas, Conn, ReadMode, SqlBackend, classify_state};
 use crate::state::{SilentRepeat, StateCode, StoredState, Transition};
 use crate::strategy::dedup::{
     Claim, Claimed, MAX_ATTEMPTS, Ticket, claim_record, discard, judge, prechecked, require_transaction,
@@ -144,7 +144,7 @@ async fn move_entity<DB: SqlBackend>(
             let cas = Cas { states, from: &all_from, to, key: &p.entity };
             let rows = match tried.take() {
                 Some(rows) => rows,
-                None => DB::transition(conn, &cas).await.map_err(classify::<DB>)?,
+                None => DB::transition(conn, &cas).await.map_err(classify_state::<DB>(states))?,
             };
             if rows > 0 {
                 return moved_rows(p, t, rows, *only);
@@ -153,7 +153,7 @@ async fn move_entity<DB: SqlBackend>(
                 p,
                 t,
                 DB::TEXT_IGNORES_CASE,
-                DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify::<DB>)?,
+                DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify_state::<DB>(states))?,
             )? {
                 Decision::Repeat => return Ok(Step::Repeat),
                 // It was moved back to the source since: try again.
@@ -167,7 +167,7 @@ async fn move_entity<DB: SqlBackend>(
                 p,
                 t,
                 DB::TEXT_IGNORES_CASE,
-                DB::read_state(conn, &cas, ReadMode::ForUpdate).await.map_err(classify::<DB>)?,
+                DB::read_state(conn, &cas, ReadMode::ForUpdate).await.map_err(classify_state::<DB>(states))?,
             )? {
                 Decision::Repeat => return Ok(Step::Repeat),
                 Decision::Source(i) => i,
@@ -175,7 +175,7 @@ async fn move_entity<DB: SqlBackend>(
         };
         let from = [states.codes[source]];
         let cas = Cas { states, from: &from, to, key: &p.entity };
-        let rows = DB::transition(conn, &cas).await.map_err(classify::<DB>)?;
+        let rows = DB::transition(conn, &cas).await.map_err(classify_state::<DB>(states))?;
         if rows > 0 {
             return moved_rows(p, t, rows, source);
         }
@@ -185,7 +185,12 @@ async fn move_entity<DB: SqlBackend>(
     // the column compares exactly (a `_bin` collation on MySQL). Read it once
     // more, exactly: the second is no state, and an error says so.
     let cas = Cas { states, from: &all_from, to, key: &p.entity };
-    match decide(p, t, false, DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify::<DB>)?)? {
+    match decide(
+        p,
+        t,
+        false,
+        DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify_state::<DB>(states))?,
+    )? {
         Decision::Repeat => Ok(Step::Repeat),
         Decision::Source(_) => Err(p.in_progress(Some(std::time::Duration::ZERO))),
     }
