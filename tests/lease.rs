@@ -178,6 +178,29 @@ macro_rules! lease_suite {
                 assert!(!store.complete(&held("a", a), "\"stale\"").await.unwrap());
             }
 
+            #[tokio::test]
+            async fn a_refused_completion_does_not_renew_the_takers_lease() {
+                let store: Store = store!();
+                let (scope, key) = ("tests.lease.raw", unique("norenew"));
+                let lease = Duration::from_millis(300);
+                let LeaseClaim::Acquired { fence: stale, .. } =
+                    store.claim(&request(scope, &key, "stale", lease)).await.unwrap()
+                else {
+                    panic!("claim")
+                };
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let taken = store.claim(&request(scope, &key, "taker", lease)).await.unwrap();
+                assert!(matches!(taken, LeaseClaim::Acquired { reclaimed: true, .. }), "{taken:?}");
+                // The stale holder's completion is refused, and the taker's
+                // lease keeps its deadline: when it passes, the next caller
+                // takes over (the taker stopped too, say).
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(!store.complete(&holder(scope, &key, "stale", stale, lease), "1").await.unwrap());
+                tokio::time::sleep(Duration::from_millis(170)).await;
+                let next = store.claim(&request(scope, &key, "next", lease)).await.unwrap();
+                assert!(matches!(next, LeaseClaim::Acquired { reclaimed: true, .. }), "{next:?}");
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn racing_reclaimers_one_wins_and_the_stale_owner_cannot_complete() {
                 let store: Store = store!();
@@ -581,6 +604,24 @@ mod redis_batching {
         assert!(store.complete(&HeldLease { retention: Duration::from_secs(60), ..held }, "1").await.unwrap());
         assert_eq!(store.claim(&req).await.unwrap(), LeaseClaim::Done { response: "1".into() });
         let _: () = ::redis::cmd("DEL").arg(&record).query_async(&mut conn).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_owner_id_with_a_bar_is_refused_before_anything_is_written() {
+        let Some((store, mut conn)) = store().await else { return };
+        let (scope, key) = ("tests.lease.bar", unique("bar"));
+        let req = LeaseRequest {
+            scope,
+            key: &key,
+            fingerprint: None,
+            owner: "a|b",
+            lease: Duration::from_secs(5),
+            retention: Duration::from_secs(60),
+        };
+        let err = store.claim(&req).await.unwrap_err().to_string();
+        assert!(err.contains("owner id \"a|b\""), "{err}");
+        let n: i64 = ::redis::cmd("EXISTS").arg(store.record_key(scope, &key)).query_async(&mut conn).await.unwrap();
+        assert_eq!(n, 0);
     }
 
     #[tokio::test]

@@ -4,8 +4,9 @@
 //!
 //! A record is one string at `{prefix}{<key>}:<scope>`: the business key is
 //! the hash tag, so on Redis Cluster every record of one business key lives
-//! in one slot. It holds the status, fingerprint, fence, lease deadline and
-//! owner (or, once done, the response); retention is the key's TTL.
+//! in one slot. It holds the status, fingerprint, fence, owner and lease
+//! length (or, once done, the response); the lease and the retention are the
+//! key's TTL.
 //!
 //! Under concurrency the store batches: while two script calls are in
 //! flight, further operations queue and go out together as one call of the
@@ -26,24 +27,25 @@ use redis::Script;
 use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore, millis};
 use crate::Error;
 
-// A record is one string, written with its TTL by one SET ... PX:
-// `P<fence>.<TTL ms>:<owner>|<lease ms>:<tail ms>:<fp 64>` while held, and
-// `D<fp 64><fence>:<retention ms>:<owner>|<response JSON>` once done (owner
-// ids hold no `|`); `<fp 64>` is the hex fingerprint (SHA-256), or 64 dots
-// without one. A held record's TTL is `lease + tail` (`tail` =
-// `max(lease, retention) - lease`): the lease is the key's TTL less the
-// tail, on Redis's clock, so a held record never changes while its holder
-// runs (an extension only resets the TTL) and the holder knows it exactly.
-// A new record's fence is Redis's clock in microseconds (`TIME`), so a key's
-// fences keep increasing after its record was removed or expired; a
-// take-over adds one.
+// A record is one string:
+// `P<fence>.<TTL ms>:<owner>|<lease ms>:<retention ms>:<fp 64>` while held,
+// and `D<fp 64><fence>:<retention ms>:<owner>|<response JSON>` once done
+// (owner ids hold no `|`); `<fp 64>` is the hex fingerprint (SHA-256), or 64
+// dots without one. A held record is written with the TTL `lease +
+// retention`, so the lease left is the key's TTL less the retention, on
+// Redis's clock; an extension only resets the TTL. A held record therefore
+// stays the string its claim wrote, which its holder can rebuild. A
+// completion keeps the key's TTL: a done record lives for the retention
+// plus what was left of the lease. A new record's fence is Redis's clock in
+// microseconds (`TIME`), so a key's fences keep increasing after its record
+// was removed or expired; a take-over adds one.
 //
 // One script runs every operation, on one key or on a batch of keys:
 // `KEYS[i]` is item i's record and its arguments follow those of the items
 // before it in `ARGV`, the first telling the operation apart:
-// - claim: the record but for its head (`.<TTL>:<owner>|<lease>:<tail>:<fp
+// - claim: the record but for its head (`.<TTL>:<owner>|<lease>:<retention>:<fp
 //   64>`, which the script prefixes with `P<fence>`);
-// - complete: the done record whole (`D...`), its TTL, the holder's record;
+// - complete: the done record whole (`D...`), the holder's record;
 // - release: `r`, the holder's record;
 // - extend: `e`, the holder's record, its TTL.
 // It returns one flat reply per item (a nested table costs Redis more to
@@ -59,10 +61,10 @@ use crate::Error;
 // paths keep both to the least: a replay is one GET, a new claim a GET and a
 // SET (and one TIME per call), a completion one `SET ... XX GET` and a
 // comparison of the record it replaced with the holder's (interned strings:
-// a pointer comparison). The holder's record as the client rebuilds it
-// differs from the stored one only if the holder was built by hand with
-// another lease, retention or fingerprint than its claim: then the record
-// is the holder's if it has the same fence and owner.
+// a pointer comparison). Where they differ the rare path decides: the
+// record is the holder's if it has the same fence and owner (a holder built
+// by hand, or a claim repeated by its owner, with another lease, retention
+// or fingerprint); else it was taken over, released or completed.
 static OPS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -98,12 +100,13 @@ for i = 1, n do
       r = v
     end
   elseif op == 68 then
-    -- Complete: a the done record, its TTL, the holder's record. Written
-    -- first, checked after: SET ... XX GET swaps the record in and hands
-    -- back what it replaced, in one command.
-    ttl, mine = ARGV[j + 1], ARGV[j + 2]
-    j = j + 3
-    v = redis.pcall('SET', k, a, 'XX', 'GET', 'PX', ttl)
+    -- Complete: a the done record, then the holder's record. Written first,
+    -- checked after: SET ... XX GET KEEPTTL swaps the record in and hands
+    -- back what it replaced, in one command, the key's TTL untouched (the
+    -- held record's TTL is its lease left plus the retention).
+    mine = ARGV[j + 1]
+    j = j + 2
+    v = redis.pcall('SET', k, a, 'XX', 'GET', 'KEEPTTL')
     if not v then
       r = 0
     elseif v.err then
@@ -129,9 +132,9 @@ for i = 1, n do
     j = j + 1
   end
   if r == nil then
-    -- The rare paths: a claim finding a held record, a completion finding
-    -- another record than its holder's, a release or extension by a holder
-    -- built by hand.
+    -- The rare paths: a claim finding a held record; a completion, release
+    -- or extension finding another record than the holder's as the client
+    -- rebuilt it.
     if not held then
       -- A held record's fence, lease, tail, fingerprint and owner; for a
       -- record written by an earlier version
@@ -146,12 +149,13 @@ for i = 1, n do
           return f2, nil, nil, fp2, o2, tonumber(lu) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
         end
       end
-      -- Whether `v` is the record of the holder whose record (as the client
-      -- rebuilt it) is `mine`: the same fence and owner.
+      -- Whether `v` (of this layout) is the record of the holder whose
+      -- record (as the client rebuilt it) is `mine`: the same fence and
+      -- owner.
       ours = function(v, mine)
-        local f, _, _, _, o = held(v)
+        local f, _, tail, _, o = held(v)
         local mf, _, _, _, mo = held(mine)
-        return f ~= nil and f == mf and o == mo
+        return tail ~= nil and f == mf and o == mo
       end
     end
     if op == 46 then
@@ -160,7 +164,9 @@ for i = 1, n do
         r = 'Xnot an idem lease record'
       else
         local co, cfp = string.match(a, '^%.%d+:([^|]*)|%d+:%d+:(.*)$')
-        if string.byte(cfp) ~= 46 and string.byte(fp) ~= 46 and fp ~= cfp then
+        if not cfp then
+          r = 'Xmalformed claim'
+        elseif string.byte(cfp) ~= 46 and string.byte(fp) ~= 46 and fp ~= cfp then
           r = 'M'
         elseif o == co then
           r = 'A' .. f
@@ -186,26 +192,15 @@ for i = 1, n do
         r = 1
         local fp = string.sub(v, -64)
         if fp ~= string.sub(a, 2, 65) then
-          r = redis.pcall('SET', k, 'D' .. fp .. string.sub(a, 66), 'PX', ttl)
+          r = redis.pcall('SET', k, 'D' .. fp .. string.sub(a, 66), 'XX', 'KEEPTTL')
           r = r.err and 'X' .. r.err or 1
         end
       else
-        -- Not this holder's record: it goes back as it was, another
-        -- holder's (this one's lease was taken over) with at least its time
-        -- left, a done record (this holder's own, if the completion was
-        -- repeated with another answer) with its own retention.
-        local keep = ttl
-        if string.byte(v) == 68 then
-          keep = string.match(v, '^%d+:(%d+):', 66) or ttl
-        else
-          local f, lease, tail, _, _, left = held(v)
-          if left then
-            keep = string.format('%d', math.max(tonumber(ttl), left))
-          elseif f then
-            keep = string.format('%d', tonumber(lease) + tonumber(tail))
-          end
-        end
-        r = redis.pcall('SET', k, v, 'PX', keep)
+        -- Not this holder's record: it goes back exactly as it was, TTL
+        -- and all: another holder's (this one's lease was taken over), or a
+        -- done record (this holder's own, if the completion was repeated
+        -- with another answer).
+        r = redis.pcall('SET', k, v, 'XX', 'KEEPTTL')
         if r.err then
           r = 'X' .. r.err
         else
@@ -632,8 +627,9 @@ fn items(reply: redis::Value, n: usize) -> Result<Vec<redis::Value>, redis::Valu
 
 /// `EVALSHA` of the script over `ops`, loading it first if the server
 /// does not have it; a dropped connection is tried once more (every
-/// operation is safe to repeat: a claim finds its own record, the others
-/// are conditional on owner and fence).
+/// operation is safe to repeat: a claim finds its own record, though a
+/// repeated take-over then reports a plain claim, not `reclaimed`; the
+/// others are conditional on owner and fence).
 async fn eval<'o, C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
     ops: impl Iterator<Item = &'o Op> + Clone,
@@ -685,11 +681,11 @@ fn item_reply(item: redis::Value) -> Result<redis::Value, Error> {
     Ok(item)
 }
 
-/// A held record's lease and tail in milliseconds: its TTL is their sum,
-/// `max(lease, retention)`, and the lease left is the TTL less the tail.
-fn lease_and_tail(lease: std::time::Duration, retention: std::time::Duration) -> (i64, i64) {
-    let lease = millis(lease);
-    (lease, millis(retention).saturating_sub(lease).max(0))
+/// A held record's lease and retention in milliseconds, and its TTL (their
+/// sum): the lease left is the key's TTL less the retention.
+fn held_times(lease: std::time::Duration, retention: std::time::Duration) -> (i64, i64, i64) {
+    let (lease, retention) = (millis(lease), millis(retention));
+    (lease, retention, lease.saturating_add(retention))
 }
 
 /// The record of `held`'s holder, as its claim wrote it (see the script).
@@ -698,9 +694,9 @@ struct Holder<'a>(&'a HeldLease<'a>);
 impl std::fmt::Display for Holder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let held = self.0;
-        let (lease, tail) = lease_and_tail(held.lease, held.retention);
+        let (lease, retention, ttl) = held_times(held.lease, held.retention);
         let fp = held.fingerprint.map_or(Cow::Borrowed(NO_FINGERPRINT), fingerprint64);
-        write!(f, "P{}.{}:{}|{lease}:{tail}:{fp}", held.fence, lease + tail, held.owner)
+        write!(f, "P{}.{ttl}:{}|{lease}:{retention}:{fp}", held.fence, held.owner)
     }
 }
 
@@ -818,12 +814,16 @@ where
         Box::pin(async move {
             let fingerprint = req.fingerprint.map(fingerprint64);
             let fp = fingerprint.as_deref().unwrap_or(NO_FINGERPRINT);
-            let (lease, tail) = lease_and_tail(req.lease, req.retention);
-            let op = Op::new(&self.prefix, req.scope, req.key).arg(format_args!(
-                ".{}:{}|{lease}:{tail}:{fp}",
-                lease + tail,
-                req.owner
-            ));
+            if req.owner.contains('|') {
+                // The records separate the owner with `|`.
+                return Err(store_message(&format!(
+                    "owner id {:?} holds a `|`, which Redis records cannot",
+                    req.owner
+                )));
+            }
+            let (lease, retention, ttl) = held_times(req.lease, req.retention);
+            let op = Op::new(&self.prefix, req.scope, req.key)
+                .arg(format_args!(".{ttl}:{}|{lease}:{retention}:{fp}", req.owner));
             claim_reply(self.run(op).await?, fingerprint.as_deref())
         })
     }
@@ -835,7 +835,6 @@ where
             let retention = millis(held.retention);
             let op = Op::new(&self.prefix, held.scope, held.key)
                 .arg(format_args!("D{fp}{}:{retention}:{}|{response}", held.fence, held.owner))
-                .arg(retention)
                 .arg(Holder(held));
             self.finished(op).await
         })
@@ -847,8 +846,8 @@ where
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let (lease, tail) = lease_and_tail(held.lease, held.retention);
-            self.held('e', held, Some(lease + tail)).await
+            let (_, _, ttl) = held_times(held.lease, held.retention);
+            self.held('e', held, Some(ttl)).await
         })
     }
 }
