@@ -74,7 +74,10 @@ pub(crate) fn judge_row(req: &LeaseRequest<'_>, row: LeaseRow) -> LeaseClaim {
     if row.status == "DONE" {
         return LeaseClaim::Done { response: row.response.unwrap_or_else(|| "null".to_owned()) };
     }
-    let left = row.lease_left_ms.unwrap_or(0).max(0);
+    // At most the lease: on MySQL/MariaDB `UTC_TIMESTAMP(6)` is the time the
+    // statement began, and a read that began before the claim and waited on
+    // its row lock computes a little more than a whole lease left.
+    let left = row.lease_left_ms.unwrap_or(0).clamp(0, super::millis(req.lease));
     LeaseClaim::Busy { retry_after: std::time::Duration::from_millis(left as u64) }
 }
 
