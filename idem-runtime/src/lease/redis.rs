@@ -136,7 +136,8 @@ for i = 1, n do
     -- or extension finding another record than the holder's as the client
     -- rebuilt it.
     if not held then
-      -- A held record's fence, lease, tail, fingerprint and owner; for a
+      -- A held record's fence, lease, tail (the retention: the TTL less the
+      -- lease), fingerprint and owner; for a
       -- record written by an earlier version
       -- (`P<fp 64><fence>:<deadline ms>:<owner>`), its fence, nil, nil,
       -- fingerprint, owner and milliseconds left.
@@ -214,7 +215,8 @@ for i = 1, n do
       if op == 114 then
         r = redis.pcall('DEL', k)
       else
-        -- Extended by a holder built by hand: its lease, the record's tail.
+        -- Extended by a holder built by hand: its lease plus the record's
+        -- tail.
         local _, lease = held(mine)
         local _, _, tail = held(v)
         r = redis.pcall('PEXPIRE', k, string.format('%d', tonumber(lease) + tonumber(tail)))
