@@ -180,7 +180,7 @@ impl LeaseTicket<'_> {
     fn lost(&self) -> Error {
         let p = &self.prepared;
         tracing::error!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), fence = self.fence,
-            store = self.store.kind(), "lease lost: another worker took the record over (or the store lost it)");
+            store = self.store.kind(), "lease lost: another worker took the record over, the store lost it, or it could not be renewed in time");
         Error::LeaseLost { scope: p.spec.scope.to_owned(), key_hash: p.key.hash() }
     }
 }
