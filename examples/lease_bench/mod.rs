@@ -272,6 +272,32 @@ pub async fn run_only(
     Ok(())
 }
 
+/// `op(i, key)` over `keys` from `tasks` tasks, each taking a contiguous
+/// share in order (`i` counts within the share, the same on every pass).
+fn in_tasks<F, Fut>(keys: &[String], tasks: usize, op: F) -> impl Future<Output = Result<(), BoxError>> + use<F, Fut>
+where
+    F: Fn(usize, String) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    let chunks: Vec<Vec<String>> = keys.chunks(keys.len().div_ceil(tasks.max(1))).map(<[String]>::to_vec).collect();
+    async move {
+        let mut handles = Vec::new();
+        for chunk in chunks {
+            let op = op.clone();
+            handles.push(tokio::spawn(async move {
+                for (i, key) in chunk.into_iter().enumerate() {
+                    op(i, key).await?;
+                }
+                Ok::<(), BoxError>(())
+            }));
+        }
+        for h in handles {
+            h.await.expect("task")?;
+        }
+        Ok(())
+    }
+}
+
 /// `--callgrind-out FILE`: Redis runs under `valgrind --tool=callgrind
 /// --callgrind-out-file=FILE`; count the instructions the server spends per
 /// call, idem's and the peer's. Unlike calls per second on a shared machine,
@@ -322,25 +348,11 @@ pub async fn run_instructions(redis_url: &str, out: &str, calls: u64, clients: u
         let store: Arc<dyn LeaseStore> = Arc::new(redis.clone());
         let keys: Vec<String> = (0..calls).map(|i| format!("I{run}-{tasks}-{i}")).collect();
         let each = |keys: &[String]| {
-            let keys: Vec<Arc<Vec<String>>> =
-                keys.chunks(keys.len().div_ceil(tasks as usize)).map(|c| Arc::new(c.to_vec())).collect();
             let store = store.clone();
-            async move {
-                let mut handles = Vec::new();
-                for chunk in keys {
-                    let store = store.clone();
-                    handles.push(tokio::spawn(async move {
-                        for (i, key) in chunk.iter().enumerate() {
-                            guarded(&*store, key, i as u64).await?;
-                        }
-                        Ok::<(), AppError>(())
-                    }));
-                }
-                for h in handles {
-                    h.await.expect("task")?;
-                }
-                Ok::<(), AppError>(())
-            }
+            in_tasks(keys, tasks as usize, move |i, key| {
+                let store = store.clone();
+                async move { guarded(&*store, &key, i as u64).await.map(drop).map_err(BoxError::from) }
+            })
         };
         each(&keys[..10]).await?; // scripts loaded, connection warm
         let before = redis.stats();
@@ -366,28 +378,13 @@ pub async fn run_instructions(redis_url: &str, out: &str, calls: u64, clients: u
     for tasks in [1, clients.max(2)] {
         let keys: Vec<String> = (0..calls).map(|i| format!("I{run}-p{tasks}-{i}")).collect();
         let each = |keys: &[String], replay: bool| {
-            let chunks: Vec<Vec<String>> = keys.chunks(keys.len().div_ceil(tasks)).map(<[String]>::to_vec).collect();
             let peer = peer.clone();
-            async move {
-                let mut handles = Vec::new();
-                for chunk in chunks {
-                    let peer = peer.clone();
-                    handles.push(tokio::spawn(async move {
-                        for key in chunk {
-                            if replay {
-                                peer::replay(&peer.store, key).await?;
-                            } else {
-                                peer::first(&peer.store, key).await?;
-                            }
-                        }
-                        Ok::<(), BoxError>(())
-                    }));
+            in_tasks(keys, tasks, move |_, key| {
+                let peer = peer.clone();
+                async move {
+                    if replay { peer::replay(&peer.store, key).await } else { peer::first(&peer.store, key).await }
                 }
-                for h in handles {
-                    h.await.expect("task")?;
-                }
-                Ok::<(), BoxError>(())
-            }
+            })
         };
         each(&keys[..10], false).await?;
         each(&keys[..10], true).await?;

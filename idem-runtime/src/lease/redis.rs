@@ -116,8 +116,13 @@ for i = 1, n do
     end
   elseif op == 114 or op == 101 then
     -- Release (`r`) or extend (`e`): the holder's record; to extend, its TTL.
-    mine, ttl = ARGV[j + 1], ARGV[j + 2]
-    j = j + (op == 114 and 2 or 3)
+    mine = ARGV[j + 1]
+    if op == 114 then
+      j = j + 2
+    else
+      ttl = ARGV[j + 2]
+      j = j + 3
+    end
     v = redis.pcall('GET', k)
     if not v then
       r = 0
