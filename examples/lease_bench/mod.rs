@@ -229,15 +229,27 @@ pub async fn run_only(
         }
     };
     let mut t = [0.0; 3];
+    // idem on Redis: operations per script call, first runs and replays.
+    let mut batches = None;
     let (name, first, replay) = match only {
         Only::Idem => {
             let under = open(database_url, redis_url, clients).await?;
+            let stats = || under.redis_stats.as_ref().map(|s| s());
             t[0] = cpu().await?;
+            let s0 = stats();
             let first = idem_first(&under.store, clients, length, &run).await;
+            let s1 = stats();
             t[1] = cpu().await?;
             let keys = completed_keys(&under.store, &format!("R{run}-{clients}-"), 1000).await?;
             t[2] = cpu().await?;
+            let s2 = stats();
             let replay = idem_replay(&under.store, clients, length, keys).await;
+            if let (Some(s0), Some(s1), Some(s2), Some(s3)) = (s0, s1, s2, stats()) {
+                let mean = |a: idem::lease::RedisStats, b: idem::lease::RedisStats| {
+                    (b.operations - a.operations) as f64 / (b.script_calls - a.script_calls).max(1) as f64
+                };
+                batches = Some((mean(s0, s1), mean(s2, s3)));
+            }
             if let Some(s) = under.sql {
                 s.close().await;
             }
@@ -267,6 +279,9 @@ pub async fn run_only(
             us(t[1] - t[0], first),
             us(t3 - t[2], replay)
         ));
+    }
+    if let Some((first, replay)) = batches {
+        line.push_str(&format!(" mean_batch_first={first:.1} mean_batch_replay={replay:.1}"));
     }
     println!("{line}");
     Ok(())
