@@ -209,6 +209,49 @@ macro_rules! suite {
             }
 
             #[tokio::test]
+            async fn ttls_no_store_can_keep_are_refused_and_a_wait_of_duration_max_waits() {
+                let store: Shared = store!();
+                let year = Duration::from_secs(31_557_600);
+                for ttl in [Duration::ZERO, Duration::from_micros(999), 101 * year, Duration::MAX] {
+                    // A zero TTL used to issue a token that was never valid
+                    // (and take a lock nobody held); a huge one failed in
+                    // the store with its own words, or overflowed.
+                    let r = idem::token::issue(&*store, ORDERS, ttl).await;
+                    assert!(
+                        matches!(r, Err(Error::InvalidDuration { what: "token TTL", duration, .. }) if duration == ttl),
+                        "{ttl:?}: {r:?}"
+                    );
+                    let name = unique("lock.ttl");
+                    let r = idem::lock::acquire(&*store, &name, ttl, Duration::ZERO).await.map(|held| held.fence());
+                    assert!(matches!(r, Err(Error::InvalidDuration { what: "lock TTL", .. })), "{ttl:?}: {r:?}");
+                    // Nothing was taken: the name is free.
+                    let held = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+                    assert!(held.release().await.unwrap());
+                }
+                let message = idem::token::issue(&*store, ORDERS, Duration::ZERO).await.unwrap_err().to_string();
+                assert!(message.contains("token TTL of 0ns") && message.contains("at least a millisecond"), "{message}");
+                // The edges pass.
+                idem::token::issue(&*store, ORDERS, Duration::from_millis(1)).await.unwrap();
+                idem::token::issue(&*store, ORDERS, 100 * year).await.unwrap();
+
+                // `Duration::MAX` as the wait ("as long as it takes") used to
+                // panic on the deadline's overflow. Here the holder lets go
+                // after 100 ms and the waiter gets the lock.
+                let name = unique("lock.wait");
+                let first = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+                let waiter = {
+                    let (store, name) = (store.clone(), name.clone());
+                    tokio::spawn(async move {
+                        let held = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::MAX).await?;
+                        held.release().await
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                assert!(first.release().await.unwrap());
+                assert!(tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap().unwrap());
+            }
+
+            #[tokio::test]
             async fn forged_missing_and_foreign_tokens_are_rejected_without_spending_others() {
                 let store: Shared = store!();
                 let runs = AtomicUsize::new(0);

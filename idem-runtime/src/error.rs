@@ -135,6 +135,19 @@ pub enum Error {
         key_hash: String,
     },
 
+    /// A duration given at run time cannot be kept: a token's or a lock's
+    /// TTL of zero (or under a millisecond, the finest any store keeps), or
+    /// over 100 years (what every store can count). Nothing was written.
+    #[error("{what} of {duration:?} cannot be used: {reason}; give at least a millisecond and at most 100 years")]
+    InvalidDuration {
+        /// Which duration: `token TTL`, `lock TTL`.
+        what: &'static str,
+        /// The duration given.
+        duration: Duration,
+        /// Why it cannot be used.
+        reason: &'static str,
+    },
+
     /// The idempotency key cannot be used (empty, missing, or malformed).
     #[error("invalid idempotency key in scope `{scope}`: {reason}")]
     InvalidKey {
@@ -220,6 +233,25 @@ impl Error {
             _ => false,
         }
     }
+}
+
+/// The longest duration any store keeps: 100 years as humantime counts them
+/// (the attribute's arguments have the same bound, checked at compile time).
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// `duration` as a TTL some store will hold: at least a millisecond (the
+/// finest any store keeps; under it Redis would hold nothing) and at most
+/// [`MAX_DURATION`] (beyond it Redis and the SQL databases refuse or
+/// overflow).
+pub(crate) fn check_ttl(what: &'static str, duration: Duration) -> Result<Duration> {
+    let reason = if duration < Duration::from_millis(1) {
+        "nothing would be held"
+    } else if duration > MAX_DURATION {
+        "longer than any store keeps"
+    } else {
+        return Ok(duration);
+    };
+    Err(Error::InvalidDuration { what, duration, reason })
 }
 
 /// `Result` with [`Error`].

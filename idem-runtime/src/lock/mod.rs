@@ -191,7 +191,9 @@ impl<S: LockStore + ?Sized> HeldLock<'_, S> {
 }
 
 /// Take lock `name` for `ttl`, waiting up to `wait` for it to be free;
-/// [`Error::LockBusy`] if it is still held then.
+/// [`Error::LockBusy`] if it is still held then. `wait` may be
+/// `Duration::MAX` (wait as long as it takes); a `ttl` under a millisecond
+/// or over 100 years is [`Error::InvalidDuration`].
 ///
 /// ```
 /// # async fn demo() -> Result<(), idem_runtime::Error> {
@@ -222,14 +224,16 @@ pub(crate) async fn acquire_as<S: LockStore + ?Sized>(
     ttl: Duration,
     wait: Duration,
 ) -> Result<i64, Error> {
-    let deadline = tokio::time::Instant::now() + wait;
+    let ttl = crate::error::check_ttl("lock TTL", ttl)?;
+    // A wait too long to count (`Duration::MAX`) waits for as long as it takes.
+    let deadline = tokio::time::Instant::now().checked_add(wait);
     let mut pause = Duration::from_millis(2);
     loop {
         match store.acquire(name, owner, ttl).await? {
             LockAttempt::Acquired { fence } => return Ok(fence),
             LockAttempt::Busy { retry_after } => {
                 let now = tokio::time::Instant::now();
-                if now >= deadline {
+                if deadline.is_some_and(|d| now >= d) {
                     return Err(Error::LockBusy { name: name.to_owned(), retry_after: Some(retry_after) });
                 }
                 // Poll again soon (the holder may release early), backing
@@ -238,7 +242,7 @@ pub(crate) async fn acquire_as<S: LockStore + ?Sized>(
                 // waiters who started together do not all retry at the same
                 // instants (and leave a freed lock idle in between).
                 let upper = pause.min(retry_after.max(Duration::from_millis(1)));
-                let sleep = jitter(upper).min(deadline - now);
+                let sleep = deadline.map_or(jitter(upper), |d| jitter(upper).min(d - now));
                 tokio::time::sleep(sleep).await;
                 pause = (pause * 2).min(Duration::from_millis(50));
             }

@@ -85,7 +85,8 @@ impl<S: TokenStore + ?Sized> TokenStore for &S {
 }
 
 /// Issue a one-time token for `scope` (the `scope` of the guard that will
-/// consume it), valid for `ttl`: 128 random bits as 32 hex digits.
+/// consume it), valid for `ttl`: 128 random bits as 32 hex digits. A `ttl`
+/// under a millisecond or over 100 years is [`Error::InvalidDuration`].
 ///
 /// ```
 /// # async fn demo() -> Result<(), idem_runtime::Error> {
@@ -96,6 +97,7 @@ impl<S: TokenStore + ?Sized> TokenStore for &S {
 /// # Ok(()) }
 /// ```
 pub async fn issue<S: TokenStore + ?Sized>(store: &S, scope: &str, ttl: Duration) -> Result<String, Error> {
+    let ttl = crate::error::check_ttl("token TTL", ttl)?;
     let token = new_token()?;
     store.put(&crate::guard::stored_scope(scope), &token, ttl).await?;
     Ok(token)
