@@ -194,7 +194,18 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
             ));
             None
         }
-        ReturnType::Type(_, ty) if is_result(ty) => Some((**ty).clone()),
+        ReturnType::Type(_, ty) if is_result(ty) => {
+            if let Some(err) = sqlx_error(ty) {
+                errors.push(syn::Error::new_spanned(
+                    err,
+                    "`sqlx::Error` cannot carry idem's own errors (a key used with another payload, a call still \
+                     in progress, a lost lease): it converts only from database errors. Return an error type of \
+                     your own with a `#[from] idem::Error` variant (thiserror) beside `#[from] sqlx::Error`, or \
+                     `anyhow::Error`",
+                ));
+            }
+            Some((**ty).clone())
+        }
         ReturnType::Type(_, ty) => {
             errors.push(syn::Error::new_spanned(
                 ty,
@@ -775,6 +786,32 @@ fn is_result(ty: &Type) -> bool {
     named(ty, false).is_some_and(|s| s.ident == "Result")
 }
 
+/// Where `ty` names `sqlx::Error` as its error type: `Result<T, sqlx::Error>`
+/// (the error argument), or sqlx's alias `sqlx::Result<T>` (the whole type).
+fn sqlx_error(ty: &Type) -> Option<&dyn ToTokens> {
+    let path = &path_type(ty, false)?.path;
+    let is_sqlx = |p: &syn::Path, last: &str| {
+        let names: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+        names.len() >= 2 && names[names.len() - 2] == "sqlx" && names[names.len() - 1] == last
+    };
+    let args: Vec<&Type> = match &path.segments.last()?.arguments {
+        syn::PathArguments::AngleBracketed(args) => args
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                syn::GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    match args.as_slice() {
+        [_] if is_sqlx(path, "Result") => Some(ty),
+        [_, err] if path_type(err, false).is_some_and(|p| p.qself.is_none() && is_sqlx(&p.path, "Error")) => Some(*err),
+        _ => None,
+    }
+}
+
 fn parse_strategy(name: &str, span: Span) -> Result<Strategy, syn::Error> {
     let normalized: String = name.chars().filter(|c| !c.is_whitespace()).collect();
     match STRATEGIES.iter().find(|(n, _)| *n == normalized) {
@@ -1021,8 +1058,10 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: Strategy) -> Resul
         [] => Err(syn::Error::new(
             sig.ident.span(),
             format!(
-                "strategy `{}` {doing}, but `{}` takes none: add a parameter `tx: &mut sqlx::Transaction<'_, DB>` \
-                 (or mark yours with `#[idem(tx)]`) so {} with your change",
+                "strategy `{}` {doing}, but no parameter of `{}` is one idem knows as a transaction \
+                 (`&mut sqlx::Transaction<'_, DB>`, `&mut sqlx::PgTransaction<'_>` and the like): add a parameter \
+                 `tx: &mut sqlx::Transaction<'_, DB>`, or mark yours with `#[idem(tx)]` if it is one under another \
+                 name (a type alias, a wrapper of your own), so {} with your change",
                 strategy.name(),
                 sig.ident,
                 if strategy.moves_state() {
@@ -1059,8 +1098,14 @@ fn connection_or_pool(ty: &Type) -> Option<&'static str> {
     }
 }
 
+/// `Transaction<'_, DB>`, or one of sqlx's aliases for it.
 fn names_transaction(ty: &Type) -> bool {
-    path_type(ty, true).and_then(|p| p.path.segments.last()).is_some_and(|s| s.ident == "Transaction")
+    path_type(ty, true).and_then(|p| p.path.segments.last()).is_some_and(|s| {
+        s.ident == "Transaction"
+            || s.ident == "PgTransaction"
+            || s.ident == "MySqlTransaction"
+            || s.ident == "SqliteTransaction"
+    })
 }
 
 fn require_mut_ref(ty: &Type) -> Result<(), syn::Error> {

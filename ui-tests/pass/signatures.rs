@@ -36,6 +36,34 @@ pub async fn on_pay(tx: &mut Transaction<'_, Postgres>, event: &PayCallback) -> 
     Ok(Receipt { coupon_id: 1 })
 }
 
+/// sqlx's own names for a transaction.
+#[idempotent(key = "trade_no", scope = "aliases.pg")]
+async fn pg_alias(tx: &mut sqlx::PgTransaction<'_>, trade_no: &str) -> Result<(), AppError> {
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    let _ = trade_no;
+    Ok(())
+}
+
+#[idempotent(key = "trade_no", scope = "aliases.mysql")]
+async fn mysql_alias(tx: &mut sqlx::MySqlTransaction<'_>, trade_no: &str) -> Result<(), AppError> {
+    let _ = (tx, trade_no);
+    Ok(())
+}
+
+#[idempotent(key = "trade_no", scope = "aliases.sqlite", claim = "after")]
+async fn sqlite_alias(tx: &mut sqlx::SqliteTransaction<'_>, trade_no: &str) -> Result<(), AppError> {
+    let _ = (tx, trade_no);
+    Ok(())
+}
+
+/// `anyhow::Error` as the error type: it converts from `idem::Error` too.
+#[idempotent(key = "trade_no", scope = "errors.anyhow")]
+async fn anyhow_error(tx: &mut Transaction<'_, Postgres>, trade_no: &str) -> anyhow::Result<u32> {
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    let _ = trade_no;
+    Ok(1)
+}
+
 /// Composite key; MySQL; named lifetimes.
 #[idempotent(key = "event.user_id, event.request_id", source = "rpc")]
 async fn named_lifetimes<'a, 'c>(tx: &'a mut Transaction<'c, MySql>, event: &'a PayCallback) -> Result<String, AppError> {
