@@ -64,9 +64,7 @@ impl<T: IdempotencyKey + ?Sized> IdempotencyKey for &T {
 
 impl IdempotencyKey for str {
     fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
-        if self.is_empty() {
-            return Err("is an empty string");
-        }
+        blank(self)?;
         // Escape the part separator so ("a:b", "c") and ("a", "b:c") differ,
         // and NUL, which PostgreSQL text cannot hold, as `\0`.
         for c in self.chars() {
@@ -82,10 +80,21 @@ impl IdempotencyKey for str {
         Ok(())
     }
     fn sql_key(&self) -> Result<SqlKey, &'static str> {
-        if self.is_empty() {
-            return Err("is an empty string");
-        }
+        blank(self)?;
         Ok(SqlKey::Text(self.to_owned()))
+    }
+}
+
+/// An empty or all-whitespace text is no business key (a field never filled
+/// in, a padded `CHAR` column): taken as one, it would put unrelated requests
+/// under one record and replay one's answer to the others.
+fn blank(text: &str) -> Result<(), &'static str> {
+    if text.is_empty() {
+        Err("is an empty string")
+    } else if text.trim().is_empty() {
+        Err("is only whitespace")
+    } else {
+        Ok(())
     }
 }
 
@@ -366,6 +375,20 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(Key::new("").is_err());
+        // Whitespace only is no key either (a padded CHAR column, a field
+        // filled with a space): it would put unrelated requests under one
+        // record. Whitespace around a real key stays part of it.
+        for blank in [" ", "\t", " \r\n ", "\u{3000}"] {
+            let e = KeyBuilder::new("pay", "event.trade_no").part(blank).finish();
+            match e {
+                Err(Error::InvalidKey { reason, .. }) => {
+                    assert_eq!(reason, "key part `event.trade_no` is only whitespace", "{blank:?}")
+                }
+                other => panic!("{blank:?}: {other:?}"),
+            }
+            assert!(blank.sql_key().is_err());
+        }
+        assert_ne!(Key::new(" T1").unwrap(), Key::new("T1").unwrap());
     }
 
     #[test]
