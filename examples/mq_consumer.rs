@@ -19,12 +19,11 @@
 //! ```text
 //! cargo run --example mq_consumer          # in-process queue, memory markers, SQLite
 //! cargo run --example mq_consumer -- --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f \
-//!     --redis-url redis://127.0.0.1:6379/3 --database-url postgres://postgres@127.0.0.1:5432/test
+//!     --redis-url redis://127.0.0.1:6379/ --database-url postgres://postgres@127.0.0.1:5432/test
 //! ```
 //!
-//! The flush halfway is `FLUSHDB` on the database the Redis URL names: give
-//! the example a database of its own (`/3` above). On database 0, which
-//! tests and other programs share, it deletes only this run's markers.
+//! The flush halfway deletes this run's markers (its keys' prefix), never
+//! anything else in the database the Redis URL names.
 
 mod common;
 
@@ -170,20 +169,15 @@ async fn consume<DB: Ledger>(
 /// Redis for the markers, and the flush halfway through.
 struct Redis {
     conn: redis::aio::ConnectionManager,
-    db: i64,
     prefix: String,
 }
 
 impl Redis {
-    /// Every marker gone: `FLUSHDB` on a database of the example's own; on
-    /// database 0, which others share, this run's markers only.
+    /// Every marker gone, as after a failover or a FLUSHALL: this run's
+    /// markers deleted (never the whole database, which others may share).
     async fn flush(&mut self) -> Result<String, redis::RedisError> {
-        if self.db != 0 {
-            redis::cmd("FLUSHDB").query_async::<()>(&mut self.conn).await?;
-            return Ok(format!("FLUSHDB on Redis database {}", self.db));
-        }
         let n = self.forget().await?;
-        Ok(format!("deleted this run's {n} markers (database 0 is shared; a database of its own gets FLUSHDB)"))
+        Ok(format!("deleted this run's {n} markers"))
     }
 
     /// Delete this run's markers.
@@ -200,7 +194,7 @@ struct Args {
     /// RabbitMQ, e.g. amqp://guest:guest@127.0.0.1:5672/%2f; default: an in-process queue.
     #[arg(long)]
     amqp_url: Option<String>,
-    /// Redis for the precheck markers, e.g. redis://127.0.0.1:6379/3; default: in process memory.
+    /// Redis for the precheck markers, e.g. redis://127.0.0.1:6379/; default: in process memory.
     #[arg(long)]
     redis_url: Option<String>,
     /// postgres://..., mysql://... or sqlite:PATH; default: SQLite in a temporary file.
@@ -277,10 +271,9 @@ where
     let precheck: Arc<dyn PrecheckStore> = match &args.redis_url {
         Some(url) => {
             let client = redis::Client::open(url.as_str())?;
-            let db = client.get_connection_info().redis_settings().db();
             let conn = redis::aio::ConnectionManager::new(client).await?;
             let prefix = format!("idem-mq-{run}:");
-            redis = Some(Redis { conn: conn.clone(), db, prefix: prefix.clone() });
+            redis = Some(Redis { conn: conn.clone(), prefix: prefix.clone() });
             Arc::new(idem::RedisStore::new(conn, prefix))
         }
         None => Arc::new(idem::MemoryStore::new()),
