@@ -294,8 +294,8 @@
 //!   comma-separated parts make a composite key (`key = "req.user_id,
 //!   req.request_id"`). Parts must be strings, integers, `char`, `bool`, UUIDs
 //!   (feature `uuid`) or `Option`s of these ([`IdempotencyKey`]); floats and
-//!   structs are refused at compile time. An empty string or `None` part is
-//!   refused at run time with [`Error::InvalidKey`]. Keys over 128 bytes are
+//!   structs are refused at compile time. An empty or all-whitespace string
+//!   or a `None` part is refused at run time with [`Error::InvalidKey`]. Keys over 128 bytes are
 //!   stored as their SHA-256.
 //! - **`strategy`**: `"dedup"` (the default), `"state"` or `"dedup+state"`
 //!   (see [state machines](#state-machines)), `"lease"` (see

@@ -790,9 +790,10 @@ fn is_result(ty: &Type) -> bool {
 /// (the error argument), or sqlx's alias `sqlx::Result<T>` (the whole type).
 fn sqlx_error(ty: &Type) -> Option<&dyn ToTokens> {
     let path = &path_type(ty, false)?.path;
+    // `sqlx::Error`, `sqlx::error::Error`, `::sqlx::Result`.
     let is_sqlx = |p: &syn::Path, last: &str| {
         let names: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
-        names.len() >= 2 && names[names.len() - 2] == "sqlx" && names[names.len() - 1] == last
+        names.len() >= 2 && names[0] == "sqlx" && names[names.len() - 1] == last
     };
     let args: Vec<&Type> = match &path.segments.last()?.arguments {
         syn::PathArguments::AngleBracketed(args) => args
@@ -1061,7 +1062,7 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: Strategy) -> Resul
                 "strategy `{}` {doing}, but no parameter of `{}` is one idem knows as a transaction \
                  (`&mut sqlx::Transaction<'_, DB>`, `&mut sqlx::PgTransaction<'_>` and the like): add a parameter \
                  `tx: &mut sqlx::Transaction<'_, DB>`, or mark yours with `#[idem(tx)]` if it is one under another \
-                 name (a type alias, a wrapper of your own), so {} with your change",
+                 name (a type alias; a wrapper of your own implementing `idem::TxContext`), so {} with your change",
                 strategy.name(),
                 sig.ident,
                 if strategy.moves_state() {

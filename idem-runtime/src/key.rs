@@ -14,8 +14,9 @@ pub const MAX_PLAIN_KEY_LEN: usize = 128;
 /// A type that can be part of an idempotency key.
 ///
 /// Implemented for strings, integers, `char`, `bool`, UUIDs (feature `uuid`),
-/// references to these, and `Option` of these (`None` is rejected at run time
-/// with [`Error::InvalidKey`]). Floats are deliberately not keys: `0.1 + 0.2 !=
+/// references to these, and `Option` of these (`None`, and a string that is
+/// empty or only whitespace, are rejected at run time with
+/// [`Error::InvalidKey`]). Floats are deliberately not keys: `0.1 + 0.2 !=
 /// 0.3`, and `NaN` never equals itself, so two copies of one request could get
 /// two different keys.
 #[diagnostic::on_unimplemented(
@@ -65,23 +66,27 @@ impl<T: IdempotencyKey + ?Sized> IdempotencyKey for &T {
 impl IdempotencyKey for str {
     fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
         blank(self)?;
-        // Escape the part separator so ("a:b", "c") and ("a", "b:c") differ,
-        // and NUL, which PostgreSQL text cannot hold, as `\0`.
-        for c in self.chars() {
-            match c {
-                ':' | '\\' => {
-                    out.push('\\');
-                    out.push(c);
-                }
-                '\0' => out.push_str("\\0"),
-                c => out.push(c),
-            }
-        }
+        escape(self, out);
         Ok(())
     }
     fn sql_key(&self) -> Result<SqlKey, &'static str> {
         blank(self)?;
         Ok(SqlKey::Text(self.to_owned()))
+    }
+}
+
+/// `text` as a key part: the part separator escaped so ("a:b", "c") and
+/// ("a", "b:c") differ, and NUL, which PostgreSQL text cannot hold, as `\0`.
+fn escape(text: &str, out: &mut String) {
+    for c in text.chars() {
+        match c {
+            ':' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\0' => out.push_str("\\0"),
+            c => out.push(c),
+        }
     }
 }
 
@@ -159,13 +164,16 @@ macro_rules! display_keys {
 display_keys!(bool);
 
 impl IdempotencyKey for char {
+    // A character is a value of its own, a space included (a one-letter
+    // code), unlike a text left blank.
     fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
         // Escaped as a one-character string: `:`, `\` and NUL included.
-        self.encode_utf8(&mut [0; 4]).write_key(out)
+        escape(self.encode_utf8(&mut [0; 4]), out);
+        Ok(())
     }
     fn sql_key(&self) -> Result<SqlKey, &'static str> {
         // The character itself, as an entity's key column holds it.
-        self.encode_utf8(&mut [0; 4]).sql_key()
+        Ok(SqlKey::Text(self.to_string()))
     }
 }
 
@@ -389,6 +397,8 @@ mod tests {
             assert!(blank.sql_key().is_err());
         }
         assert_ne!(Key::new(" T1").unwrap(), Key::new("T1").unwrap());
+        // A `char` is a value, a space included.
+        assert_eq!(KeyBuilder::new("pay", "code").part(&' ').finish().unwrap().as_str(), " ");
     }
 
     #[test]

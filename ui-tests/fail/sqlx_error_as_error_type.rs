@@ -15,4 +15,10 @@ async fn refund(tx: &mut Transaction<'_, Postgres>, trade_no: &str) -> sqlx::Res
     Ok(1)
 }
 
+#[idempotent(key = "trade_no", scope = "payments.void")]
+async fn void(tx: &mut Transaction<'_, Postgres>, trade_no: &str) -> Result<bool, sqlx::error::Error> {
+    let _ = (tx, trade_no);
+    Ok(true)
+}
+
 fn main() {}
