@@ -93,6 +93,23 @@ macro_rules! dedup_suite {
                 Ok(runs.fetch_add(1, SeqCst) as u64)
             }
 
+            /// Holds its record a while, then fails when told to.
+            #[idempotent(key = "trade_no", scope = "tests.slow_may_fail")]
+            async fn slow_may_fail(
+                tx: &mut Transaction<'_, Db>,
+                trade_no: &str,
+                fail: bool,
+                runs: &AtomicUsize,
+            ) -> Result<u64, AppError> {
+                runs.fetch_add(1, SeqCst);
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if fail {
+                    return Err(AppError::Rule("refused".into()));
+                }
+                Ok(7)
+            }
+
             /// Fails after its business write, when told to.
             #[idempotent(key = "trade_no", scope = "tests.may_fail")]
             async fn may_fail(
@@ -231,6 +248,68 @@ macro_rules! dedup_suite {
                 let (executed, replayed, runs) = hundred_duplicates(&pool, &trade, false).await;
                 assert_eq!(runs, 1, "the body ran more than once");
                 assert_eq!((executed, replayed), (1, 99));
+                assert_eq!(coupons(&pool, &trade).await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn repeats_waiting_on_a_first_call_that_fails_end_in_one_run() {
+                // The README's promise: a repeat waiting on a first call that
+                // fails runs (one of them) or replays, or, on MySQL/MariaDB,
+                // where InnoDB may pick the waiters as deadlock victims, gets a
+                // retryable error that, retried, replays.
+                let pool = pool!();
+                let trade = Arc::new(unique("first-fails"));
+                let runs = Arc::new(AtomicUsize::new(0));
+                let first = {
+                    let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
+                    tokio::spawn(async move {
+                        let mut tx = pool.begin().await.unwrap();
+                        let r = slow_may_fail(&mut tx, &trade, true, &runs).await;
+                        tx.rollback().await.unwrap();
+                        r
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let mut waiters = Vec::new();
+                for _ in 0..10 {
+                    let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
+                    waiters.push(tokio::spawn(async move {
+                        for attempt in 0.. {
+                            let mut tx = pool.begin().await.unwrap();
+                            let (result, outcome) = idem::observe(slow_may_fail(&mut tx, &trade, false, &runs)).await;
+                            match result {
+                                Ok(v) => {
+                                    tx.commit().await.unwrap();
+                                    return (v, outcome.unwrap(), attempt);
+                                }
+                                Err(e) => {
+                                    let retryable = match &e {
+                                        AppError::Idem(e) => e.is_retryable(),
+                                        AppError::Db(sqlx::Error::Database(db)) => {
+                                            matches!(db.code().as_deref(), Some("40001" | "40P01"))
+                                        }
+                                        _ => false,
+                                    };
+                                    assert!(retryable && attempt < 5, "attempt {attempt}: {e:?}");
+                                    let _ = tx.rollback().await;
+                                }
+                            }
+                        }
+                        unreachable!()
+                    }));
+                }
+                assert!(matches!(first.await.unwrap(), Err(AppError::Rule(_))));
+                let (mut executed, mut replayed, mut retried) = (0, 0, 0);
+                for w in waiters {
+                    let (value, outcome, attempt) = w.await.unwrap();
+                    retried += usize::from(attempt > 0);
+                    assert_eq!(value, 7);
+                    executed += usize::from(outcome == Outcome::Executed);
+                    replayed += usize::from(outcome == Outcome::Replayed);
+                }
+                eprintln!("{retried} of 10 repeats were retried after a retryable error");
+                assert_eq!((executed, replayed), (1, 9));
+                assert_eq!(runs.load(SeqCst), 2, "the failed first call and one repeat");
                 assert_eq!(coupons(&pool, &trade).await, 1);
             }
 
@@ -685,6 +764,10 @@ macro_rules! dedup_suite {
                 tx.commit().await.unwrap();
                 assert_eq!(outcome, Some(Outcome::Executed));
 
+                // Expired records other runs left in a shared database (a
+                // load generator's, say) go first, in big batches, so the
+                // two-record batches below have only this test's to do.
+                idem::purge_expired(&pool, PurgeOptions::default()).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(1200)).await;
                 // With `archive`, completed records are copied before they go.
                 let one = idem::purge_expired(
