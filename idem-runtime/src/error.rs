@@ -182,10 +182,12 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    /// The record table does not exist: `idem::migrate` was not run.
+    /// An idem table does not exist (`idem_records`, or `idem_records_archive`
+    /// for a purge with `archive`): `idem::migrate` was not run, or not every
+    /// migration file was applied.
     #[error(
-        "the idem record table is missing on {backend}; run `idem::migrate(&pool).await` at start-up \
-         or apply the SQL in idem-runtime/migrations/{backend}/ ({source})"
+        "an idem table is missing on {backend}: run `idem::migrate(&pool).await` at start-up or apply every \
+         SQL file in idem-runtime/migrations/{backend}/ (the database's error names the table: {source})"
     )]
     NotMigrated {
         /// `postgres`, `mysql` or `sqlite`.
