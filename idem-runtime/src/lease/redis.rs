@@ -695,15 +695,33 @@ fn held_times(lease: std::time::Duration, retention: std::time::Duration) -> (i6
     (lease, retention, lease.saturating_add(retention))
 }
 
-/// The record of `held`'s holder, as its claim wrote it (see the script).
+/// A held record but for its head (`P<fence>`): what a claim sends, and
+/// what the holder's record ends with (see the script).
+struct HeldTail<'a> {
+    owner: &'a str,
+    lease: std::time::Duration,
+    retention: std::time::Duration,
+    /// 64 characters (see [`fingerprint64`]).
+    fingerprint: &'a str,
+}
+
+impl std::fmt::Display for HeldTail<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (lease, retention, ttl) = held_times(self.lease, self.retention);
+        write!(f, ".{ttl}:{}|{lease}:{retention}:{}", self.owner, self.fingerprint)
+    }
+}
+
+/// The record of `held`'s holder, as its claim wrote it.
 struct Holder<'a>(&'a HeldLease<'a>);
 
 impl std::fmt::Display for Holder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let held = self.0;
-        let (lease, retention, ttl) = held_times(held.lease, held.retention);
-        let fp = held.fingerprint.map_or(Cow::Borrowed(NO_FINGERPRINT), fingerprint64);
-        write!(f, "P{}.{ttl}:{}|{lease}:{retention}:{fp}", held.fence, held.owner)
+        let fingerprint = held.fingerprint.map_or(Cow::Borrowed(NO_FINGERPRINT), fingerprint64);
+        let tail =
+            HeldTail { owner: held.owner, lease: held.lease, retention: held.retention, fingerprint: &fingerprint };
+        write!(f, "P{}{tail}", held.fence)
     }
 }
 
@@ -828,9 +846,8 @@ where
                     req.owner
                 )));
             }
-            let (lease, retention, ttl) = held_times(req.lease, req.retention);
-            let op = Op::new(&self.prefix, req.scope, req.key)
-                .arg(format_args!(".{ttl}:{}|{lease}:{retention}:{fp}", req.owner));
+            let tail = HeldTail { owner: req.owner, lease: req.lease, retention: req.retention, fingerprint: fp };
+            let op = Op::new(&self.prefix, req.scope, req.key).arg(tail);
             claim_reply(self.run(op).await?, fingerprint.as_deref())
         })
     }

@@ -242,7 +242,8 @@ pub(crate) async fn acquire_as<S: LockStore + ?Sized>(
                 // waiters who started together do not all retry at the same
                 // instants (and leave a freed lock idle in between).
                 let upper = pause.min(retry_after.max(Duration::from_millis(1)));
-                let sleep = deadline.map_or(jitter(upper), |d| jitter(upper).min(d - now));
+                let sleep = jitter(upper);
+                let sleep = deadline.map_or(sleep, |d| sleep.min(d - now));
                 tokio::time::sleep(sleep).await;
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
