@@ -280,13 +280,12 @@ async fn main() -> Result<(), BoxError> {
     errors += usize::from(sold != args.stock.min(args.buyers as i64) || sold + left != args.stock);
 
     println!("3. a lock whose TTL (200ms) is shorter than its holder's work, on {sku_b}:");
-    let name = format!("stock:{sku_b}");
-    let a = idem::lock::acquire(&locks, &name, Duration::from_millis(200), Duration::ZERO).await?;
+    let a = idem::lock::acquire(&locks, "shop.stock", &sku_b, Duration::from_millis(200), Duration::ZERO).await?;
     let seen = stock_of(&db, &sku_b).await?;
     println!("   A takes the lock (fence {}), reads {seen} in stock, sells 1: will write {}", a.fence(), seen - 1);
     println!("   A pauses 400ms (a GC pause); its lock expires");
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let b = idem::lock::acquire(&locks, &name, Duration::from_secs(5), Duration::ZERO).await?;
+    let b = idem::lock::acquire(&locks, "shop.stock", &sku_b, Duration::from_secs(5), Duration::ZERO).await?;
     let seen_b = stock_of(&db, &sku_b).await?;
     let written = fenced_write(&db, &sku_b, seen_b - 3, b.fence()).await?;
     println!("   B takes the lock (fence {}), sells 3: writes {} with its fence: {written} row", b.fence(), seen_b - 3);

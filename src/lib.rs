@@ -200,7 +200,7 @@
 //!
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), AppError> {
 //! idem::migrate(&pool).await?;
-//! idem::lease::install(idem::lease::SqlStore::new(pool));
+//! idem::Stores::builder().lease(idem::lease::SqlStore::new(pool)).install()?;
 //! match transfer("T-1", 500).await {
 //!     Ok(receipt) => {}                                             // ran, or replayed
 //!     Err(AppError::Idem(idem::Error::InProgress { retry_after, .. })) => {} // another worker holds it
@@ -231,7 +231,7 @@
 //!
 //! # async fn run(client: redis::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! let store = idem::RedisStore::new(redis::aio::ConnectionManager::new(client).await?, "idem:");
-//! idem::token::install(store.clone());
+//! idem::Stores::builder().token(store.clone()).install()?;
 //! // When the form is rendered:
 //! let token = idem::token::issue(&store, "orders.create", std::time::Duration::from_secs(600)).await?;
 //! // When it is submitted (twice):
@@ -308,16 +308,16 @@
 //! - **`store`** (`lease`, token and lock strategies): an expression naming
 //!   the [`lease::LeaseStore`], [`token::TokenStore`] or [`lock::LockStore`]
 //!   (`store = "self.redis"`; for a `static` behind a `LazyLock`, `"*STORE"`).
-//!   Default: the one installed with [`lease::install`], [`token::install`]
-//!   or [`lock::install`].
+//!   Default: the store of that role installed with [`Stores`]; with none
+//!   installed the call fails with [`Error::NoStore`].
 //! - **`ttl`**, **`wait`** (lock strategies): the lock's TTL (required;
 //!   renewed every third of it while the body runs) and how long to wait for
 //!   a busy lock (default: not at all, [`Error::LockBusy`] at once).
 //! - **`precheck = "redis"`** (`dedup`, `dedup+state`, `token+dedup`,
 //!   `lease`): a marker cache in front of the record, in the store named by
 //!   `store` (`dedup`, `dedup+state`; with `lease` and `token+dedup`, `store`
-//!   names the lease or token store and markers go to the one installed with
-//!   [`precheck::install`]); `ttl` is the marker's lifetime (default 24 h).
+//!   names the lease or token store and markers go to the precheck store
+//!   installed with [`Stores`]); `ttl` is the marker's lifetime (default 24 h).
 //!   With `lease` it saves work only on SQL lease stores (a plain read
 //!   instead of the claiming upsert): Redis and memory lease stores already
 //!   replay in one cheap call.
@@ -382,10 +382,10 @@ pub use idem_macros::StateMachine;
 
 pub use idem_runtime::{
     DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, GuardError, IdempotencyKey, Key, Outcome, PurgeOptions,
-    PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend, StateMachine, TxContext, find_record,
-    migrate, observe, purge_expired,
+    PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend, StateMachine, Stores, StoresBuilder,
+    TxContext, find_record, migrate, observe, purge_expired,
 };
-pub use idem_runtime::{MemoryStore, error, key, lease, lock, precheck, record, sql, state, token};
+pub use idem_runtime::{MemoryStore, error, key, lease, lock, precheck, record, sql, state, store, token};
 
 /// Lease records, tokens and locks in Redis; see [`lease`], [`token`], [`lock`].
 #[cfg(feature = "redis")]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::{AppError, unique};
 use idem::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use idem::store::RecordKind;
 use idem::{Error, Outcome, idempotent};
 
 type Store = Arc<dyn LeaseStore>;
@@ -391,7 +392,7 @@ macro_rules! lease_suite {
 
 lease_suite! {
     mod memory;
-    store = Some(Arc::new(idem::lease::MemoryStore::new()) as Store);
+    store = Some(Arc::new(idem::MemoryStore::new()) as Store);
 }
 
 lease_suite! {
@@ -411,7 +412,7 @@ lease_suite! {
 
 lease_suite! {
     mod redis;
-    store = common::redis().await.map(|c| Arc::new(idem::lease::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
+    store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
 }
 
 // The whole suite through a router over two real databases: each key's
@@ -470,23 +471,10 @@ async fn a_routed_record_lives_on_the_shard_of_its_key() {
     assert!(!err.is_retryable());
 }
 
-#[tokio::test]
-async fn the_installed_store_is_used_without_store_argument() {
-    #[idempotent(key = "id", strategy = "lease", scope = "tests.lease.default")]
-    async fn default_store(id: &str, runs: &AtomicUsize) -> Result<usize, AppError> {
-        Ok(runs.fetch_add(1, SeqCst))
-    }
-    let runs = AtomicUsize::new(0);
-    let id = unique("default");
-    assert_eq!(default_store(&id, &runs).await.unwrap(), 0);
-    assert_eq!(default_store(&id, &runs).await.unwrap(), 0);
-    assert_eq!(runs.load(SeqCst), 1);
-}
-
 lease_suite! {
     mod redis_unbatched;
     store = common::redis().await.map(|c| {
-        Arc::new(idem::lease::RedisStore::new(c, format!("{}:", unique("idem-test"))).batching(false)) as Store
+        Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test"))).batching(false)) as Store
     });
 }
 
@@ -494,7 +482,7 @@ lease_suite! {
 /// calls in flight go out together, and each caller gets its own answer.
 mod redis_batching {
     use super::*;
-    use idem::lease::RedisStore;
+    use idem::RedisStore;
 
     #[idempotent(key = "id", strategy = "lease", scope = "tests.lease.batch", store = "store")]
     async fn counted(store: &dyn LeaseStore, id: &str, n: usize, runs: &AtomicUsize) -> Result<usize, AppError> {
@@ -557,7 +545,7 @@ mod redis_batching {
             panic!("take-over")
         };
         assert!(store.complete(&held("taker", fence, hour), "1").await.unwrap());
-        let record = store.record_key(scope, &key);
+        let record = store.key(RecordKind::Lease, scope, &key);
         let get = ::redis::cmd("GET").arg(&record).clone();
         let before: String = get.query_async(&mut conn).await.unwrap();
         // The stale holder comes back, configured with a shorter retention:
@@ -567,42 +555,6 @@ mod redis_batching {
         assert_eq!(before, after);
         let ttl: i64 = ::redis::cmd("PTTL").arg(&record).query_async(&mut conn).await.unwrap();
         assert!(ttl > 3_000_000, "retention kept: {ttl} ms left");
-        let _: () = ::redis::cmd("DEL").arg(&record).query_async(&mut conn).await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_record_held_by_an_earlier_version_is_busy_then_taken_over() {
-        // During a rolling deploy a worker of the previous release may hold a
-        // key: its record has the earlier layout
-        // (`P<fp 64><fence>:<deadline ms>:<owner>`, the deadline absolute).
-        let Some((store, mut conn)) = store().await else { return };
-        let (scope, key) = ("tests.lease.layout", unique("layout"));
-        let record = store.record_key(scope, &key);
-        let (secs, micros): (i64, i64) = {
-            let t: Vec<String> = ::redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-            (t[0].parse().unwrap(), t[1].parse().unwrap())
-        };
-        let now_ms = secs * 1000 + micros / 1000;
-        let old = |deadline: i64| format!("P{}41:{deadline}:old-worker", ".".repeat(64));
-        let req = LeaseRequest {
-            scope,
-            key: &key,
-            fingerprint: None,
-            owner: "new-worker",
-            lease: Duration::from_secs(5),
-            retention: Duration::from_secs(60),
-        };
-        let set = |value: String| ::redis::cmd("SET").arg(&record).arg(value).arg("PX").arg(60_000).clone();
-        let _: () = set(old(now_ms + 30_000)).query_async(&mut conn).await.unwrap();
-        match store.claim(&req).await.unwrap() {
-            LeaseClaim::Busy { retry_after } => assert!(retry_after > Duration::from_secs(20), "{retry_after:?}"),
-            other => panic!("a live lease of the earlier layout is busy: {other:?}"),
-        }
-        let _: () = set(old(now_ms - 1)).query_async(&mut conn).await.unwrap();
-        assert_eq!(store.claim(&req).await.unwrap(), LeaseClaim::Acquired { fence: 42, reclaimed: true });
-        let held = holder(scope, &key, "new-worker", 42, Duration::from_secs(5));
-        assert!(store.complete(&HeldLease { retention: Duration::from_secs(60), ..held }, "1").await.unwrap());
-        assert_eq!(store.claim(&req).await.unwrap(), LeaseClaim::Done { response: "1".into() });
         let _: () = ::redis::cmd("DEL").arg(&record).query_async(&mut conn).await.unwrap();
     }
 
@@ -620,7 +572,8 @@ mod redis_batching {
         };
         let err = store.claim(&req).await.unwrap_err().to_string();
         assert!(err.contains("owner id \"a|b\""), "{err}");
-        let n: i64 = ::redis::cmd("EXISTS").arg(store.record_key(scope, &key)).query_async(&mut conn).await.unwrap();
+        let n: i64 =
+            ::redis::cmd("EXISTS").arg(store.key(RecordKind::Lease, scope, &key)).query_async(&mut conn).await.unwrap();
         assert_eq!(n, 0);
     }
 
@@ -628,7 +581,7 @@ mod redis_batching {
     async fn a_key_holding_something_else_is_an_error_not_a_record() {
         let Some((store, mut conn)) = store().await else { return };
         let (scope, key) = ("tests.lease.garbage", unique("garbage"));
-        let record = store.record_key(scope, &key);
+        let record = store.key(RecordKind::Lease, scope, &key);
         let _: () = ::redis::cmd("SET").arg(&record).arg("not ours").query_async(&mut conn).await.unwrap();
         let req = LeaseRequest {
             scope,
@@ -651,7 +604,7 @@ mod redis_batching {
         let store = Arc::new(store);
         let poisoned = unique("poisoned");
         // A hash where the record should be: GET on it is a WRONGTYPE error.
-        let key = store.record_key("tests.lease.batch", &poisoned);
+        let key = store.key(RecordKind::Lease, "tests.lease.batch", &poisoned);
         let _: () = ::redis::cmd("HSET").arg(&key).arg("f").arg("v").query_async(&mut conn).await.unwrap();
         let runs = Arc::new(AtomicUsize::new(0));
         let mut ids: Vec<String> = (0..100).map(|i| unique(&format!("p{i}-"))).collect();

@@ -60,6 +60,16 @@ where
     out
 }
 
+/// The stores of this test binary: precheck markers in memory, for the
+/// guards whose `store` names their lease or token store (their markers go
+/// to the installed precheck store). Installed once; later calls find it.
+fn install_markers() {
+    match idem::Stores::builder().precheck(idem::MemoryStore::new()).install() {
+        Ok(_) | Err(idem::Error::StoresAlreadyInstalled) => {}
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// Markers in Redis under a prefix of their own, so a test can flush them.
 async fn redis_marks() -> Option<(idem::RedisStore, redis::aio::ConnectionManager, String)> {
     let conn = common::redis().await?;
@@ -172,6 +182,7 @@ dedup_suite! {
 
 #[tokio::test]
 async fn a_seen_lease_record_replays_from_a_plain_read() {
+    install_markers();
     let Some(pool) = common::postgres().await else { return };
     let leases = idem::lease::SqlStore::new(pool);
     let (id, runs) = (unique("lease"), AtomicUsize::new(0));
@@ -273,7 +284,8 @@ mod record_of_other_strategies {
     #[tokio::test]
     async fn token_dedup_replays_a_seen_completed_key_without_its_token() {
         // `store` names the token store; the markers go to the installed
-        // precheck store (a process-wide memory store here).
+        // precheck store (a memory store here).
+        install_markers();
         let Some(pool) = common::sqlite().await else { return };
         let tokens = idem::MemoryStore::new();
         let (request, runs) = (unique("req"), AtomicUsize::new(0));

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::{AppError, unique};
-use idem::lease::{LeaseStore, RedisStore};
+use idem::RedisStore;
+use idem::lease::LeaseStore;
 use idem::{Error, idempotent};
 
 #[idempotent(key = "id", strategy = "lease", lease = "10s", scope = "tests.redis_restart", store = "store")]

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::{AppError, unique};
 use idem::lock::{LockAttempt, LockStore};
+use idem::store::RecordKind;
 use idem::token::TokenStore;
 use idem::{Error, Outcome, idempotent};
 use sqlx::{Sqlite, Transaction};
@@ -20,6 +21,8 @@ impl<S: TokenStore + LockStore> Store for S {}
 type Shared = Arc<dyn Store>;
 
 const ORDERS: &str = "tests.orders.create";
+/// The scope of the locks taken by hand.
+const LOCKS: &str = "tests.locks";
 
 #[idempotent(strategy = "token", scope = "tests.orders.create", store = "store")]
 async fn create_order(store: &dyn TokenStore, #[idem(token)] token: &str, runs: &AtomicUsize) -> Result<u32, AppError> {
@@ -222,10 +225,10 @@ macro_rules! suite {
                         "{ttl:?}: {r:?}"
                     );
                     let name = unique("lock.ttl");
-                    let r = idem::lock::acquire(&*store, &name, ttl, Duration::ZERO).await.map(|held| held.fence());
+                    let r = idem::lock::acquire(&*store, LOCKS, &name, ttl, Duration::ZERO).await.map(|held| held.fence());
                     assert!(matches!(r, Err(Error::InvalidDuration { what: "lock TTL", .. })), "{ttl:?}: {r:?}");
                     // Nothing was taken: the name is free.
-                    let held = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+                    let held = idem::lock::acquire(&*store, LOCKS, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
                     assert!(held.release().await.unwrap());
                 }
                 let message = idem::token::issue(&*store, ORDERS, Duration::ZERO).await.unwrap_err().to_string();
@@ -238,11 +241,11 @@ macro_rules! suite {
                 // panic on the deadline's overflow. Here the holder lets go
                 // after 100 ms and the waiter gets the lock.
                 let name = unique("lock.wait");
-                let first = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+                let first = idem::lock::acquire(&*store, LOCKS, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
                 let waiter = {
                     let (store, name) = (store.clone(), name.clone());
                     tokio::spawn(async move {
-                        let held = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::MAX).await?;
+                        let held = idem::lock::acquire(&*store, LOCKS, &name, Duration::from_secs(5), Duration::MAX).await?;
                         held.release().await
                     })
                 };
@@ -307,16 +310,16 @@ macro_rules! suite {
                 let store: Shared = store!();
                 let name = unique("lock");
                 let ttl = Duration::from_millis(200);
-                let a = idem::lock::acquire(&*store, &name, ttl, Duration::ZERO).await.unwrap();
+                let a = idem::lock::acquire(&*store, LOCKS, &name, ttl, Duration::ZERO).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(350)).await; // A stalls past its TTL
-                let b = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+                let b = idem::lock::acquire(&*store, LOCKS, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
                 assert!(b.fence() > a.fence());
                 assert!(!a.extend().await.unwrap(), "A no longer holds it");
                 assert!(!a.release().await.unwrap(), "A's late release must not delete B's lock");
-                let c = store.acquire(&name, "c", ttl).await.unwrap();
+                let c = store.acquire(LOCKS, &name, "c", ttl).await.unwrap();
                 assert!(matches!(c, LockAttempt::Busy { retry_after } if retry_after <= Duration::from_secs(5)), "{c:?}");
                 assert!(b.release().await.unwrap());
-                assert!(matches!(store.acquire(&name, "c", ttl).await.unwrap(), LockAttempt::Acquired { .. }));
+                assert!(matches!(store.acquire(LOCKS, &name, "c", ttl).await.unwrap(), LockAttempt::Acquired { .. }));
             }
 
             #[tokio::test]
@@ -325,7 +328,7 @@ macro_rules! suite {
                 let name = unique("fence");
                 let mut last = 0;
                 for _ in 0..20 {
-                    let held = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+                    let held = idem::lock::acquire(&*store, LOCKS, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
                     assert!(held.fence() > last, "{} after {last}", held.fence());
                     last = held.fence();
                     assert!(held.release().await.unwrap());
@@ -335,7 +338,7 @@ macro_rules! suite {
                 for _ in 0..16 {
                     let (store, name) = (store.clone(), name.clone());
                     tasks.push(tokio::spawn(async move {
-                        let held = idem::lock::acquire(&*store, &name, Duration::from_secs(5), Duration::from_secs(10)).await.unwrap();
+                        let held = idem::lock::acquire(&*store, LOCKS, &name, Duration::from_secs(5), Duration::from_secs(10)).await.unwrap();
                         let fence = held.fence();
                         held.release().await.unwrap();
                         fence
@@ -396,9 +399,9 @@ macro_rules! suite {
                 long_held(&*store, &name, 0).await.expect("the lock was released when the call was dropped");
                 assert!(started.elapsed() < Duration::from_secs(1), "waited {:?}", started.elapsed());
                 // By hand: a held lock dropped without `release()` is released too.
-                let held = idem::lock::acquire(&*store, &name, Duration::from_secs(30), Duration::ZERO).await.unwrap();
+                let held = idem::lock::acquire(&*store, LOCKS, &name, Duration::from_secs(30), Duration::ZERO).await.unwrap();
                 drop(held);
-                let again = idem::lock::acquire(&*store, &name, Duration::from_secs(30), Duration::from_secs(1)).await;
+                let again = idem::lock::acquire(&*store, LOCKS, &name, Duration::from_secs(30), Duration::from_secs(1)).await;
                 assert!(again.expect("free again").release().await.unwrap());
             }
 
@@ -464,7 +467,7 @@ async fn a_lost_lock_fails_the_completion_and_nothing_commits() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Another worker takes the lock over (as after an expiry).
-    let key = store.lock_key(&format!("tests.lock.slow:{order}"));
+    let key = store.key(RecordKind::Lock, "tests.lock.slow", &order);
     let mut c = conn.clone();
     let _: () = ::redis::cmd("SET").arg(&key).arg("intruder").arg("PX").arg(10_000).query_async(&mut c).await.unwrap();
     let result = body.await.unwrap();
@@ -484,12 +487,14 @@ async fn fencing_tokens_keep_increasing_after_the_counter_is_lost() {
     let prefix = format!("{}:", unique("idem-test"));
     let store = idem::RedisStore::new(conn.clone(), prefix.clone());
     let name = unique("fence");
-    let before = idem::lock::acquire(&store, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+    let before = idem::lock::acquire(&store, LOCKS, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
     let old = before.fence();
     assert!(before.release().await.unwrap());
     let mut c = conn.clone();
-    let _: () = ::redis::cmd("DEL").arg(format!("{prefix}{{{name}}}:fence")).query_async(&mut c).await.unwrap();
-    let after = idem::lock::acquire(&store, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+    let counter = store.key(RecordKind::Fence, LOCKS, &name);
+    let deleted: i64 = ::redis::cmd("DEL").arg(counter).query_async(&mut c).await.unwrap();
+    assert_eq!(deleted, 1, "the counter was where the store keeps it");
+    let after = idem::lock::acquire(&store, LOCKS, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
     assert!(after.fence() > old, "{} after {old}", after.fence());
 }
 
@@ -505,4 +510,90 @@ async fn a_down_token_store_rejects_by_default_and_allows_when_told() {
     assert_eq!(runs.load(SeqCst), 0);
     create_allowing(&down, "0123456789abcdef0123456789abcdef", &runs).await.unwrap();
     assert_eq!(runs.load(SeqCst), 1);
+}
+
+/// A lock whose TTL is shorter than the test's patience.
+#[idempotent(
+    key = "name",
+    strategy = "lock",
+    concurrency_only = true,
+    ttl = "600ms",
+    scope = "tests.lock.cut",
+    store = "store"
+)]
+async fn cut_off(store: &dyn LockStore, name: &str, runs: &AtomicUsize) -> Result<(), AppError> {
+    runs.fetch_add(1, SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    Ok(())
+}
+
+/// A TCP relay in front of Redis that can be cut: then every connection
+/// through it closes and new ones are refused, as when Redis goes down.
+async fn cuttable_redis() -> Option<(idem::RedisStore, tokio::sync::watch::Sender<bool>)> {
+    use tokio::io::{AsyncRead, AsyncWrite};
+
+    async fn relay(
+        mut from: impl AsyncRead + Unpin,
+        mut to: impl AsyncWrite + Unpin,
+        mut cut: tokio::sync::watch::Receiver<bool>,
+    ) {
+        tokio::select! {
+            _ = tokio::io::copy(&mut from, &mut to) => {}
+            _ = cut.wait_for(|cut| *cut) => {}
+        }
+    }
+
+    common::redis().await?;
+    let url = std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| common::DEFAULT_REDIS_URL.to_owned());
+    let upstream = ::redis::Client::open(url.as_str()).unwrap().get_connection_info().addr().to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (cut, cut_seen) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let mut stop = cut_seen.clone();
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stop.wait_for(|cut| *cut) => return, // the listener closes: connections are refused
+            };
+            let Ok((client, _)) = accepted else { return };
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            tokio::spawn(relay(client_read, server_write, cut_seen.clone()));
+            tokio::spawn(relay(server_read, client_write, cut_seen.clone()));
+        }
+    });
+    // The client's defaults: it would retry for far longer than the lock lives.
+    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+    Some((idem::RedisStore::new(conn, format!("{}:", unique("idem-cut"))), cut))
+}
+
+/// Redis only: the lock is lost while Redis is down (renewals fail); the
+/// caller learns `LockLost` within about the lock's TTL, not after the
+/// client's own reconnect cycle: the release that follows is bounded by
+/// the lock's timing too.
+#[tokio::test]
+async fn a_lock_lost_while_redis_is_down_is_reported_within_its_ttl() {
+    let Some((store, cut)) = cuttable_redis().await else { return };
+    let runs = AtomicUsize::new(0);
+    let name = unique("cut");
+    let call = cut_off(&store, &name, &runs);
+    tokio::pin!(call);
+    // Until the body runs (the lock is held), then Redis goes silent.
+    let started = loop {
+        tokio::select! {
+            r = &mut call => panic!("finished early: {r:?}"),
+            () = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+        if runs.load(SeqCst) == 1 {
+            cut.send_replace(true);
+            break std::time::Instant::now();
+        }
+    };
+    let result = call.await;
+    let waited = started.elapsed();
+    assert!(matches!(result, Err(AppError::Idem(Error::LockLost { .. }))), "{result:?}");
+    assert!(waited < Duration::from_secs(2), "LockLost came {waited:?} after the cut (TTL 600ms)");
 }

@@ -150,14 +150,14 @@ struct Under {
     sql: Option<Store>,
     /// The Redis store's own count of script calls and the operations they
     /// carried (a batch is one call).
-    redis_stats: Option<Box<dyn Fn() -> idem::lease::RedisStats>>,
+    redis_stats: Option<Box<dyn Fn() -> idem::store::RedisStats>>,
 }
 
 fn redis_store<C>(conn: C) -> Under
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let store = idem::lease::RedisStore::new(conn, "idem-bench:");
+    let store = idem::RedisStore::new(conn, "idem-bench:");
     let handle = store.clone();
     Under { name: "redis", store: Arc::new(store), sql: None, redis_stats: Some(Box::new(move || handle.stats())) }
 }
@@ -172,12 +172,7 @@ async fn open(database_url: Option<&str>, redis_url: Option<&str>, clients: usiz
         });
     }
     let Some(url) = database_url else {
-        return Ok(Under {
-            name: "memory",
-            store: Arc::new(idem::lease::MemoryStore::new()),
-            sql: None,
-            redis_stats: None,
-        });
+        return Ok(Under { name: "memory", store: Arc::new(idem::MemoryStore::new()), sql: None, redis_stats: None });
     };
     let s = Store::connect(Some(url), clients as u32 + 2).await?;
     let store: Arc<dyn LeaseStore> = match &s {
@@ -245,7 +240,7 @@ pub async fn run_only(
             let s2 = stats();
             let replay = idem_replay(&under.store, clients, length, keys).await;
             if let (Some(s0), Some(s1), Some(s2), Some(s3)) = (s0, s1, s2, stats()) {
-                let mean = |a: idem::lease::RedisStats, b: idem::lease::RedisStats| {
+                let mean = |a: idem::store::RedisStats, b: idem::store::RedisStats| {
                     (b.operations - a.operations) as f64 / (b.script_calls - a.script_calls).max(1) as f64
                 };
                 batches = Some((mean(s0, s1), mean(s2, s3)));
@@ -359,7 +354,7 @@ pub async fn run_instructions(redis_url: &str, out: &str, calls: u64, clients: u
     // idem: serially (each operation a script call of its own), then from
     // `clients` tasks, batching as they queue.
     for tasks in [1, clients.max(2) as u64] {
-        let redis = idem::lease::RedisStore::new(client.get_multiplexed_async_connection().await?, "idem-bench:");
+        let redis = idem::RedisStore::new(client.get_multiplexed_async_connection().await?, "idem-bench:");
         let store: Arc<dyn LeaseStore> = Arc::new(redis.clone());
         let keys: Vec<String> = (0..calls).map(|i| format!("I{run}-{tasks}-{i}")).collect();
         let each = |keys: &[String]| {

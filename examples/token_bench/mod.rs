@@ -4,22 +4,21 @@
 //!
 //! Each round runs, in alternating slices so that all see the same server,
 //! a ladder of ever less code between the caller and the server:
-//! - `guard`: the `#[idempotent]` function (token: one consume script;
-//!   lock: the acquire and the release scripts);
+//! - `guard`: the `#[idempotent]` function (token: one `GETDEL`; lock: the
+//!   acquire and the release scripts);
 //! - `store`: the same store calls without the attribute
 //!   (`TokenStore::consume`; `idem::lock::acquire` + `HeldLock::release`);
-//! - on Redis, `client`: the store's scripts (text copied) invoked through
+//! - on Redis, `client`: the store's commands and scripts sent through
 //!   redis-rs on the same kind of connection, keys formatted inline: what a
 //!   hand-written client would send, the same server work;
 //! - on Redis, `redis-benchmark`, run as a subprocess with as many
-//!   connections as clients: `EVALSHA` of the consume script (byte for byte
-//!   the lock's release script) on random absent keys of the token key's
-//!   shape, the server's raw rate for one script call. Its connections are
-//!   not pipelined, while redis-rs multiplexes all clients' calls over one
-//!   connection, so the client rungs can beat it.
+//!   connections as clients: `GETDEL` on random absent keys of the token
+//!   key's shape, the server's raw rate for the consume command. Its
+//!   connections are not pipelined, while redis-rs multiplexes all clients'
+//!   calls over one connection, so the client rungs can beat it.
 //!
 //! Tokens are issued ahead of each slice, outside the timing: on Redis by
-//! pipelined `SET {prefix}token:<token> <scope> NX PX <ttl>` (what
+//! pipelined `SET <prefix>{<token>}token:<scope> 1 NX PX <ttl>` (what
 //! `idem::token::issue` writes, one round trip per 5,000), in memory with
 //! `idem::token::issue`. Every guarded call spends a distinct token; the
 //! ones a slice did not use are deleted after it.
@@ -32,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use idem::idempotent;
 use idem::lock::LockStore;
+use idem::store::RecordKind;
 use idem::token::TokenStore;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
@@ -43,11 +43,8 @@ const TOKEN_SCOPE: &str = "bench.token";
 const TOKEN_TTL: Duration = Duration::from_secs(600);
 const LOCK_TTL: Duration = Duration::from_secs(30);
 
-/// The store's consume script (`idem-runtime/src/token/redis.rs`), byte for
-/// byte, so that the raw rates run the very script the guard runs. The lock
-/// release script is the same text.
-const CONSUME_SRC: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-        return 0";
+/// The lock store's release script, byte for byte, for the `client` rung.
+const RELEASE_SRC: &str = include_str!("../../idem-runtime/src/store/redis/lock_release.lua");
 
 /// Which redis-rs connection the store runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -303,6 +300,7 @@ struct Raw {
     /// The same store over a connection that counts round trips.
     counted: idem::RedisStore<Counting<MultiplexedConnection>>,
     sent: Arc<AtomicU64>,
+    /// The lock release script's SHA, for the lock floor.
     sha: String,
 }
 
@@ -321,7 +319,7 @@ enum Rung {
     Client,
 }
 
-static CONSUME: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(CONSUME_SRC));
+static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| redis::Script::new(RELEASE_SRC));
 
 impl Bench {
     async fn connect(redis_url: Option<&str>, connection: Connection, pool: usize) -> Result<Bench, BoxError> {
@@ -347,7 +345,7 @@ impl Bench {
             }
         };
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(CONSUME_SRC).query_async(&mut conn).await?;
+        let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(RELEASE_SRC).query_async(&mut conn).await?;
         let sent = Arc::new(AtomicU64::new(0));
         let counting = Counting { inner: client.get_multiplexed_async_connection().await?, sent: sent.clone() };
         let counted = idem::RedisStore::new(counting, PREFIX);
@@ -373,8 +371,8 @@ impl Bench {
             let mut pipe = redis::pipe();
             for t in chunk {
                 pipe.cmd("SET")
-                    .arg(raw.counted.token_key(t))
-                    .arg(TOKEN_SCOPE)
+                    .arg(raw.counted.key(RecordKind::Token, TOKEN_SCOPE, t))
+                    .arg("1")
                     .arg("NX")
                     .arg("PX")
                     .arg(TOKEN_TTL.as_millis() as u64)
@@ -392,7 +390,7 @@ impl Bench {
             for chunk in tokens.chunks(5000) {
                 let mut cmd = redis::cmd("UNLINK");
                 for t in chunk {
-                    cmd.arg(raw.counted.token_key(t));
+                    cmd.arg(raw.counted.key(RecordKind::Token, TOKEN_SCOPE, t));
                 }
                 let _: i64 = cmd.query_async(&mut conn).await?;
             }
@@ -433,9 +431,9 @@ impl Bench {
                     Rung::Store => store.consume(TOKEN_SCOPE, token).await?,
                     Rung::Client => {
                         let mut conn = conn.expect("redis");
-                        let key = format!("{PREFIX}token:{token}");
-                        let n: i64 = CONSUME.key(key).arg(TOKEN_SCOPE).invoke_async(&mut conn).await?;
-                        n == 1
+                        let key = format!("{PREFIX}{{{token}}}token:{TOKEN_SCOPE}");
+                        let spent: Option<String> = redis::cmd("GETDEL").arg(key).query_async(&mut conn).await?;
+                        spent.is_some()
                     }
                 };
                 Ok(if spent { Step::Done } else { Step::Rejected })
@@ -468,7 +466,8 @@ impl Bench {
                         true
                     }
                     Rung::Store => {
-                        let held = idem::lock::acquire(&*store, name, LOCK_TTL, Duration::ZERO).await?;
+                        let held =
+                            idem::lock::acquire(&*store, "bench.lock.store", name, LOCK_TTL, Duration::ZERO).await?;
                         held.release().await?
                     }
                     Rung::Client => {
@@ -478,7 +477,7 @@ impl Bench {
                         let mut acquire = ACQUIRE.key(&lock);
                         acquire.key(format!("{PREFIX}{{raw:{name}}}:fence")).arg(&owner).arg(30_000).arg(604_800_000);
                         let (got, _): (i64, i64) = acquire.invoke_async(&mut conn).await?;
-                        let n: i64 = CONSUME.key(&lock).arg(&owner).invoke_async(&mut conn).await?;
+                        let n: i64 = RELEASE.key(&lock).arg(&owner).invoke_async(&mut conn).await?;
                         got == 1 && n == 1
                     }
                 };
@@ -488,29 +487,25 @@ impl Bench {
         .await)
     }
 
-    /// `redis-benchmark` at `clients` connections: EVALSHA calls per second
-    /// of the consume script on random absent keys of the token key's shape.
-    async fn redis_benchmark(&self, clients: usize, requests: u64) -> Result<f64, BoxError> {
+    /// `redis-benchmark` at `clients` connections: calls per second of
+    /// `GETDEL` (the token consume) on random absent keys of the token key's
+    /// shape, or with `script` of `EVALSHA` of the lock release script (one
+    /// script call) on such keys.
+    async fn redis_benchmark(&self, clients: usize, requests: u64, script: bool) -> Result<f64, BoxError> {
         let raw = self.redis.as_ref().expect("redis");
-        let args: Vec<String> = [
-            "-u",
-            &raw.url,
-            "-c",
-            &clients.max(1).to_string(),
-            "-n",
-            &requests.to_string(),
-            "-r",
-            "1000000",
-            "--csv",
-            "EVALSHA",
-            &raw.sha,
-            "1",
-            &format!("{PREFIX}token:{:020}__rand_int__", 0),
-            TOKEN_SCOPE,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args: Vec<String> =
+            ["-u", &raw.url, "-c", &clients.max(1).to_string(), "-n", &requests.to_string(), "-r", "1000000", "--csv"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        let key = format!("{PREFIX}{{{:020}__rand_int__}}token:{TOKEN_SCOPE}", 0);
+        let command = if script { "EVALSHA" } else { "GETDEL" };
+        let mut args = args;
+        if script {
+            args.extend([command.to_owned(), raw.sha.clone(), "1".to_owned(), key, "owner".to_owned()]);
+        } else {
+            args.extend([command.to_owned(), key]);
+        }
         let out =
             tokio::task::spawn_blocking(move || std::process::Command::new("redis-benchmark").args(&args).output())
                 .await?
@@ -518,10 +513,10 @@ impl Bench {
                     format!("could not run redis-benchmark (installed with redis-server / redis-tools): {e}")
                 })?;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        // --csv: a header, then `"EVALSHA ...","<rps>","<avg ms>",...`.
+        // --csv: a header, then `"GETDEL ...","<rps>","<avg ms>",...`.
         let rps = stdout
             .lines()
-            .find(|l| l.starts_with("\"EVALSHA"))
+            .find(|l| l.starts_with(&format!("\"{command}")))
             .and_then(|l| l.split("\",\"").nth(1))
             .and_then(|rps| rps.trim_matches('"').parse::<f64>().ok());
         rps.ok_or_else(|| {
@@ -631,7 +626,7 @@ pub async fn run_token(
             best = best.max(s.rate());
         }
     }
-    let mut raw_best = if redis { b.redis_benchmark(clients, 20_000).await? } else { 0.0 };
+    let mut raw_best = if redis { b.redis_benchmark(clients, 20_000, false).await? } else { 0.0 };
     let mut t = Series::default();
     for round in 0..rounds {
         let tag = format!("{}r{round}", b.run);
@@ -647,7 +642,7 @@ pub async fn run_token(
             let client = t.side(&client);
             t.push("client", client);
             let requests = ((raw_best * per_slice.as_secs_f64()) as u64).clamp(20_000, 5_000_000);
-            let raw = b.redis_benchmark(clients, requests).await?;
+            let raw = b.redis_benchmark(clients, requests, false).await?;
             raw_best = raw_best.max(raw);
             t.push("raw", raw);
             t.push("ratio", guard / raw);
@@ -669,13 +664,13 @@ pub async fn run_token(
     let mut line = format!("scenario=token store={name} clients={clients} consume_per_s={:.0}", t.m("guard"));
     if redis {
         println!(
-            "raw: redis-benchmark EVALSHA/s {}; the consume script through redis-rs {}; guard/raw {:.3}, guard/redis-rs {:.3}",
+            "raw: redis-benchmark GETDEL/s {}; GETDEL through redis-rs {}; guard/raw {:.3}, guard/redis-rs {:.3}",
             t.spread("raw"),
             t.spread("client"),
             t.m("ratio"),
             t.m("vs_client")
         );
-        line.push_str(&format!(" raw_evalsha_per_s={:.0} ratio={:.3}", t.m("raw"), t.m("ratio")));
+        line.push_str(&format!(" raw_getdel_per_s={:.0} ratio={:.3}", t.m("raw"), t.m("ratio")));
     }
     line.push_str(&format!(" p50_us={p50:.1} p99_us={p99:.1} rejected={} errors={}", t.rejected, t.errors));
     line.push_str(&format!(" store_consume_per_s={:.0}", t.m("store")));
@@ -713,7 +708,7 @@ pub async fn run_lock(
         b.lock_slice(n, Duration::from_millis(300), Rung::Store).await?;
         if redis {
             b.lock_slice(n, Duration::from_millis(300), Rung::Client).await?;
-            raw_best.insert(n, b.redis_benchmark(n, 20_000).await?);
+            raw_best.insert(n, b.redis_benchmark(n, 20_000, true).await?);
         }
     }
     let mut series: Vec<Series> = levels.iter().map(|_| Series::default()).collect();
@@ -732,7 +727,7 @@ pub async fn run_lock(
                 t.push("client", client);
                 let best = raw_best.get(&n).copied().unwrap_or(20_000.0);
                 let requests = ((best * per_slice.as_secs_f64()) as u64).clamp(20_000, 5_000_000);
-                let raw = b.redis_benchmark(n, requests).await?;
+                let raw = b.redis_benchmark(n, requests, true).await?;
                 raw_best.insert(n, best.max(raw));
                 t.push("floor", raw / 2.0);
                 t.push("vs_floor", guard / (raw / 2.0));

@@ -88,10 +88,10 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
             #fingerprint
     };
     // Strategies with a store of their own (lease, token, lock) name it
-    // `__idem_store`: the expression given as `store`, or the installed one.
+    // `__idem_store`: the expression given as `store`, or the installed one
+    // (a store failing with `Error::NoStore` if none is).
     // `let x = &(expr);` keeps a temporary alive for the whole body.
     let store = |wrap: &str, module: &str| {
-        let module = syn::Ident::new(module, proc_macro2::Span::call_site());
         match &store {
             Some(expr) => {
                 // Spanned at the expression: a value that is no store of the
@@ -102,7 +102,10 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                 let __idem_store = ::idem::__private::#wrap(__idem_store);
                 }
             }
-            None => quote!(let __idem_store = ::idem::#module::installed();),
+            None => {
+                let installed = syn::Ident::new(&format!("installed_{module}"), proc_macro2::Span::call_site());
+                quote!(let __idem_store = ::idem::__private::#installed();)
+            }
         }
     };
     let millis = |ms: Option<u64>, default: TokenStream| match ms {
@@ -149,7 +152,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                         // installed precheck store.
                         let setup = quote! {
                             #setup
-                            let __idem_precheck = ::idem::precheck::installed();
+                            let __idem_precheck = ::idem::__private::installed_precheck();
                         };
                         (setup, quote!(lease_prechecked(__idem_store, #lease, __idem_precheck, #ttl)))
                     } else {
@@ -242,7 +245,7 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
                     let setup = store("token_store", "token");
                     Some(quote! {
                         #setup
-                        let __idem_precheck = ::idem::precheck::installed();
+                        let __idem_precheck = ::idem::__private::installed_precheck();
                     })
                 } else if strategy.is_token() {
                     Some(store("token_store", "token"))

@@ -578,7 +578,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
             p.span(),
             format!(
                 "`precheck = \"{}\"`: the one precheck is \"redis\" (a SET NX marker per key, in the store \
-                 installed with `idem::precheck::install`, or for `dedup` the one named by `store`)",
+                 installed with `idem::Stores`, or for `dedup` the one named by `store`)",
                 p.as_str()
             ),
         ));
@@ -896,29 +896,24 @@ fn parse_transition(text: &str, span: Span) -> Result<TransitionArg, syn::Error>
 /// saturate.
 const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(100 * 31_557_600);
 
-/// A scope is stored as is: in SQL a column, in Redis the end of a key
-/// `{prefix}{<key>}:<scope>`, the business key in braces (its hash tag).
-/// Braces in the scope would let two (key, scope) pairs share a Redis key
-/// (key `a}:b` + scope `c` and key `a` + scope `b}:c`); PostgreSQL text cannot
-/// hold NUL. Everything else (dots, dashes, colons, slashes...) is fine.
+/// A scope names a guard's records wherever they are kept (any text is
+/// safe there: stores escape or hash it), and people read it in logs, in
+/// `idem_records` and in Redis keys. An empty one names nothing, and a
+/// control character (a newline, a tab, NUL) is a slip nobody could read
+/// back or type in a query.
 fn check_scope(scope: &str, span: Span) -> Result<(), syn::Error> {
-    let mut bad: Vec<char> = Vec::new();
-    for c in scope.chars().filter(|c| matches!(c, '{' | '}' | '\0')) {
-        if !bad.contains(&c) {
-            bad.push(c);
-        }
-    }
-    if bad.is_empty() {
+    let problem = if scope.trim().is_empty() {
+        "is empty".to_owned()
+    } else if let Some(c) = scope.chars().find(|c| c.is_control()) {
+        format!("contains the control character `{}`", c.escape_default())
+    } else {
         return Ok(());
-    }
-    let listed = bad.iter().map(|c| format!("`{}`", c.escape_default())).collect::<Vec<_>>().join(" and ");
+    };
     Err(syn::Error::new(
         span,
         format!(
-            "`scope = \"{}\"` contains {listed}: a scope cannot contain `{{`, `}}` or NUL. Redis keys are \
-             `{{key}}:scope`, the business key in braces (its hash tag), so a brace in the scope would let two \
-             different (key, scope) pairs share one Redis key; PostgreSQL text cannot hold NUL. Letters, digits, \
-             `.`, `-`, `_`, `:` and `/` are fine, e.g. \"payments.on_pay\"",
+            "`scope = \"{}\"` {problem}: a scope is a name people read in logs and queries\n\
+             help: use letters, digits and punctuation, e.g. \"payments.on_pay\"",
             scope.escape_default()
         ),
     ))

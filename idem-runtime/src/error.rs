@@ -209,6 +209,27 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// A guard needs a store of a role (`lease`, `token`, `lock`,
+    /// `precheck`), names none with `store = "..."`, and none is installed
+    /// for that role. Nothing was run. There is no silent fallback: a store
+    /// other instances cannot see would let each of them run a repeat.
+    #[error(
+        "no {role} store is configured: install one at start-up with \
+         `idem::Stores::builder().{role}(store).install()?` (or `.all(store)` for a RedisStore or MemoryStore), \
+         or name one on the guard with `store = \"...\"`"
+    )]
+    NoStore {
+        /// The role with no store: `lease`, `token`, `lock` or `precheck`
+        /// (`any` from [`Stores::installed`](crate::Stores::installed) when nothing was installed).
+        role: &'static str,
+    },
+
+    /// [`StoresBuilder::install`](crate::StoresBuilder::install) ran a second
+    /// time. The first configuration stays in force: install once, at
+    /// start-up, before the first guarded call.
+    #[error("idem's stores are already installed; install them once, at start-up (the first configuration stays)")]
+    StoresAlreadyInstalled,
+
     /// Any other database error. Never a duplicate: only a unique-key violation on
     /// the record is treated as one.
     #[error("database error: {0}")]

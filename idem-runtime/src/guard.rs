@@ -121,10 +121,12 @@ impl Prepared {
     }
 }
 
-/// Scopes longer than a key column are stored hashed, like long keys.
+/// The scope as records store it: as given, unless it is longer than a key
+/// column or holds a backslash or NUL; then `\sha256:<hex>` of it. A plain
+/// scope never holds a backslash, so it never equals a hashed one.
 pub(crate) fn stored_scope(scope: &str) -> Cow<'_, str> {
-    if scope.len() > crate::key::MAX_PLAIN_KEY_LEN {
-        Cow::Owned(Key::from_stored(scope.to_owned()).as_str().to_owned())
+    if scope.len() > crate::key::MAX_PLAIN_KEY_LEN || scope.contains(['\\', '\0']) {
+        Cow::Owned(crate::key::hashed(scope))
     } else {
         Cow::Borrowed(scope)
     }

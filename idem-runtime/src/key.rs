@@ -201,11 +201,7 @@ impl Key {
     /// `:`, `\` or `0`, so no plain key (e.g. the composite
     /// `("sha256", "<hex>")`) can equal a hashed one.
     pub fn from_stored(text: String) -> Key {
-        if text.len() > MAX_PLAIN_KEY_LEN {
-            Key { stored: format!("\\sha256:{}", hex(&Sha256::digest(text.as_bytes()))) }
-        } else {
-            Key { stored: text }
-        }
+        if text.len() > MAX_PLAIN_KEY_LEN { Key { stored: hashed(&text) } } else { Key { stored: text } }
     }
 
     /// Build a key from one value, exactly as a guard with `key = "value"` does.
@@ -229,6 +225,12 @@ impl std::fmt::Debug for Key {
         // Never print the key itself: it may be an e-mail address or a card token.
         write!(f, "Key({})", self.hash())
     }
+}
+
+/// `text` as stored when it is too long (or, for a scope, holds a
+/// backslash or NUL): `\sha256:<hex>`.
+pub(crate) fn hashed(text: &str) -> String {
+    format!("\\sha256:{}", hex(&Sha256::digest(text.as_bytes())))
 }
 
 /// First 16 hex digits of the SHA-256 of `text`.

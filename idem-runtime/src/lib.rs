@@ -23,18 +23,21 @@ pub mod precheck;
 pub mod record;
 pub mod sql;
 pub mod state;
+pub mod store;
+mod stores;
 mod strategy;
 pub mod token;
 
 pub use error::{Error, Result};
 pub use guard::{DEFAULT_RETENTION, GuardError};
 pub use key::{Fingerprint, IdempotencyKey, Key};
-pub use lease::MemoryStore;
-#[cfg(feature = "redis")]
-pub use lease::RedisStore;
 pub use record::{DedupRecord, Outcome, RecordStatus, observe};
 pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, purge_expired};
 pub use state::{SilentRepeat, StateMachine};
+pub use store::MemoryStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
+pub use stores::{Stores, StoresBuilder};
 
 /// The `Ok` type of a guarded function: stored after the first call and
 /// returned to every repeat, so it must survive a JSON round trip. `()`, `0`,
@@ -61,6 +64,7 @@ pub mod __private {
     pub use crate::guard::{Guard, GuardSpec};
     pub use crate::sql::connection;
     pub use crate::state::Transition;
+    pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
     pub use crate::strategy::dedup::{Claim, Ticket, finish, settle};
     pub use crate::strategy::lease::LeaseTicket;
     pub use crate::strategy::lock::LockTicket;

@@ -13,7 +13,7 @@ impl From<idem::Error> for AppError {
     }
 }
 pub struct Bank {
-    pub leases: idem::lease::MemoryStore,
+    pub leases: idem::MemoryStore,
 }
 impl Bank {
     pub async fn transfer(

@@ -9,7 +9,7 @@ impl From<idem::Error> for AppError {
 }
 
 pub struct Bank {
-    pub leases: idem::lease::MemoryStore,
+    pub leases: idem::MemoryStore,
 }
 
 impl Bank {

@@ -23,7 +23,7 @@ pub async fn deduct(
         retention: ::idem::DEFAULT_RETENTION,
         claim_after: false,
     };
-    let __idem_store = ::idem::lock::installed();
+    let __idem_store = ::idem::__private::installed_lock();
     let __idem_guard = ::idem::__private::Guard::new(&__IDEM_SPEC).key(&(order_no));
     let __idem_lock = match __idem_guard
         .lock(

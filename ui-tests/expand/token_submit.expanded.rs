@@ -19,7 +19,7 @@ pub async fn create_order(token: &str, user_id: i64) -> Result<i64, AppError> {
         retention: ::idem::DEFAULT_RETENTION,
         claim_after: false,
     };
-    let __idem_store = ::idem::token::installed();
+    let __idem_store = ::idem::__private::installed_token();
     let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
         .token(
             __idem_store,

@@ -22,6 +22,11 @@ impl Consumer {
     }
 }
 
+/// A configuration of stores as a value: each guard below names it, and
+/// each takes the store of its role from it.
+static STORES: std::sync::LazyLock<idem::Stores> =
+    std::sync::LazyLock::new(|| idem::Stores::builder().all(idem::MemoryStore::new()).build());
+
 /// The installed precheck store and the default TTL; `claim = "after"` too.
 #[idempotent(key = "key", scope = "ledger.apply_after", precheck = "redis", claim = "after")]
 async fn apply_after(tx: &mut Transaction<'_, Postgres>, key: &str) -> Result<(), AppError> {
@@ -31,7 +36,7 @@ async fn apply_after(tx: &mut Transaction<'_, Postgres>, key: &str) -> Result<()
 
 /// A lease record with a precheck: `store` is the lease store.
 #[idempotent(key = "id", strategy = "lease", scope = "bank.transfer", precheck = "redis", ttl = "1h",
-             store = "idem::lease::installed()")]
+             store = "*STORES")]
 async fn transfer(id: &str) -> Result<(), AppError> {
     let _ = id;
     Ok(())
@@ -47,7 +52,7 @@ pub enum OrderStatus {
 
 /// The record of `dedup+state` behind the markers; `store` is the precheck store.
 #[idempotent(key = "id", strategy = "dedup+state", scope = "orders.paid", precheck = "redis", ttl = "1d",
-             store = "idem::precheck::installed()", transition = "OrderStatus::WaitPay -> OrderStatus::Paid")]
+             store = "*STORES", transition = "OrderStatus::WaitPay -> OrderStatus::Paid")]
 async fn on_paid(tx: &mut Transaction<'_, Postgres>, id: i64) -> Result<(), AppError> {
     let _ = (tx, id);
     Ok(())
@@ -55,7 +60,7 @@ async fn on_paid(tx: &mut Transaction<'_, Postgres>, id: i64) -> Result<(), AppE
 
 /// `token+dedup`: `store` is the token store; markers go to the installed precheck store.
 #[idempotent(key = "request_id", strategy = "token+dedup", scope = "orders.submit", precheck = "redis",
-             store = "idem::token::installed()")]
+             store = "*STORES")]
 async fn submit(tx: &mut Transaction<'_, Postgres>, request_id: &str, #[idem(token)] token: &str) -> Result<(), AppError> {
     let _ = (tx, request_id, token);
     Ok(())

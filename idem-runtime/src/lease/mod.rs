@@ -11,8 +11,8 @@
 //! worker whose lease was taken over gets [`Error::LeaseLost`] and overwrites
 //! nothing.
 //!
-//! Stores: [`MemoryStore`] (one process), [`SqlStore`] (SQLite, PostgreSQL,
-//! MySQL/MariaDB) and, with the `redis` feature, [`RedisStore`];
+//! Stores: [`MemoryStore`](crate::MemoryStore) (one process), [`SqlStore`] (SQLite, PostgreSQL,
+//! MySQL/MariaDB) and, with the `redis` feature, [`RedisStore`](crate::RedisStore);
 //! [`Routed`] spreads records over several of them by key (sharded
 //! databases: a key's record on the shard of its business row).
 //!
@@ -34,28 +34,17 @@
 //!   sixth of the lease before the last successful one would run out, so it
 //!   stops before another worker can reclaim the key.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Error;
+use crate::store::BoxFuture;
 
-pub(crate) mod memory;
-#[cfg(feature = "redis")]
-pub(crate) mod redis;
 pub(crate) mod routed;
 pub(crate) mod sql;
 
-pub use memory::MemoryStore;
-#[cfg(feature = "redis")]
-pub use redis::{RedisStats, RedisStore};
 pub use routed::Routed;
 pub use sql::SqlStore;
-
-/// A boxed, `Send` future: what [`LeaseStore`] methods return, so that a
-/// store can sit behind `dyn LeaseStore`.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Default lease when the attribute gives none.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -131,7 +120,7 @@ pub struct HeldLease<'a> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a lease store",
     label = "`store` must name a lease store",
-    note = "use `idem::lease::MemoryStore`, `idem::lease::SqlStore::new(pool)` or `idem::lease::RedisStore::new(conn, prefix)` (or a type implementing `idem::lease::LeaseStore`); leave `store` out to use the one installed with `idem::lease::install`"
+    note = "use `idem::MemoryStore`, `idem::lease::SqlStore::new(pool)`, `idem::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::lease::LeaseStore`); leave `store` out to use the installed one (`idem::Stores::builder().lease(..).install()`)"
 )]
 pub trait LeaseStore: Send + Sync {
     /// `memory`, `redis`, `postgres`, `mysql` or `sqlite`, for logs.
@@ -209,25 +198,6 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     }
 }
 
-static DEFAULT_STORE: OnceLock<Box<dyn LeaseStore>> = OnceLock::new();
-
-/// Install the store `strategy = "lease"` uses when the attribute names no
-/// `store`. Call it once at start-up; returns `false` (and keeps the first)
-/// if one was installed already.
-pub fn install(store: impl LeaseStore + 'static) -> bool {
-    DEFAULT_STORE.set(Box::new(store)).is_ok()
-}
-
-/// The installed store; a process-wide [`MemoryStore`] if none was installed
-/// (fine for one process and tests; several processes need a shared store).
-pub fn installed() -> &'static dyn LeaseStore {
-    &**DEFAULT_STORE.get_or_init(|| {
-        tracing::warn!(target: "idem", "no lease store installed (idem::lease::install): using an in-process memory \
-            store, which other processes cannot see");
-        Box::new(MemoryStore::new())
-    })
-}
-
 /// What the body of a lease-guarded call can know about its lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseInfo {
@@ -249,26 +219,4 @@ tokio::task_local! {
 /// Inside the body of a `strategy = "lease"` function: its lease.
 pub fn current() -> Option<LeaseInfo> {
     CURRENT.try_with(Clone::clone).ok()
-}
-
-/// A fresh owner id: this process (its id and start time) and a counter.
-pub(crate) fn new_owner() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    static PROCESS: OnceLock<String> = OnceLock::new();
-    let process = PROCESS.get_or_init(|| {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        format!("{}-{nanos:x}-", std::process::id())
-    });
-    format!("{process}{:x}", N.fetch_add(1, Ordering::Relaxed))
-}
-
-/// Microseconds since the Unix epoch on this machine's clock.
-pub(crate) fn clock_micros() -> i64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
-}
-
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -18,14 +18,14 @@ type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
 /// [`Routed::hashed`], or keep routed keys short).
 ///
 /// ```no_run
-/// # async fn demo(eu: sqlx::PgPool, us: sqlx::PgPool) {
+/// # async fn demo(eu: sqlx::PgPool, us: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
 /// use idem_runtime::lease::{Routed, SqlStore};
 /// // Orders "EU-..." live in the EU database, the rest in the US one.
 /// let store = Routed::new(vec![SqlStore::new(eu), SqlStore::new(us)], |_scope, key| {
 ///     if key.starts_with("EU-") { 0 } else { 1 }
 /// });
-/// idem_runtime::lease::install(store);
-/// # }
+/// idem_runtime::Stores::builder().lease(store).install()?;
+/// # Ok(()) }
 /// ```
 ///
 /// Stores of different kinds go in as `Arc<dyn LeaseStore>`. Changing the

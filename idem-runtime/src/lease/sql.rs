@@ -11,7 +11,7 @@ use crate::sql::{SqlBackend, classify};
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
 /// idem_runtime::migrate(&pool).await?;
-/// idem_runtime::lease::install(idem_runtime::lease::SqlStore::new(pool));
+/// idem_runtime::Stores::builder().lease(idem_runtime::lease::SqlStore::new(pool)).install()?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -77,7 +77,7 @@ pub(crate) fn judge_row(req: &LeaseRequest<'_>, row: LeaseRow) -> LeaseClaim {
     // At most the lease: on MySQL/MariaDB `UTC_TIMESTAMP(6)` is the time the
     // statement began, and a read that began before the claim and waited on
     // its row lock computes a little more than a whole lease left.
-    let left = row.lease_left_ms.unwrap_or(0).clamp(0, super::millis(req.lease));
+    let left = row.lease_left_ms.unwrap_or(0).clamp(0, crate::store::millis(req.lease));
     LeaseClaim::Busy { retry_after: std::time::Duration::from_millis(left as u64) }
 }
 

@@ -37,18 +37,17 @@
 //! that begins and commits the transaction itself with `lock` alone (see
 //! `examples/stock_deduct.rs`).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Error;
-use crate::lease::{BoxFuture, MemoryStore, new_owner};
+use crate::guard::stored_scope;
+use crate::key::{IdempotencyKey, Key};
+use crate::store::{BoxFuture, new_owner};
 
-pub(crate) mod memory;
-#[cfg(feature = "redis")]
-mod redis;
 #[cfg(feature = "redis")]
 #[doc(hidden)]
-pub use redis::ACQUIRE_SCRIPT;
+pub use crate::store::redis::ACQUIRE_SCRIPT;
 
 /// What an acquire found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,78 +66,79 @@ pub enum LockAttempt {
 
 /// A store of locks.
 ///
-/// [`MemoryStore`] and, with the `redis` feature,
-/// [`RedisStore`](crate::lease::RedisStore) implement it.
+/// [`MemoryStore`](crate::MemoryStore) and, with the `redis` feature,
+/// [`RedisStore`](crate::store::RedisStore) implement it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a lock store",
     label = "`store` must name a lock store",
-    note = "use `idem::MemoryStore` or `idem::RedisStore::new(conn, prefix)` (or a type implementing `idem::lock::LockStore`); leave `store` out to use the one installed with `idem::lock::install`"
+    note = "use `idem::MemoryStore`, `idem::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::lock::LockStore`); leave `store` out to use the installed one (`idem::Stores::builder().lock(..).install()`)"
 )]
 pub trait LockStore: Send + Sync {
     /// `memory` or `redis`, for logs.
     fn kind(&self) -> &'static str;
-    /// Take lock `name` for `owner` for `ttl` (store's clock), if free.
-    fn acquire<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration)
-    -> BoxFuture<'a, Result<LockAttempt, Error>>;
+    /// Take the lock on `key` of `scope` (both as stored) for `owner`, for
+    /// `ttl` on the store's clock, if it is free.
+    fn acquire<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LockAttempt, Error>>;
     /// Delete the lock if `owner` still holds it; `false` if it does not.
-    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+    fn release<'a>(&'a self, scope: &'a str, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
     /// Reset the TTL if `owner` still holds it; `false` if it does not.
-    fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
+    fn extend<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
     /// Release without waiting for the answer: called when a holder's
     /// future is dropped mid-body (a client disconnected, a timeout fired),
     /// where nothing can be awaited. The default does nothing, and the lock
     /// frees itself when its TTL passes; the memory store releases at once,
     /// the Redis store sends the release from a spawned task.
-    fn release_detached(&self, name: &str, owner: &str) {
-        let _ = (name, owner);
+    fn release_detached(&self, scope: &str, key: &str, owner: &str) {
+        let _ = (scope, key, owner);
     }
 }
 
-impl<S: LockStore + ?Sized> LockStore for Arc<S> {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
-        (**self).acquire(name, owner, ttl)
-    }
-    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).release(name, owner)
-    }
-    fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).extend(name, owner, ttl)
-    }
-    fn release_detached(&self, name: &str, owner: &str) {
-        (**self).release_detached(name, owner)
-    }
+macro_rules! forward_lock_store {
+    ($($ty:ty),*) => {$(
+        impl<S: LockStore + ?Sized> LockStore for $ty {
+            fn kind(&self) -> &'static str {
+                (**self).kind()
+            }
+            fn acquire<'a>(
+                &'a self,
+                scope: &'a str,
+                key: &'a str,
+                owner: &'a str,
+                ttl: Duration,
+            ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
+                (**self).acquire(scope, key, owner, ttl)
+            }
+            fn release<'a>(&'a self, scope: &'a str, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+                (**self).release(scope, key, owner)
+            }
+            fn extend<'a>(
+                &'a self,
+                scope: &'a str,
+                key: &'a str,
+                owner: &'a str,
+                ttl: Duration,
+            ) -> BoxFuture<'a, Result<bool, Error>> {
+                (**self).extend(scope, key, owner, ttl)
+            }
+            fn release_detached(&self, scope: &str, key: &str, owner: &str) {
+                (**self).release_detached(scope, key, owner)
+            }
+        }
+    )*};
 }
-
-impl<S: LockStore + ?Sized> LockStore for &S {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
-        (**self).acquire(name, owner, ttl)
-    }
-    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).release(name, owner)
-    }
-    fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).extend(name, owner, ttl)
-    }
-    fn release_detached(&self, name: &str, owner: &str) {
-        (**self).release_detached(name, owner)
-    }
-}
+forward_lock_store!(Arc<S>, &S, Box<S>);
 
 /// A lock taken with [`acquire`], outside any guard: the caller releases
 /// it with [`HeldLock::release`], which says whether it was still held; one
@@ -149,7 +149,9 @@ impl<S: LockStore + ?Sized> LockStore for &S {
 #[derive(Debug)]
 pub struct HeldLock<'s, S: LockStore + ?Sized> {
     store: &'s S,
-    name: String,
+    /// Scope and key as stored.
+    scope: String,
+    key: Key,
     owner: String,
     fence: i64,
     ttl: Duration,
@@ -163,7 +165,7 @@ pub struct HeldLock<'s, S: LockStore + ?Sized> {
 impl<S: LockStore + ?Sized> Drop for HeldLock<'_, S> {
     fn drop(&mut self) {
         if !self.released {
-            self.store.release_detached(&self.name, &self.owner);
+            self.store.release_detached(&self.scope, self.key.as_str(), &self.owner);
         }
     }
 }
@@ -179,47 +181,58 @@ impl<S: LockStore + ?Sized> HeldLock<'_, S> {
     }
     /// Reset the TTL; `false` if the lock was lost (expired and taken, or gone).
     pub async fn extend(&self) -> Result<bool, Error> {
-        self.store.extend(&self.name, &self.owner, self.ttl).await
+        self.store.extend(&self.scope, self.key.as_str(), &self.owner, self.ttl).await
     }
     /// Release the lock; `false` if it was no longer this holder's (it
     /// expired, and perhaps another holder has it now: that one is untouched).
     pub async fn release(mut self) -> Result<bool, Error> {
-        let released = self.store.release(&self.name, &self.owner).await;
+        let released = self.store.release(&self.scope, self.key.as_str(), &self.owner).await;
         self.released = true;
         released
     }
 }
 
-/// Take lock `name` for `ttl`, waiting up to `wait` for it to be free;
-/// [`Error::LockBusy`] if it is still held then. `wait` may be
-/// `Duration::MAX` (wait as long as it takes); a `ttl` under a millisecond
-/// or over 100 years is [`Error::InvalidDuration`].
+/// Take the lock on `key` of `scope` for `ttl`, waiting up to `wait` for it
+/// to be free; [`Error::LockBusy`] if it is still held then. It is the same
+/// lock a lock guard of that scope takes on that key (`#[idempotent(scope =
+/// "stock", key = "sku", strategy = "lock", ...)]`), so by-hand holders and
+/// guards exclude each other. `wait` may be `Duration::MAX` (wait as long
+/// as it takes); a `ttl` under a millisecond or over 100 years is
+/// [`Error::InvalidDuration`]; a key that is no key ([`Key::new`]) is
+/// [`Error::InvalidKey`].
 ///
 /// ```
 /// # async fn demo() -> Result<(), idem_runtime::Error> {
 /// use std::time::Duration;
 /// let store = idem_runtime::MemoryStore::new();
-/// let held = idem_runtime::lock::acquire(&store, "stock:42", Duration::from_secs(5), Duration::ZERO).await?;
+/// let held = idem_runtime::lock::acquire(&store, "stock", &42, Duration::from_secs(5), Duration::ZERO).await?;
 /// let fence = held.fence(); // pass it along with every write the lock protects
 /// # let _ = fence;
 /// assert!(held.release().await?);
 /// # Ok(()) }
 /// ```
-pub async fn acquire<'s, S: LockStore + ?Sized>(
+pub async fn acquire<'s, S: LockStore + ?Sized, K: IdempotencyKey + ?Sized>(
     store: &'s S,
-    name: &str,
+    scope: &str,
+    key: &K,
     ttl: Duration,
     wait: Duration,
 ) -> Result<HeldLock<'s, S>, Error> {
+    let key = Key::new(key).map_err(|e| match e {
+        Error::InvalidKey { reason, .. } => Error::InvalidKey { scope: scope.to_owned(), reason },
+        other => other,
+    })?;
+    let scope = stored_scope(scope).into_owned();
     let owner = new_owner();
-    let fence = acquire_as(store, name, &owner, ttl, wait).await?;
-    Ok(HeldLock { store, name: name.to_owned(), owner, fence, ttl, released: false })
+    let fence = acquire_as(store, &scope, &key, &owner, ttl, wait).await?;
+    Ok(HeldLock { store, scope, key, owner, fence, ttl, released: false })
 }
 
-/// Acquire, polling while busy until `wait` has passed.
+/// Acquire, polling while busy until `wait` has passed. `scope` as stored.
 pub(crate) async fn acquire_as<S: LockStore + ?Sized>(
     store: &S,
-    name: &str,
+    scope: &str,
+    key: &Key,
     owner: &str,
     ttl: Duration,
     wait: Duration,
@@ -229,12 +242,15 @@ pub(crate) async fn acquire_as<S: LockStore + ?Sized>(
     let deadline = tokio::time::Instant::now().checked_add(wait);
     let mut pause = Duration::from_millis(2);
     loop {
-        match store.acquire(name, owner, ttl).await? {
+        match store.acquire(scope, key.as_str(), owner, ttl).await? {
             LockAttempt::Acquired { fence } => return Ok(fence),
             LockAttempt::Busy { retry_after } => {
                 let now = tokio::time::Instant::now();
                 if deadline.is_some_and(|d| now >= d) {
-                    return Err(Error::LockBusy { name: name.to_owned(), retry_after: Some(retry_after) });
+                    // The key can carry personal data: the lock is named
+                    // by its scope and the key's hash, as every error does.
+                    let name = format!("{scope} (key {})", key.hash());
+                    return Err(Error::LockBusy { name, retry_after: Some(retry_after) });
                 }
                 // Poll again soon (the holder may release early), backing
                 // off to at most 50 ms, never past the deadline or the TTL.
@@ -257,26 +273,6 @@ fn jitter(d: Duration) -> Duration {
     let r = std::hash::RandomState::new().hash_one(std::time::SystemTime::now());
     let half = d / 2;
     half + Duration::from_nanos(r % (half.as_nanos() as u64).max(1))
-}
-
-static DEFAULT_STORE: OnceLock<Box<dyn LockStore>> = OnceLock::new();
-
-/// Install the store lock guards use when the attribute names no `store`.
-/// Call it once at start-up; returns `false` (and keeps the first) if one
-/// was installed already.
-pub fn install(store: impl LockStore + 'static) -> bool {
-    DEFAULT_STORE.set(Box::new(store)).is_ok()
-}
-
-/// The installed store; a process-wide [`MemoryStore`] if none was installed
-/// (it locks out only this process's callers; several processes need a
-/// shared store).
-pub fn installed() -> &'static dyn LockStore {
-    &**DEFAULT_STORE.get_or_init(|| {
-        tracing::warn!(target: "idem", "no lock store installed (idem::lock::install): using an in-process memory \
-            store, which other processes cannot see");
-        Box::new(MemoryStore::new())
-    })
 }
 
 /// What the body of a lock-guarded call can know about its lock.

@@ -23,24 +23,24 @@
 //! broker's redelivery and the producers' retry window): after it, repeats
 //! take the normal path again.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::Error;
-use crate::lease::{BoxFuture, MemoryStore, millis};
+use crate::store::BoxFuture;
 
 /// Marker TTL when the attribute gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// A store of "seen" markers.
 ///
-/// [`MemoryStore`] and, with the `redis` feature,
-/// [`RedisStore`](crate::lease::RedisStore) implement it.
+/// [`MemoryStore`](crate::MemoryStore) and, with the `redis` feature,
+/// [`RedisStore`](crate::store::RedisStore) implement it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a precheck store",
     label = "`store` must name a precheck store",
-    note = "use `idem::RedisStore::new(conn, prefix)` or `idem::MemoryStore` (or a type implementing `idem::precheck::PrecheckStore`); leave `store` out to use the one installed with `idem::precheck::install`"
+    note = "use `idem::RedisStore::new(conn, prefix)`, `idem::MemoryStore` or an `idem::Stores` (or your own `impl idem::precheck::PrecheckStore`); leave `store` out to use the installed one (`idem::Stores::builder().precheck(..).install()`)"
 )]
 pub trait PrecheckStore: Send + Sync {
     /// `memory` or `redis`, for logs.
@@ -66,84 +66,6 @@ impl<S: PrecheckStore + ?Sized> PrecheckStore for &S {
     fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         (**self).mark(scope, key, ttl)
     }
-}
-
-impl PrecheckStore for MemoryStore {
-    fn kind(&self) -> &'static str {
-        "memory"
-    }
-
-    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        let now = self.now();
-        let id = format!("{scope}\0{key}");
-        let mut map = self.markers.lock(&id);
-        if map.len() % 1024 == 1023 {
-            map.retain(|_, until| *until > now);
-        }
-        let fresh = match map.get_mut(&id) {
-            Some(until) if *until > now => false,
-            Some(until) => {
-                *until = now.saturating_add(millis(ttl));
-                true
-            }
-            None => {
-                map.insert(id, now.saturating_add(millis(ttl)));
-                true
-            }
-        };
-        Box::pin(std::future::ready(Ok(fresh)))
-    }
-}
-
-#[cfg(feature = "redis")]
-impl<C> PrecheckStore for crate::lease::RedisStore<C>
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    fn kind(&self) -> &'static str {
-        "redis"
-    }
-
-    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(self.marker_key(scope, key)).arg("1").arg("NX").arg("PX").arg(millis(ttl).max(1));
-            let mut conn = self.connection();
-            let reply: redis::Value = cmd.query_async(&mut conn).await.map_err(crate::lease::redis::store_error)?;
-            Ok(!matches!(reply, redis::Value::Nil))
-        })
-    }
-}
-
-#[cfg(feature = "redis")]
-impl<C> crate::lease::RedisStore<C>
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    /// The Redis key of a precheck marker: `{prefix}{<key>}:<scope>:seen`,
-    /// in the same Cluster slot as the key's lease record.
-    pub fn marker_key(&self, scope: &str, key: &str) -> String {
-        format!("{}{{{key}}}:{scope}:seen", self.prefix())
-    }
-}
-
-static DEFAULT_STORE: OnceLock<Box<dyn PrecheckStore>> = OnceLock::new();
-
-/// Install the store `precheck` guards use when the attribute names no
-/// `store`. Call it once at start-up; returns `false` (and keeps the first)
-/// if one was installed already.
-pub fn install(store: impl PrecheckStore + 'static) -> bool {
-    DEFAULT_STORE.set(Box::new(store)).is_ok()
-}
-
-/// The installed store; a process-wide [`MemoryStore`] if none was installed
-/// (it still saves the claim for repeats this process sees).
-pub fn installed() -> &'static dyn PrecheckStore {
-    &**DEFAULT_STORE.get_or_init(|| {
-        tracing::warn!(target: "idem", "no precheck store installed (idem::precheck::install): using an in-process \
-            memory store");
-        Box::new(MemoryStore::new())
-    })
 }
 
 /// What the prechecks of this process found, since it started. Monotonic:
@@ -195,11 +117,21 @@ pub(crate) enum Sight {
 /// confirms it against the record).
 pub const WAIT: Duration = Duration::from_millis(250);
 
-pub(crate) async fn look(store: &dyn PrecheckStore, scope: &str, key: &str, ttl: Duration, guard: &str) -> Sight {
+/// Mark the key seen, or find it seen. A store that fails or does not
+/// answer within [`WAIT`] leaves the database alone to decide; no store
+/// configured at all is [`Error::NoStore`] (a configuration mistake, not
+/// an outage).
+pub(crate) async fn look(
+    store: &dyn PrecheckStore,
+    scope: &str,
+    key: &str,
+    ttl: Duration,
+    guard: &str,
+) -> Result<Sight, Error> {
     let marked = tokio::time::timeout(WAIT, store.mark(scope, key, ttl)).await.unwrap_or_else(|_| {
         Err(Error::Store { store: store.kind(), source: format!("no answer within {WAIT:?}").into() })
     });
-    match marked {
+    Ok(match marked {
         Ok(true) => {
             MARKED.fetch_add(1, Ordering::Relaxed);
             Sight::First
@@ -208,6 +140,7 @@ pub(crate) async fn look(store: &dyn PrecheckStore, scope: &str, key: &str, ttl:
             SEEN.fetch_add(1, Ordering::Relaxed);
             Sight::Seen
         }
+        Err(e @ Error::NoStore { .. }) => return Err(e),
         Err(e) => {
             // Warn once per burst: an outage would otherwise log every call.
             let n = UNAVAILABLE.fetch_add(1, Ordering::Relaxed);
@@ -220,7 +153,7 @@ pub(crate) async fn look(store: &dyn PrecheckStore, scope: &str, key: &str, ttl:
             }
             Sight::Unknown
         }
-    }
+    })
 }
 
 pub(crate) fn confirmed(yes: bool) {

@@ -121,7 +121,7 @@ pub trait SqlBackend: sqlx::Database {
     const SCHEMA: &'static str;
 
     /// The most bytes the record's `response` column holds: a longer answer
-    /// fails its first call with [`Error::Response`](crate::Error::Response)
+    /// fails its first call with [`Error::Response`]
     /// instead of reaching the server (where MySQL, by its `sql_mode`, might
     /// cut it short or drop the connection).
     const MAX_RESPONSE: usize = usize::MAX;

@@ -273,14 +273,14 @@ impl SqlBackend for Sqlite {
         // all (a clock read before waiting for the lock could be below one
         // granted meanwhile).
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let fresh = crate::lease::clock_micros();
+        let fresh = crate::store::clock_micros();
         let fence: Option<i64> = sqlx::query_scalar(LEASE_CLAIM)
             .bind(req.scope)
             .bind(req.key)
             .bind(req.fingerprint)
             .bind(req.owner)
-            .bind(crate::lease::millis(req.lease))
-            .bind(crate::lease::millis(req.retention))
+            .bind(crate::store::millis(req.lease))
+            .bind(crate::store::millis(req.retention))
             .bind(fresh)
             .fetch_optional(&mut *tx)
             .await?;
@@ -317,9 +317,9 @@ impl SqlBackend for Sqlite {
         };
         let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(held.scope).bind(held.key).bind(held.owner).bind(held.fence);
         let q = match action {
-            LeaseAction::Complete(response) => q.bind(response).bind(crate::lease::millis(held.retention)),
+            LeaseAction::Complete(response) => q.bind(response).bind(crate::store::millis(held.retention)),
             LeaseAction::Release => q,
-            LeaseAction::Extend => q.bind(crate::lease::millis(held.lease)),
+            LeaseAction::Extend => q.bind(crate::store::millis(held.lease)),
         };
         Ok(q.execute(conn).await?.rows_affected() == 1)
     }

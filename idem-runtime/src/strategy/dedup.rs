@@ -75,7 +75,7 @@ pub(crate) async fn prechecked<T: Replayable, DB: SqlBackend>(
     precheck: Option<(&dyn PrecheckStore, std::time::Duration)>,
 ) -> Result<Option<T>, Error> {
     let Some((store, ttl)) = precheck else { return Ok(None) };
-    if let Sight::Seen = look(store, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await {
+    if let Sight::Seen = look(store, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await? {
         let existing = DB::read_then_claim(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)?;
         match existing {
             Some(existing)

@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use crate::guard::{Guard, GuardError, Prepared};
-use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, new_owner};
+use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
 use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
 use crate::record::{Outcome, report};
+use crate::store::new_owner;
 use crate::strategy::dedup::{Claim, replayed, stored_response};
-use crate::strategy::renew::under_renewal;
+use crate::strategy::renew::{bounded, under_renewal};
 use crate::{Error, Replayable};
 
 /// The lease a first call holds while its body runs.
@@ -64,7 +65,7 @@ impl Guard {
         };
         let mut seen = false;
         if let Some((marks, ttl)) = precheck
-            && let Sight::Seen = look(marks, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await
+            && let Sight::Seen = look(marks, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await?
         {
             match store.peek(&req).await? {
                 Some(LeaseClaim::Done { response }) => {
@@ -142,7 +143,7 @@ impl LeaseTicket<'_> {
         let json = match stored_response(&value, self.store.max_response()) {
             Ok(json) => json,
             Err(source) => {
-                let _ = self.store.release(&held).await;
+                let _ = bounded(self.lease, self.store.kind(), self.store.release(&held)).await;
                 return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source }.into());
             }
         };
@@ -170,7 +171,7 @@ impl LeaseTicket<'_> {
 
     /// The body `failed` or `panicked`: remove the record so a retry runs again.
     async fn release_failed(&self, held: &HeldLease<'_>, how: &str) {
-        if let Err(e) = self.store.release(held).await {
+        if let Err(e) = bounded(self.lease, self.store.kind(), self.store.release(held)).await {
             let p = &self.prepared;
             tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
                 "the body {how} and its record could not be removed; a retry waits for the lease to pass");

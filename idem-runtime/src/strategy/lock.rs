@@ -6,11 +6,11 @@ use std::time::Duration;
 use crate::Error;
 use crate::guard::{Guard, GuardError, stored_scope};
 use crate::key::Key;
-use crate::lease::new_owner;
 use crate::lock::{CURRENT, LockInfo, LockStore, acquire_as};
 use crate::record::{Outcome, forget_reported, report, reported};
+use crate::store::new_owner;
 use crate::strategy::dedup::Claim;
-use crate::strategy::renew::under_renewal;
+use crate::strategy::renew::{bounded, under_renewal};
 
 /// The lock a call holds while its body runs.
 #[doc(hidden)]
@@ -18,8 +18,9 @@ use crate::strategy::renew::under_renewal;
 pub struct LockTicket<'s> {
     store: &'s dyn LockStore,
     scope: &'static str,
+    /// The scope as stored (long ones hashed).
+    stored_scope: String,
     key: Key,
-    name: String,
     owner: String,
     fence: i64,
     ttl: Duration,
@@ -60,20 +61,17 @@ async fn lock<'s, T>(
     wait: Duration,
     alone: bool,
 ) -> Result<Claim<T, LockTicket<'s>>, Error> {
-    // `scope:key`, both as stored (long ones hashed), so a lock name is
-    // bounded however long the key.
-    let name = format!("{}:{}", stored_scope(scope), key.as_str());
+    let stored = stored_scope(scope).into_owned();
     let owner = new_owner();
-    let fence = acquire_as(store, &name, &owner, ttl, wait).await.map_err(|e| match e {
-        // The lock name holds the key, which can carry personal data: name
-        // the lock by scope and key hash instead, as every other error does.
+    let fence = acquire_as(store, &stored, &key, &owner, ttl, wait).await.map_err(|e| match e {
+        // Named by the guard's scope as written, not as stored.
         Error::LockBusy { retry_after, .. } => {
             tracing::info!(target: "idem", scope, key = %key.hash(), "lock busy: another call with this key is running");
             Error::LockBusy { name: format!("{scope} (key {})", key.hash()), retry_after }
         }
         other => other,
     })?;
-    Ok(Claim::Run(LockTicket { store, scope, key, name, owner, fence, ttl, alone }))
+    Ok(Claim::Run(LockTicket { store, scope, stored_scope: stored, key, owner, fence, ttl, alone }))
 }
 
 impl LockTicket<'_> {
@@ -99,15 +97,16 @@ impl LockTicket<'_> {
         let mut dropped = ReleaseOnDrop { ticket: &self, armed: true };
         let info = LockInfo { fence: self.fence, owner: self.owner.clone() };
         let body = CURRENT.scope(info, body);
-        let renew = || self.store.extend(&self.name, &self.owner, self.ttl);
+        let renew = || self.store.extend(&self.stored_scope, self.key.as_str(), &self.owner, self.ttl);
         let Some(result) = under_renewal(body, self.ttl, renew, "lock", self.scope).await else {
             // Given up before the store's TTL ran out: if the lock is still
-            // this owner's, free it now rather than at its TTL.
-            let _ = self.store.release(&self.name, &self.owner).await;
+            // this owner's, free it now rather than at its TTL (but do not
+            // keep the caller waiting on a store that does not answer).
+            let _ = self.release().await;
             dropped.armed = false;
             return Err(self.lost().into());
         };
-        let released = self.store.release(&self.name, &self.owner).await;
+        let released = self.release().await;
         dropped.armed = false;
         match released {
             Ok(true) => {}
@@ -132,6 +131,12 @@ impl LockTicket<'_> {
         result
     }
 
+    /// Release the lock, waiting at most a third of its TTL for the answer.
+    async fn release(&self) -> Result<bool, Error> {
+        bounded(self.ttl, self.store.kind(), self.store.release(&self.stored_scope, self.key.as_str(), &self.owner))
+            .await
+    }
+
     fn lost(&self) -> Error {
         tracing::error!(target: "idem", scope = self.scope, key = %self.key.hash(), fence = self.fence,
             store = self.store.kind(), "lock lost while the body ran: another caller may hold it now");
@@ -152,7 +157,7 @@ impl Drop for ReleaseOnDrop<'_, '_> {
             let t = self.ticket;
             tracing::info!(target: "idem", scope = t.scope, key = %t.key.hash(), fence = t.fence,
                 "the guarded call was dropped mid-body; releasing its lock");
-            t.store.release_detached(&t.name, &t.owner);
+            t.store.release_detached(&t.stored_scope, t.key.as_str(), &t.owner);
         }
     }
 }

@@ -78,3 +78,20 @@ where
         }
     }
 }
+
+/// A clean-up call (releasing a lock or a lease record after the body, or
+/// after the hold was given up), abandoned after a third of the hold's
+/// length: past that the store frees the hold by its TTL anyway, and the
+/// caller learns the call's outcome instead of waiting on a store that does
+/// not answer (a default `ConnectionManager` retries for many seconds).
+pub(crate) async fn bounded<T>(
+    hold: Duration,
+    store: &'static str,
+    call: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let limit = (hold / 3).max(Duration::from_millis(50));
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Store { store, source: format!("no answer within {limit:?}").into() }),
+    }
+}

@@ -112,6 +112,8 @@ async fn spend(store: &dyn TokenStore, p: &Prepared, token: &str, on_store_error
             report(p.spec.scope, &p.key, Outcome::Rejected);
             Err(Error::TokenRejected)
         }
+        // No token store configured is a mistake to fix, never "allowed".
+        Err(e @ Error::NoStore { .. }) => Err(e),
         Err(e) => match on_store_error {
             OnStoreError::Reject => Err(e),
             OnStoreError::Allow => {

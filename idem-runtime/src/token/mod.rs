@@ -25,15 +25,11 @@
 //!   is unreachable (logged as a warning): keep a unique index on the
 //!   business row as the backstop, as `examples/order_create.rs` does.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Error;
-use crate::lease::{BoxFuture, MemoryStore};
-
-mod memory;
-#[cfg(feature = "redis")]
-mod redis;
+use crate::store::BoxFuture;
 
 /// Longest token the stores accept; longer input is rejected without a
 /// round trip.
@@ -41,12 +37,12 @@ pub const MAX_TOKEN_LEN: usize = 128;
 
 /// A store of one-time tokens.
 ///
-/// [`MemoryStore`] and, with the `redis` feature, [`RedisStore`](crate::lease::RedisStore)
+/// [`MemoryStore`](crate::MemoryStore) and, with the `redis` feature, [`RedisStore`](crate::store::RedisStore)
 /// implement it (the same store types that hold lease records and locks).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a token store",
     label = "`store` must name a token store",
-    note = "use `idem::MemoryStore` or `idem::RedisStore::new(conn, prefix)` (or a type implementing `idem::token::TokenStore`); leave `store` out to use the one installed with `idem::token::install`"
+    note = "use `idem::MemoryStore`, `idem::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::token::TokenStore`); leave `store` out to use the installed one (`idem::Stores::builder().token(..).install()`)"
 )]
 pub trait TokenStore: Send + Sync {
     /// `memory` or `redis`, for logs.
@@ -165,24 +161,4 @@ impl<T: TokenParam> TokenParam for Option<T> {
     fn token(&self) -> Option<&str> {
         self.as_ref().and_then(TokenParam::token)
     }
-}
-
-static DEFAULT_STORE: OnceLock<Box<dyn TokenStore>> = OnceLock::new();
-
-/// Install the store token guards use when the attribute names no `store`.
-/// Call it once at start-up; returns `false` (and keeps the first) if one
-/// was installed already.
-pub fn install(store: impl TokenStore + 'static) -> bool {
-    DEFAULT_STORE.set(Box::new(store)).is_ok()
-}
-
-/// The installed store; a process-wide [`MemoryStore`] if none was installed
-/// (fine for one process; several processes need a shared store, since a
-/// token issued by one must be consumable by all).
-pub fn installed() -> &'static dyn TokenStore {
-    &**DEFAULT_STORE.get_or_init(|| {
-        tracing::warn!(target: "idem", "no token store installed (idem::token::install): using an in-process memory \
-            store, which other processes cannot see");
-        Box::new(MemoryStore::new())
-    })
 }

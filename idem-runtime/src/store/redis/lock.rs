@@ -1,7 +1,8 @@
-//! Locks in Redis. The lock is `{prefix}{<name>}:lock` holding its owner
-//! id, taken with `SET ... NX PX ttl`; its fencing counter is
-//! `{prefix}{<name>}:fence` (same hash tag, so one Cluster slot). Acquire,
-//! release and extend are each one Lua script call.
+//! Locks in Redis. The lock is `<prefix>{<key>}lock:<scope>` holding its
+//! owner id, taken with `SET ... NX PX ttl`; its fencing counter is
+//! `<prefix>{<key>}fence:<scope>` (same hash tag, so one Cluster slot).
+//! Acquire, release and extend are each one Lua script call
+//! (`lock_*.lua`), which reads and checks what it needs before it writes.
 //!
 //! The counter starts at Redis's clock in microseconds the first time a lock
 //! is taken (and again if the counter is ever lost: expired after a week
@@ -15,56 +16,22 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::{LockAttempt, LockStore};
+use super::{RedisStore, int, store_error, unexpected};
 use crate::Error;
-use crate::lease::redis::{int, store_error, unexpected};
-use crate::lease::{BoxFuture, RedisStore, millis};
+use crate::lock::{LockAttempt, LockStore};
+use crate::store::{BoxFuture, RecordKind, millis};
 
 /// How long a lock's fencing counter outlives its last grant.
 const FENCE_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// The acquire script: the lock with `SET NX PX`, then the fencing counter
-/// (seeded from the server's clock in microseconds) incremented. Public
-/// (hidden) so the benchmark sends exactly this script as its floor.
+/// The acquire script (public, hidden: the benchmark sends exactly this
+/// script as its floor).
 #[doc(hidden)]
-pub const ACQUIRE_SCRIPT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-          local t = redis.call('TIME')
-          redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])), 'NX')
-          local fence = redis.call('INCR', KEYS[2])
-          redis.call('PEXPIRE', KEYS[2], ARGV[3])
-          return {1, fence}
-        end
-        return {0, redis.call('PTTL', KEYS[1])}";
+pub const ACQUIRE_SCRIPT: &str = include_str!("lock_acquire.lua");
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SCRIPT));
-
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-        return 0",
-    )
-});
-
-static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-        return 0",
-    )
-});
-
-impl<C> RedisStore<C>
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    /// The Redis key of a lock: `{prefix}{<name>}:lock`.
-    pub fn lock_key(&self, name: &str) -> String {
-        format!("{}{{{name}}}:lock", self.prefix())
-    }
-
-    fn fence_key(&self, name: &str) -> String {
-        format!("{}{{{name}}}:fence", self.prefix())
-    }
-}
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lock_release.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lock_extend.lua")));
 
 impl<C> LockStore for RedisStore<C>
 where
@@ -76,13 +43,18 @@ where
 
     fn acquire<'a>(
         &'a self,
-        name: &'a str,
+        scope: &'a str,
+        key: &'a str,
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
         Box::pin(async move {
-            let mut invocation = ACQUIRE.key(self.lock_key(name));
-            invocation.key(self.fence_key(name)).arg(owner).arg(millis(ttl).max(1)).arg(millis(FENCE_KEEP));
+            let mut invocation = ACQUIRE.key(self.key(RecordKind::Lock, scope, key));
+            invocation
+                .key(self.key(RecordKind::Fence, scope, key))
+                .arg(owner)
+                .arg(millis(ttl).max(1))
+                .arg(millis(FENCE_KEEP));
             // Not retried after a dropped connection: if the first attempt
             // took the lock, a second would find it busy (held by this very
             // owner) and the lock would then sit until its TTL. The caller
@@ -103,9 +75,9 @@ where
         })
     }
 
-    fn release<'a>(&'a self, name: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn release<'a>(&'a self, scope: &'a str, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut invocation = RELEASE.key(self.lock_key(name));
+            let mut invocation = RELEASE.key(self.key(RecordKind::Lock, scope, key));
             invocation.arg(owner);
             // Not retried after a dropped connection: if the first attempt
             // deleted the lock, a second would find it gone and report it
@@ -116,22 +88,28 @@ where
         })
     }
 
-    fn release_detached(&self, name: &str, owner: &str) {
+    fn release_detached(&self, scope: &str, key: &str, owner: &str) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime to send it on: the lock frees itself at its TTL
         };
-        let (store, name, owner) = (self.clone(), name.to_owned(), owner.to_owned());
+        let (store, scope, key, owner) = (self.clone(), scope.to_owned(), key.to_owned(), owner.to_owned());
         runtime.spawn(async move {
-            if let Err(e) = LockStore::release(&store, &name, &owner).await {
+            if let Err(e) = LockStore::release(&store, &scope, &key, &owner).await {
                 tracing::warn!(target: "idem", error = %e,
                     "could not release a lock whose holder was dropped; it frees itself when its TTL passes");
             }
         });
     }
 
-    fn extend<'a>(&'a self, name: &'a str, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+    fn extend<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut invocation = EXTEND.key(self.lock_key(name));
+            let mut invocation = EXTEND.key(self.key(RecordKind::Lock, scope, key));
             invocation.arg(owner).arg(millis(ttl).max(1));
             Ok(matches!(self.call(invocation).await?, redis::Value::Int(1)))
         })

@@ -2,8 +2,8 @@
 //! trip), so claim, take-over, completion and release are each atomic on the
 //! server, with the lease on Redis's clock (`TIME`).
 //!
-//! A record is one string at `{prefix}{<key>}:<scope>`: the business key is
-//! the hash tag, so on Redis Cluster every record of one business key lives
+//! A record is one string at `<prefix>{<key>}lease:<scope>`: the business
+//! key is the hash tag, so on Redis Cluster every record of one business key lives
 //! in one slot. It holds the status, fingerprint, fence, owner and lease
 //! length (or, once done, the response); the lease and the retention are the
 //! key's TTL.
@@ -19,13 +19,16 @@
 //! front of a SQL store).
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock};
 
 use redis::Script;
 
-use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore, millis};
+use super::{RedisStore, Shared, store_error, store_message, unexpected, worth_retrying};
 use crate::Error;
+use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::store::keyspace::Keyspace;
+use crate::store::{BoxFuture, RecordKind, millis};
 
 // A record is one string:
 // `P<fence>.<TTL ms>:<owner>|<lease ms>:<retention ms>:<fp 64>` while held,
@@ -65,177 +68,8 @@ use crate::Error;
 // record is the holder's if it has the same fence and owner (a holder built
 // by hand, or a claim repeated by its owner, with another lease, retention
 // or fingerprint); else it was taken over, released or completed.
-static OPS: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
--- Straight-line code: Redis runs this chunk on every call, and each closure
--- it makes costs about a thousand instructions, so the helpers of the rare
--- paths are made only when one of those paths is taken. Commands go
--- through redis.pcall, so an item whose command fails (a key of another
--- type, say) replies X<message> and the others go on. A failed command's
--- reply is a table with `err`; `v.err` tells it from a string (whose `err`
--- is nil) without a call of `type`.
-local n, j, out, fresh, held, ours = #KEYS, 1
-if n > 1 then out = {} end
-local r
-for i = 1, n do
-  local k, a = KEYS[i], ARGV[j]
-  local op, v, mine, ttl = string.byte(a)
-  r = nil
-  if op == 46 then
-    -- Claim: a the record but for its head (`.<TTL>:...`).
-    j = j + 1
-    v = redis.pcall('GET', k)
-    if not v then
-      if not fresh then
-        local t = redis.call('TIME')
-        fresh = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-      end
-      r = redis.pcall('SET', k, 'P' .. fresh .. a, 'PX', string.sub(a, 2, string.find(a, ':', 2, true) - 1))
-      r = r.err and 'X' .. r.err or fresh
-    elseif v.err then
-      r = 'X' .. v.err
-    elseif string.byte(v) == 68 then
-      -- Done: the record whole; the client checks its fingerprint.
-      r = v
-    end
-  elseif op == 68 then
-    -- Complete: a the done record, then the holder's record. Written first,
-    -- checked after: SET ... XX GET KEEPTTL swaps the record in and hands
-    -- back what it replaced, in one command, the key's TTL untouched (the
-    -- held record's TTL is its lease left plus the retention).
-    mine = ARGV[j + 1]
-    j = j + 2
-    v = redis.pcall('SET', k, a, 'XX', 'GET', 'KEEPTTL')
-    if not v then
-      r = 0
-    elseif v.err then
-      r = 'X' .. v.err
-    elseif v == mine or v == a then
-      r = 1
-    end
-  elseif op == 114 or op == 101 then
-    -- Release (`r`) or extend (`e`): the holder's record; to extend, its TTL.
-    mine = ARGV[j + 1]
-    if op == 114 then
-      j = j + 2
-    else
-      ttl = ARGV[j + 2]
-      j = j + 3
-    end
-    v = redis.pcall('GET', k)
-    if not v then
-      r = 0
-    elseif v.err then
-      r = 'X' .. v.err
-    elseif v == mine then
-      r = op == 114 and redis.pcall('DEL', k) or redis.pcall('PEXPIRE', k, ttl)
-      if type(r) == 'table' then r = 'X' .. r.err end
-    end
-  else
-    r = 'Xunknown operation ' .. a
-    j = j + 1
-  end
-  if r == nil then
-    -- The rare paths: a claim finding a held record; a completion, release
-    -- or extension finding another record than the holder's as the client
-    -- rebuilt it.
-    if not held then
-      -- A held record's fence, lease, tail (the retention: the TTL less the
-      -- lease), fingerprint and owner; for a
-      -- record written by an earlier version
-      -- (`P<fp 64><fence>:<deadline ms>:<owner>`), its fence, nil, nil,
-      -- fingerprint, owner and milliseconds left.
-      held = function(v)
-        local f, o, lease, tail, fp = string.match(v, '^P(%d+)%.%d+:([^|]*)|(%d+):(%d+):(.*)$')
-        if f then return f, lease, tail, fp, o end
-        local fp2, f2, lu, o2 = string.match(v, '^P(' .. string.rep('.', 64) .. ')(%d+):(%d+):(.*)$')
-        if f2 then
-          local t = redis.call('TIME')
-          return f2, nil, nil, fp2, o2, tonumber(lu) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-        end
-      end
-      -- Whether `v` (of this layout) is the record of the holder whose
-      -- record (as the client rebuilt it) is `mine`: the same fence and
-      -- owner.
-      ours = function(v, mine)
-        local f, _, tail, _, o = held(v)
-        local mf, _, _, _, mo = held(mine)
-        return tail ~= nil and f == mf and o == mo
-      end
-    end
-    if op == 46 then
-      local f, lease, tail, fp, o, left = held(v)
-      if not f then
-        r = 'Xnot an idem lease record'
-      else
-        local co, cfp = string.match(a, '^%.%d+:([^|]*)|%d+:%d+:(.*)$')
-        if not cfp then
-          r = 'Xmalformed claim'
-        elseif string.byte(cfp) ~= 46 and string.byte(fp) ~= 46 and fp ~= cfp then
-          r = 'M'
-        elseif o == co then
-          r = 'A' .. f
-        else
-          if not left then
-            left = redis.pcall('PTTL', k)
-            if type(left) == 'number' then left = left - tonumber(tail) end
-          end
-          if type(left) == 'table' then
-            r = 'X' .. left.err
-          elseif left > 0 then
-            r = 'B' .. string.format('%d', left)
-          else
-            local fence = string.format('%d', tonumber(f) + 1)
-            r = redis.pcall('SET', k, 'P' .. fence .. a, 'PX', string.match(a, '^%.(%d+)'))
-            r = r.err and 'X' .. r.err or 'R' .. fence
-          end
-        end
-      end
-    elseif op == 68 then
-      if ours(v, mine) then
-        -- A holder built by hand: the fingerprint stays the claim's.
-        r = 1
-        local fp = string.sub(v, -64)
-        if fp ~= string.sub(a, 2, 65) then
-          r = redis.pcall('SET', k, 'D' .. fp .. string.sub(a, 66), 'XX', 'KEEPTTL')
-          r = r.err and 'X' .. r.err or 1
-        end
-      else
-        -- Not this holder's record: it goes back exactly as it was, TTL
-        -- and all: another holder's (this one's lease was taken over), or a
-        -- done record (this holder's own, if the completion was repeated
-        -- with another answer).
-        r = redis.pcall('SET', k, v, 'XX', 'KEEPTTL')
-        if r.err then
-          r = 'X' .. r.err
-        else
-          local bar = string.find(a, '|', 66, true)
-          r = (bar and string.byte(v) == 68 and string.sub(v, 66, bar) == string.sub(a, 66, bar)) and 1 or 0
-        end
-      end
-    elseif not ours(v, mine) then
-      r = 0
-    else
-      if op == 114 then
-        r = redis.pcall('DEL', k)
-      else
-        -- Extended by a holder built by hand: its lease plus the record's
-        -- tail.
-        local _, lease = held(mine)
-        local _, _, tail = held(v)
-        r = redis.pcall('PEXPIRE', k, string.format('%d', tonumber(lease) + tonumber(tail)))
-      end
-      if type(r) == 'table' then r = 'X' .. r.err end
-    end
-  end
-  if out then out[i] = r end
-end
--- One item: its reply bare (a one-item table costs more to send).
-return out or r
-"#,
-    )
-});
+
+static OPS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
 
 /// A record's fingerprint field when the call has none (`.` x 64).
 const NO_FINGERPRINT: &str = "................................................................";
@@ -253,7 +87,7 @@ const MAX_BATCH: usize = 128;
 /// One operation on one record, as the script takes it: the record's key
 /// and up to three arguments (the first telling the operation apart), packed
 /// in one buffer (one allocation per operation).
-struct Op {
+pub(super) struct Op {
     buf: String,
     /// End of the key, then of each argument, in `buf`.
     ends: [usize; 4],
@@ -261,14 +95,10 @@ struct Op {
 }
 
 impl Op {
-    /// An operation on the record `{prefix}{<key>}:<scope>`.
-    fn new(prefix: &str, scope: &str, key: &str) -> Op {
-        let mut buf = String::with_capacity(prefix.len() + key.len() + scope.len() + 200);
-        buf.push_str(prefix);
-        buf.push('{');
-        buf.push_str(key);
-        buf.push_str("}:");
-        buf.push_str(scope);
+    /// An operation on the lease record of `scope` and `key`.
+    fn new(names: &Keyspace, scope: &str, key: &str) -> Op {
+        let mut buf = String::with_capacity(key.len() + scope.len() + 220);
+        names.write(&mut buf, RecordKind::Lease, scope, key);
         Op { ends: [buf.len(), 0, 0, 0], buf, parts: 1 }
     }
 
@@ -287,7 +117,7 @@ impl Op {
     }
 }
 
-type Waiter = tokio::sync::oneshot::Sender<Result<redis::Value, Error>>;
+pub(super) type Waiter = tokio::sync::oneshot::Sender<Result<redis::Value, Error>>;
 
 /// An operation's turn: sent at once, or queued for the next batch.
 enum Turn {
@@ -297,15 +127,15 @@ enum Turn {
 
 /// Operations waiting for a batch, shared by the clones of one store.
 #[derive(Default)]
-struct Batcher {
+pub(super) struct Batcher {
     /// Script calls in flight (single operations and batch flushes).
-    in_flight: usize,
-    queue: Vec<(Op, Waiter)>,
+    pub(super) in_flight: usize,
+    pub(super) queue: Vec<(Op, Waiter)>,
 }
 
 impl Batcher {
     /// The next batch: the oldest [`MAX_BATCH`] queued operations.
-    fn next(&mut self) -> Vec<(Op, Waiter)> {
+    pub(super) fn next(&mut self) -> Vec<(Op, Waiter)> {
         if self.queue.len() <= MAX_BATCH {
             std::mem::take(&mut self.queue)
         } else {
@@ -314,134 +144,10 @@ impl Batcher {
     }
 }
 
-struct Shared {
-    batcher: Mutex<Batcher>,
-    /// Off for Redis Cluster (a batch would span slots), or when asked.
-    batching: AtomicBool,
-    calls: AtomicU64,
-    operations: AtomicU64,
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Batcher> {
-        self.batcher.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn count(&self, operations: usize) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.operations.fetch_add(operations as u64, Ordering::Relaxed);
-    }
-}
-
-/// Script calls a [`RedisStore`] made for lease operations, and the
-/// operations they carried: `operations / script_calls` is the mean batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RedisStats {
-    /// `EVALSHA` calls of lease operations (a batch is one).
-    pub script_calls: u64,
-    /// Claims, completions, releases and extensions sent.
-    pub operations: u64,
-}
-
-/// Lease records in Redis: standalone through a
-/// [`ConnectionManager`](redis::aio::ConnectionManager) (reconnects after a
-/// restart) or a `MultiplexedConnection` (no reconnect layer: measurably
-/// faster under load, see BENCHMARKS.md), or Cluster through
-/// `redis::cluster_async::ClusterConnection`. Needs Redis 6.2 or newer (or
-/// Valkey): a completion swaps its record in with `SET ... GET`.
-///
-/// **Batching.** Every operation is one call of one script. While two calls
-/// are in flight, further operations (from any task using this store or its
-/// clones) queue, and the next call carries all of them: Redis runs each
-/// item atomically on its own key, as it would run a call of its own, and
-/// one item failing does not fail the others. A lone caller never waits for
-/// a batch; under load the server parses, dispatches and answers one command
-/// for many operations. A batch spans keys of different hash slots, so it is
-/// off for `ClusterConnection` (and after a `CROSSSLOT` reply, e.g. from a
-/// proxy in front of a cluster); [`batching(false)`](Self::batching) turns
-/// it off by hand.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = redis::Client::open("redis://127.0.0.1/")?;
-/// let conn = redis::aio::ConnectionManager::new(client).await?;
-/// idem_runtime::lease::install(idem_runtime::lease::RedisStore::new(conn, "idem:"));
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct RedisStore<C = redis::aio::ConnectionManager> {
-    conn: C,
-    prefix: String,
-    shared: Arc<Shared>,
-}
-
-impl<C> std::fmt::Debug for RedisStore<C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("prefix", &self.prefix)
-            .field("batching", &self.shared.batching.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
 impl<C> RedisStore<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// A store on `conn`, its keys starting with `prefix` (e.g. `"idem:"`).
-    pub fn new(conn: C, prefix: impl Into<String>) -> RedisStore<C> {
-        let cluster = std::any::TypeId::of::<C>() == std::any::TypeId::of::<redis::cluster_async::ClusterConnection>();
-        RedisStore {
-            conn,
-            prefix: prefix.into(),
-            shared: Arc::new(Shared {
-                batcher: Mutex::default(),
-                batching: AtomicBool::new(!cluster),
-                calls: AtomicU64::new(0),
-                operations: AtomicU64::new(0),
-            }),
-        }
-    }
-
-    /// Batch lease operations under load (the default, except on a
-    /// `ClusterConnection`), or send each as a call of its own. The setting
-    /// is shared with this store's clones, which share its queue.
-    pub fn batching(self, on: bool) -> RedisStore<C> {
-        self.shared.batching.store(on, Ordering::Relaxed);
-        self
-    }
-
-    /// Script calls and operations so far, over this store and its clones.
-    pub fn stats(&self) -> RedisStats {
-        RedisStats {
-            script_calls: self.shared.calls.load(Ordering::Relaxed),
-            operations: self.shared.operations.load(Ordering::Relaxed),
-        }
-    }
-
-    /// A handle on the connection (cheap: connections are shared handles).
-    pub(crate) fn connection(&self) -> C {
-        self.conn.clone()
-    }
-
-    /// The prefix every key of this store starts with.
-    pub(crate) fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The Redis key of a record: `{prefix}{<key>}:<scope>`.
-    pub fn record_key(&self, scope: &str, key: &str) -> String {
-        format!("{}{{{key}}}:{scope}", self.prefix)
-    }
-
-    /// One script call. A connection that dropped (the server restarted) is
-    /// tried once more: a `ConnectionManager` reconnects in between, and
-    /// every script is safe to repeat (a claim finds its own record, the
-    /// others are conditional on owner and fence).
-    pub(crate) async fn call(&self, invocation: redis::ScriptInvocation<'_>) -> Result<redis::Value, Error> {
-        call(&mut self.conn.clone(), invocation).await
-    }
-
     /// Run one operation: at once while fewer than [`IN_FLIGHT`] calls are
     /// out, else in the next batch.
     async fn run(&self, op: Op) -> Result<redis::Value, Error> {
@@ -477,7 +183,7 @@ where
     /// `op` (with the holder's record as its second argument, then `ttl` if
     /// any) on the record of `held`: 1 if it was the holder's.
     async fn held(&self, op: char, held: &HeldLease<'_>, ttl: Option<i64>) -> Result<bool, Error> {
-        let mut op = Op::new(&self.prefix, held.scope, held.key).arg(op).arg(Holder(held));
+        let mut op = Op::new(&self.names, held.scope, held.key).arg(op).arg(Holder(held));
         if let Some(ttl) = ttl {
             op = op.arg(ttl);
         }
@@ -668,15 +374,6 @@ async fn eval<'o, C: redis::aio::ConnectionLike + Send>(
     }
 }
 
-/// Whether a failed call is worth sending once more: the connection
-/// dropped (a restart, a failover), so a reconnect may get through. Not
-/// when the server refused the connection: a `ConnectionManager` has just
-/// spent its whole reconnect cycle getting that answer, and a second cycle
-/// would only double the caller's wait while Redis is down.
-fn worth_retrying(e: &redis::RedisError) -> bool {
-    (e.is_connection_dropped() || e.is_io_error()) && !e.is_connection_refusal()
-}
-
 /// An item's reply, or the error the script caught for it.
 fn item_reply(item: redis::Value) -> Result<redis::Value, Error> {
     if let redis::Value::BulkString(b) = &item
@@ -779,54 +476,6 @@ fn claim_reply(reply: redis::Value, fingerprint: Option<&str>) -> Result<LeaseCl
     Ok(claim)
 }
 
-/// One script call; a dropped connection is tried once more.
-async fn call<C: redis::aio::ConnectionLike + Send>(
-    conn: &mut C,
-    invocation: redis::ScriptInvocation<'_>,
-) -> Result<redis::Value, Error> {
-    call_raw(conn, invocation).await.map_err(store_error)
-}
-
-async fn call_raw<C: redis::aio::ConnectionLike + Send>(
-    conn: &mut C,
-    invocation: redis::ScriptInvocation<'_>,
-) -> redis::RedisResult<redis::Value> {
-    match invocation.invoke_async(conn).await {
-        Err(e) if worth_retrying(&e) => {
-            tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");
-            invocation.invoke_async(conn).await
-        }
-        other => other,
-    }
-}
-
-pub(crate) fn store_error(e: redis::RedisError) -> Error {
-    Error::Store { store: "redis", source: Box::new(e) }
-}
-
-fn store_message(message: &str) -> Error {
-    Error::Store { store: "redis", source: message.to_owned().into() }
-}
-
-pub(crate) fn unexpected(what: &redis::Value) -> Error {
-    Error::Store { store: "redis", source: format!("unexpected reply from a script: {what:?}").into() }
-}
-
-pub(crate) fn text(v: &redis::Value) -> Option<String> {
-    match v {
-        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        redis::Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-pub(crate) fn int(v: &redis::Value) -> Option<i64> {
-    match v {
-        redis::Value::Int(i) => Some(*i),
-        other => text(other).and_then(|t| t.parse().ok()),
-    }
-}
-
 impl<C> LeaseStore for RedisStore<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
@@ -847,7 +496,7 @@ where
                 )));
             }
             let tail = HeldTail { owner: req.owner, lease: req.lease, retention: req.retention, fingerprint: fp };
-            let op = Op::new(&self.prefix, req.scope, req.key).arg(tail);
+            let op = Op::new(&self.names, req.scope, req.key).arg(tail);
             claim_reply(self.run(op).await?, fingerprint.as_deref())
         })
     }
@@ -857,7 +506,7 @@ where
             // The done record whole, as the script swaps it in.
             let fp = held.fingerprint.map_or(Cow::Borrowed(NO_FINGERPRINT), fingerprint64);
             let retention = millis(held.retention);
-            let op = Op::new(&self.prefix, held.scope, held.key)
+            let op = Op::new(&self.names, held.scope, held.key)
                 .arg(format_args!("D{fp}{}:{retention}:{}|{response}", held.fence, held.owner))
                 .arg(Holder(held));
             self.finished(op).await

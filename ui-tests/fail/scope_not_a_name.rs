@@ -9,9 +9,8 @@ impl From<idem::Error> for AppError {
     }
 }
 
-// With the key `a`, this scope would share Redis keys with scope `c` and the
-// key `a}:payments`.
-#[idempotent(key = "trade_no", scope = "payments}:c")]
+// A line break pasted into the scope: nobody could read it back or type it.
+#[idempotent(key = "trade_no", scope = "payments.\non_pay")]
 async fn pay(tx: &mut Transaction<'_, Postgres>, trade_no: &str) -> Result<(), AppError> {
     let _ = (tx, trade_no);
     Ok(())

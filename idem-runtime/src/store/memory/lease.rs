@@ -1,0 +1,131 @@
+//! Lease records in memory: one map entry per record, changed under its
+//! shard's lock in one step.
+
+use std::time::Duration;
+
+use super::MemoryStore;
+use crate::Error;
+use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::store::{BoxFuture, RecordKind, millis};
+
+pub(super) struct Rec {
+    done: bool,
+    fingerprint: Option<String>,
+    response: String,
+    owner: String,
+    fence: i64,
+    lease_until: i64,
+    pub(super) expires_at: i64,
+}
+
+impl MemoryStore {
+    fn id(&self, scope: &str, key: &str) -> String {
+        self.names.name(RecordKind::Lease, scope, key)
+    }
+
+    fn claim_now(&self, req: &LeaseRequest<'_>) -> LeaseClaim {
+        let now = self.now();
+        let id = self.id(req.scope, req.key);
+        let mut map = self.shards.lock(&id);
+        let lease_until = now.saturating_add(millis(req.lease));
+        let expires_at = now.saturating_add(millis(req.retention.max(req.lease)));
+        let fresh = |fence| Rec {
+            done: false,
+            fingerprint: req.fingerprint.map(str::to_owned),
+            response: String::new(),
+            owner: req.owner.to_owned(),
+            fence,
+            lease_until,
+            expires_at,
+        };
+        match map.get_mut(&id) {
+            Some(rec) if rec.expires_at > now => {
+                if let (Some(ours), Some(theirs)) = (req.fingerprint, rec.fingerprint.as_deref())
+                    && ours != theirs
+                {
+                    return LeaseClaim::Mismatch;
+                }
+                if rec.done {
+                    return LeaseClaim::Done { response: rec.response.clone() };
+                }
+                if rec.lease_until > now {
+                    return LeaseClaim::Busy { retry_after: Duration::from_millis((rec.lease_until - now) as u64) };
+                }
+                let fence = self.next_fence();
+                *rec = fresh(fence);
+                LeaseClaim::Acquired { fence, reclaimed: true }
+            }
+            Some(rec) => {
+                // Past retention: a new record.
+                let fence = self.next_fence();
+                *rec = fresh(fence);
+                LeaseClaim::Acquired { fence, reclaimed: false }
+            }
+            None => {
+                let fence = self.next_fence();
+                map.insert(id, fresh(fence));
+                LeaseClaim::Acquired { fence, reclaimed: false }
+            }
+        }
+    }
+
+    /// Apply `change` to the record if `held` still holds it.
+    fn if_held(&self, held: &HeldLease<'_>, change: impl FnOnce(&mut Rec, i64) -> bool) -> bool {
+        let id = self.id(held.scope, held.key);
+        let now = self.now();
+        let mut map = self.shards.lock(&id);
+        match map.get_mut(&id) {
+            Some(rec) if !rec.done && rec.owner == held.owner && rec.fence == held.fence => {
+                if change(rec, now) {
+                    map.remove(&id);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl LeaseStore for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        let claimed = self.claim_now(req);
+        Box::pin(std::future::ready(Ok(claimed)))
+    }
+
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        let id = self.id(held.scope, held.key);
+        let now = self.now();
+        let mut map = self.shards.lock(&id);
+        let done = match map.get_mut(&id) {
+            Some(rec) if rec.owner == held.owner && rec.fence == held.fence => {
+                // Already done by this holder: a repeated completion.
+                if !rec.done {
+                    rec.done = true;
+                    rec.response = response.to_owned();
+                    rec.expires_at = now.saturating_add(millis(held.retention));
+                }
+                true
+            }
+            _ => false,
+        };
+        Box::pin(std::future::ready(Ok(done)))
+    }
+
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        let released = self.if_held(held, |_, _| true);
+        Box::pin(std::future::ready(Ok(released)))
+    }
+
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        let extended = self.if_held(held, |rec, now| {
+            rec.lease_until = now.saturating_add(millis(held.lease));
+            rec.expires_at = rec.expires_at.max(rec.lease_until);
+            false
+        });
+        Box::pin(std::future::ready(Ok(extended)))
+    }
+}

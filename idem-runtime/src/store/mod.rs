@@ -1,0 +1,48 @@
+//! The stores behind the guards, one module per store: [`MemoryStore`]
+//! (one process) and, with the `redis` feature, [`RedisStore`]. Each holds
+//! every kind of record a guard keeps outside your transaction: lease
+//! records, one-time tokens, locks with their fencing counters, and
+//! precheck markers. (Dedup and state records live in your SQL
+//! transaction; lease records can also live in SQL, see
+//! [`lease::SqlStore`](crate::lease::SqlStore).)
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub(crate) mod keyspace;
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+
+pub use keyspace::RecordKind;
+pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use redis::{RedisStats, RedisStore};
+
+/// A boxed, `Send` future: what the store traits' methods return, so that a
+/// store can sit behind `dyn LeaseStore` (or any other store trait).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A fresh owner id: this process (its id and start time) and a counter.
+pub(crate) fn new_owner() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: OnceLock<String> = OnceLock::new();
+    let process = PROCESS.get_or_init(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        format!("{}-{nanos:x}-", std::process::id())
+    });
+    format!("{process}{:x}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Microseconds since the Unix epoch on this machine's clock.
+pub(crate) fn clock_micros() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

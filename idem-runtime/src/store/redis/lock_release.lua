@@ -1,0 +1,3 @@
+-- Release a lock if ARGV[1] still owns it (never someone else's).
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0

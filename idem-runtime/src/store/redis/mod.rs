@@ -1,0 +1,215 @@
+//! Redis: one [`RedisStore`] holds lease records, one-time tokens, locks
+//! with their fencing counters, and precheck markers, each kind under keys
+//! of its own (see [`keyspace`](crate::store)). Every step that reads and
+//! writes is one Lua script call (or one command), atomic on the server,
+//! on Redis's clock.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::RecordKind;
+use super::keyspace::Keyspace;
+use crate::Error;
+
+mod lease;
+mod lock;
+mod precheck;
+mod token;
+
+#[doc(hidden)]
+pub use lock::ACQUIRE_SCRIPT;
+
+pub(super) struct Shared {
+    batcher: Mutex<lease::Batcher>,
+    /// Off for Redis Cluster (a batch would span slots), or when asked.
+    batching: AtomicBool,
+    calls: AtomicU64,
+    operations: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, lease::Batcher> {
+        self.batcher.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, operations: usize) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.operations.fetch_add(operations as u64, Ordering::Relaxed);
+    }
+}
+
+/// Script calls a [`RedisStore`] made for lease operations, and the
+/// operations they carried: `operations / script_calls` is the mean batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// `EVALSHA` calls of lease operations (a batch is one).
+    pub script_calls: u64,
+    /// Claims, completions, releases and extensions sent.
+    pub operations: u64,
+}
+
+/// Lease records, one-time tokens, locks and precheck markers in Redis:
+/// standalone through a
+/// [`ConnectionManager`](redis::aio::ConnectionManager) (reconnects after a
+/// restart) or a `MultiplexedConnection` (no reconnect layer: measurably
+/// faster under load, see BENCHMARKS.md), or Cluster through
+/// `redis::cluster_async::ClusterConnection`. Needs Redis 6.2 or newer (or
+/// Valkey): a completion swaps its record in with `SET ... GET`.
+///
+/// **Batching.** Every operation is one call of one script. While two calls
+/// are in flight, further operations (from any task using this store or its
+/// clones) queue, and the next call carries all of them: Redis runs each
+/// item atomically on its own key, as it would run a call of its own, and
+/// one item failing does not fail the others. A lone caller never waits for
+/// a batch; under load the server parses, dispatches and answers one command
+/// for many operations. A batch spans keys of different hash slots, so it is
+/// off for `ClusterConnection` (and after a `CROSSSLOT` reply, e.g. from a
+/// proxy in front of a cluster); [`batching(false)`](Self::batching) turns
+/// it off by hand.
+///
+/// **Keys.** Every record is at `<prefix>{<key>}<kind>:<scope>` (see
+/// [`RedisStore::key`]): the business key is the hash tag, so one key's
+/// lease record, marker, lock and fencing counter share a Cluster slot, and
+/// no scope or key, whatever it holds, can name another record's key.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://127.0.0.1/")?;
+/// let conn = redis::aio::ConnectionManager::new(client).await?;
+/// let store = idem_runtime::RedisStore::new(conn, "idem:");
+/// idem_runtime::Stores::builder().all(store).install()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore<C = redis::aio::ConnectionManager> {
+    conn: C,
+    prefix: String,
+    names: Keyspace,
+    shared: Arc<Shared>,
+}
+
+impl<C> std::fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("batching", &self.shared.batching.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store on `conn`, its keys starting with `prefix` (e.g. `"idem:"`).
+    pub fn new(conn: C, prefix: impl Into<String>) -> RedisStore<C> {
+        let prefix = prefix.into();
+        let cluster = std::any::TypeId::of::<C>() == std::any::TypeId::of::<redis::cluster_async::ClusterConnection>();
+        RedisStore {
+            conn,
+            names: Keyspace::new(&prefix),
+            prefix,
+            shared: Arc::new(Shared {
+                batcher: Mutex::default(),
+                batching: AtomicBool::new(!cluster),
+                calls: AtomicU64::new(0),
+                operations: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Batch lease operations under load (the default, except on a
+    /// `ClusterConnection`), or send each as a call of its own. The setting
+    /// is shared with this store's clones, which share its queue.
+    pub fn batching(self, on: bool) -> RedisStore<C> {
+        self.shared.batching.store(on, Ordering::Relaxed);
+        self
+    }
+
+    /// Script calls and operations so far, over this store and its clones.
+    pub fn stats(&self) -> RedisStats {
+        RedisStats {
+            script_calls: self.shared.calls.load(Ordering::Relaxed),
+            operations: self.shared.operations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A handle on the connection (cheap: connections are shared handles).
+    pub(crate) fn connection(&self) -> C {
+        self.conn.clone()
+    }
+
+    /// The Redis key of the record of `kind` for `scope` and `key`, both
+    /// as stored (a key as [`Key::as_str`](crate::Key::as_str) gives it; a
+    /// scope as written, unless it is over 128 bytes or holds a backslash):
+    /// `<prefix>{<key>}<kind>:<scope>`, with `%`, `{` and `}` in the prefix
+    /// and the key written `%25`, `%7B`, `%7D`. For operators and tests.
+    pub fn key(&self, kind: RecordKind, scope: &str, key: &str) -> String {
+        self.names.name(kind, scope, key)
+    }
+
+    /// One script call. A connection that dropped (the server restarted) is
+    /// tried once more: a `ConnectionManager` reconnects in between, and
+    /// every script is safe to repeat (a claim finds its own record, the
+    /// others are conditional on owner and fence).
+    pub(crate) async fn call(&self, invocation: redis::ScriptInvocation<'_>) -> Result<redis::Value, Error> {
+        call(&mut self.conn.clone(), invocation).await
+    }
+}
+
+/// Whether a failed call is worth sending once more: the connection
+/// dropped (a restart, a failover), so a reconnect may get through. Not
+/// when the server refused the connection: a `ConnectionManager` has just
+/// spent its whole reconnect cycle getting that answer, and a second cycle
+/// would only double the caller's wait while Redis is down.
+pub(crate) fn worth_retrying(e: &redis::RedisError) -> bool {
+    (e.is_connection_dropped() || e.is_io_error()) && !e.is_connection_refusal()
+}
+
+/// One script call; a dropped connection is tried once more.
+async fn call<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    invocation: redis::ScriptInvocation<'_>,
+) -> Result<redis::Value, Error> {
+    call_raw(conn, invocation).await.map_err(store_error)
+}
+
+async fn call_raw<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    invocation: redis::ScriptInvocation<'_>,
+) -> redis::RedisResult<redis::Value> {
+    match invocation.invoke_async(conn).await {
+        Err(e) if worth_retrying(&e) => {
+            tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");
+            invocation.invoke_async(conn).await
+        }
+        other => other,
+    }
+}
+
+pub(crate) fn store_error(e: redis::RedisError) -> Error {
+    Error::Store { store: "redis", source: Box::new(e) }
+}
+
+pub(crate) fn store_message(message: &str) -> Error {
+    Error::Store { store: "redis", source: message.to_owned().into() }
+}
+
+pub(crate) fn unexpected(what: &redis::Value) -> Error {
+    Error::Store { store: "redis", source: format!("unexpected reply from a script: {what:?}").into() }
+}
+
+pub(crate) fn text(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+pub(crate) fn int(v: &redis::Value) -> Option<i64> {
+    match v {
+        redis::Value::Int(i) => Some(*i),
+        other => text(other).and_then(|t| t.parse().ok()),
+    }
+}

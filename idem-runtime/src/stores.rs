@@ -1,0 +1,354 @@
+//! Which stores the guards use: one explicit configuration, read in one
+//! place.
+//!
+//! Dedup and state records live in your SQL transaction and need no
+//! configuration. Lease records, one-time tokens, locks and precheck
+//! markers live in a store of their own, which a guard takes from
+//! `store = "..."` on the attribute, or else from the [`Stores`] installed
+//! once at start-up:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = redis::Client::open("redis://127.0.0.1/")?;
+//! let redis = idem_runtime::RedisStore::new(redis::aio::ConnectionManager::new(client).await?, "idem:");
+//! idem_runtime::Stores::builder().all(redis).install()?;
+//! # Ok(()) }
+//! ```
+//!
+//! There is no fallback: a guard that needs a store, names none, and finds
+//! none installed for its role fails with [`Error::NoStore`], which says
+//! what to install. (An in-process store nobody else can see would
+//! deduplicate per process, and a service of several instances would run a
+//! repeat once per instance.) [`MemoryStore`](crate::MemoryStore) is there
+//! for tests and one-process services, chosen like any other store.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::Error;
+use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lock::{LockAttempt, LockStore};
+use crate::precheck::PrecheckStore;
+use crate::store::BoxFuture;
+use crate::token::TokenStore;
+
+/// The stores guards use when the attribute names no `store`: one per role
+/// (lease records, tokens, locks, precheck markers), each optional. Built
+/// with [`Stores::builder`], then either [installed](StoresBuilder::install)
+/// process-wide, once, or [built](StoresBuilder::build) into a value that a
+/// guard names as its `store` (`store = "self.stores"`): a `Stores` is a
+/// store of every kind, each operation going to the store of its role (or
+/// failing with [`Error::NoStore`] if it has none).
+#[derive(Clone, Default)]
+pub struct Stores {
+    lease: Option<Arc<dyn LeaseStore>>,
+    token: Option<Arc<dyn TokenStore>>,
+    lock: Option<Arc<dyn LockStore>>,
+    precheck: Option<Arc<dyn PrecheckStore>>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("lease", &self.lease.as_ref().map(|s| s.kind()))
+            .field("token", &self.token.as_ref().map(|s| s.kind()))
+            .field("lock", &self.lock.as_ref().map(|s| s.kind()))
+            .field("precheck", &self.precheck.as_ref().map(|s| s.kind()))
+            .finish()
+    }
+}
+
+/// Builds a [`Stores`]; see [`Stores::builder`].
+#[derive(Default)]
+#[must_use = "a builder does nothing until it is installed or built"]
+pub struct StoresBuilder {
+    stores: Stores,
+}
+
+static INSTALLED: OnceLock<Stores> = OnceLock::new();
+
+impl Stores {
+    /// A configuration with no store yet.
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), idem_runtime::Error> {
+    /// use std::sync::Arc;
+    /// let memory = Arc::new(idem_runtime::MemoryStore::new());
+    /// let stores = idem_runtime::Stores::builder().lease(memory.clone()).token(memory).build();
+    /// assert!(stores.lock().is_err()); // no lock store: a lock guard using these fails
+    /// # Ok(()) }
+    /// ```
+    pub fn builder() -> StoresBuilder {
+        StoresBuilder::default()
+    }
+
+    /// The installed stores: [`Error::NoStore`] if [`StoresBuilder::install`]
+    /// has not run.
+    pub fn installed() -> Result<&'static Stores, Error> {
+        INSTALLED.get().ok_or(Error::NoStore { role: "any" })
+    }
+
+    /// The lease store, or [`Error::NoStore`].
+    pub fn lease(&self) -> Result<&dyn LeaseStore, Error> {
+        self.lease.as_deref().ok_or(Error::NoStore { role: "lease" })
+    }
+
+    /// The token store, or [`Error::NoStore`]. To issue a token from the
+    /// installed one: `idem::token::issue(Stores::installed()?.token()?, scope, ttl)`.
+    pub fn token(&self) -> Result<&dyn TokenStore, Error> {
+        self.token.as_deref().ok_or(Error::NoStore { role: "token" })
+    }
+
+    /// The lock store, or [`Error::NoStore`].
+    pub fn lock(&self) -> Result<&dyn LockStore, Error> {
+        self.lock.as_deref().ok_or(Error::NoStore { role: "lock" })
+    }
+
+    /// The precheck store, or [`Error::NoStore`].
+    pub fn precheck(&self) -> Result<&dyn PrecheckStore, Error> {
+        self.precheck.as_deref().ok_or(Error::NoStore { role: "precheck" })
+    }
+
+    fn lease_or_missing(&self) -> &dyn LeaseStore {
+        self.lease.as_deref().unwrap_or(&Missing("lease"))
+    }
+
+    fn token_or_missing(&self) -> &dyn TokenStore {
+        self.token.as_deref().unwrap_or(&Missing("token"))
+    }
+
+    fn lock_or_missing(&self) -> &dyn LockStore {
+        self.lock.as_deref().unwrap_or(&Missing("lock"))
+    }
+
+    fn precheck_or_missing(&self) -> &dyn PrecheckStore {
+        self.precheck.as_deref().unwrap_or(&Missing("precheck"))
+    }
+}
+
+impl StoresBuilder {
+    /// Where `strategy = "lease"` keeps its records: a
+    /// [`SqlStore`](crate::lease::SqlStore) for records that must survive
+    /// anything, [`RedisStore`](crate::RedisStore),
+    /// [`Routed`](crate::lease::Routed), or [`MemoryStore`](crate::MemoryStore).
+    pub fn lease(mut self, store: impl LeaseStore + 'static) -> StoresBuilder {
+        self.stores.lease = Some(Arc::new(store));
+        self
+    }
+
+    /// Where one-time tokens live (`token`, `token+dedup`, `token::issue`).
+    pub fn token(mut self, store: impl TokenStore + 'static) -> StoresBuilder {
+        self.stores.token = Some(Arc::new(store));
+        self
+    }
+
+    /// Where locks and their fencing counters live (`lock+dedup`, `lock+state`, `lock`).
+    pub fn lock(mut self, store: impl LockStore + 'static) -> StoresBuilder {
+        self.stores.lock = Some(Arc::new(store));
+        self
+    }
+
+    /// Where precheck markers live (`precheck = "redis"`).
+    pub fn precheck(mut self, store: impl PrecheckStore + 'static) -> StoresBuilder {
+        self.stores.precheck = Some(Arc::new(store));
+        self
+    }
+
+    /// One store for every role: a [`RedisStore`](crate::RedisStore) or a
+    /// [`MemoryStore`](crate::MemoryStore), which keep each kind of record
+    /// under names of its own.
+    pub fn all<S>(self, store: S) -> StoresBuilder
+    where
+        S: LeaseStore + TokenStore + LockStore + PrecheckStore + 'static,
+    {
+        let store = Arc::new(store);
+        self.lease(store.clone()).token(store.clone()).lock(store.clone()).precheck(store)
+    }
+
+    /// The configuration as a value, for `store = "..."` on guards (or
+    /// several configurations in one process, as tests have).
+    pub fn build(self) -> Stores {
+        self.stores
+    }
+
+    /// Make this the configuration of every guard that names no `store`,
+    /// for the rest of the process. Once: a second call is
+    /// [`Error::StoresAlreadyInstalled`] and changes nothing (guards may
+    /// already have used the first configuration).
+    pub fn install(self) -> Result<&'static Stores, Error> {
+        let mut fresh = false;
+        let stores = INSTALLED.get_or_init(|| {
+            fresh = true;
+            self.stores
+        });
+        if fresh { Ok(stores) } else { Err(Error::StoresAlreadyInstalled) }
+    }
+}
+
+/// The installed store of a role, for guards that name none: a store whose
+/// every operation fails with [`Error::NoStore`] if nothing was installed.
+#[doc(hidden)]
+pub fn installed_lease() -> &'static dyn LeaseStore {
+    INSTALLED.get().map_or(&Missing("lease"), Stores::lease_or_missing)
+}
+
+#[doc(hidden)]
+pub fn installed_token() -> &'static dyn TokenStore {
+    INSTALLED.get().map_or(&Missing("token"), Stores::token_or_missing)
+}
+
+#[doc(hidden)]
+pub fn installed_lock() -> &'static dyn LockStore {
+    INSTALLED.get().map_or(&Missing("lock"), Stores::lock_or_missing)
+}
+
+#[doc(hidden)]
+pub fn installed_precheck() -> &'static dyn PrecheckStore {
+    INSTALLED.get().map_or(&Missing("precheck"), Stores::precheck_or_missing)
+}
+
+/// No store for a role: every operation is [`Error::NoStore`].
+struct Missing(&'static str);
+
+impl Missing {
+    fn fail<'a, T: Send + 'a>(&self) -> BoxFuture<'a, Result<T, Error>> {
+        Box::pin(std::future::ready(Err(Error::NoStore { role: self.0 })))
+    }
+}
+
+impl LeaseStore for Missing {
+    fn kind(&self) -> &'static str {
+        "none"
+    }
+    fn claim<'a>(&'a self, _: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        self.fail()
+    }
+    fn complete<'a>(&'a self, _: &'a HeldLease<'a>, _: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        self.fail()
+    }
+    fn release<'a>(&'a self, _: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        self.fail()
+    }
+    fn extend<'a>(&'a self, _: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        self.fail()
+    }
+}
+
+impl TokenStore for Missing {
+    fn kind(&self) -> &'static str {
+        "none"
+    }
+    fn put<'a>(&'a self, _: &'a str, _: &'a str, _: Duration) -> BoxFuture<'a, Result<(), Error>> {
+        self.fail()
+    }
+    fn consume<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        self.fail()
+    }
+}
+
+impl LockStore for Missing {
+    fn kind(&self) -> &'static str {
+        "none"
+    }
+    fn acquire<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+        _: &'a str,
+        _: Duration,
+    ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
+        self.fail()
+    }
+    fn release<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        self.fail()
+    }
+    fn extend<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, _: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        self.fail()
+    }
+}
+
+impl PrecheckStore for Missing {
+    fn kind(&self) -> &'static str {
+        "none"
+    }
+    fn mark<'a>(&'a self, _: &'a str, _: &'a str, _: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        self.fail()
+    }
+}
+
+/// A `Stores` value named as a guard's `store`: each operation goes to the
+/// store of its role.
+impl LeaseStore for Stores {
+    fn kind(&self) -> &'static str {
+        self.lease_or_missing().kind()
+    }
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        self.lease_or_missing().claim(req)
+    }
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        self.lease_or_missing().complete(held, response)
+    }
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        self.lease_or_missing().release(held)
+    }
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        self.lease_or_missing().extend(held)
+    }
+    fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
+        self.lease_or_missing().peek(req)
+    }
+    fn max_response(&self) -> usize {
+        self.lease_or_missing().max_response()
+    }
+}
+
+impl TokenStore for Stores {
+    fn kind(&self) -> &'static str {
+        self.token_or_missing().kind()
+    }
+    fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>> {
+        self.token_or_missing().put(scope, token, ttl)
+    }
+    fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        self.token_or_missing().consume(scope, token)
+    }
+}
+
+impl LockStore for Stores {
+    fn kind(&self) -> &'static str {
+        self.lock_or_missing().kind()
+    }
+    fn acquire<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
+        self.lock_or_missing().acquire(scope, key, owner, ttl)
+    }
+    fn release<'a>(&'a self, scope: &'a str, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        self.lock_or_missing().release(scope, key, owner)
+    }
+    fn extend<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.lock_or_missing().extend(scope, key, owner, ttl)
+    }
+    fn release_detached(&self, scope: &str, key: &str, owner: &str) {
+        self.lock_or_missing().release_detached(scope, key, owner)
+    }
+}
+
+impl PrecheckStore for Stores {
+    fn kind(&self) -> &'static str {
+        self.precheck_or_missing().kind()
+    }
+    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        self.precheck_or_missing().mark(scope, key, ttl)
+    }
+}
