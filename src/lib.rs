@@ -381,9 +381,9 @@ pub use idem_macros::idempotent;
 pub use idem_macros::StateMachine;
 
 pub use idem_runtime::{
-    DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, GuardError, IdempotencyKey, Key, Outcome, PurgeOptions,
-    PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend, StateMachine, Stores, StoresBuilder,
-    TxContext, find_record, migrate, observe, purge_expired,
+    Claim, DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, Guard, GuardError, IdempotencyKey, Key, LeaseTicket,
+    LockTicket, Outcome, PurgeOptions, PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend,
+    StateMachine, Stores, StoresBuilder, Ticket, TokenTicket, TxContext, find_record, migrate, observe, purge_expired,
 };
 pub use idem_runtime::{MemoryStore, error, key, lease, lock, precheck, record, sql, state, store, token};
 

@@ -30,6 +30,10 @@ pub struct RawArgs {
     pub on_store_error: Option<SpannedValue<String>>,
     /// `"before"` (default) or `"after"` the body: when the dedup record is written.
     pub claim: Option<SpannedValue<String>>,
+    /// `crate = "path"`: where the `idem` crate is, for a crate that
+    /// re-exports it under another name (default `::idem`).
+    #[darling(rename = "crate")]
+    pub krate: Option<syn::Path>,
 }
 
 /// `key = "a.b, c"` (a string holding comma-separated expressions),

@@ -1,269 +1,21 @@
-//! Code generation. The expansion keeps the signature and wraps the body: it
-//! builds the key and fingerprint from the parameters and calls the runtime
-//! (`Guard::dedup`, then `Ticket::complete`). All logic lives in idem-runtime.
+//! Code generation. The expansion keeps the signature and wraps the body in
+//! calls of the runtime's public guard API: a `Guard` built from the
+//! parameters, one strategy method, and the ticket that sees the body's
+//! result. All logic lives in idem-runtime.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
-use syn::ItemFn;
 use syn::spanned::Spanned;
+use syn::{Ident, ItemFn};
 
-use crate::validate::{Plan, Strategy};
+use crate::validate::{Plan, Strategy, TransitionArg};
 
 pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let fn_name = func.sig.ident.to_string();
-    let block = &func.block;
-    let Plan {
-        strategy,
-        key,
-        scope,
-        fingerprint,
-        retention_ms,
-        claim_after,
-        transition,
-        tx,
-        lease_ms,
-        store,
-        token,
-        allow_on_store_error,
-        precheck,
-        ttl_ms,
-        wait_ms,
-        ret,
-    } = plan;
-
-    let scope = match scope {
-        Some(s) => quote!(#s),
-        None => quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
-    };
-    let key_source = &key.source;
-    let retention = match retention_ms {
-        Some(ms) => quote!(::idem::__private::Duration::from_millis(#ms)),
-        None => quote!(::idem::DEFAULT_RETENTION),
-    };
-    // Each part is spanned at its own expression, so a part that is no key type
-    // is reported there (with the message of `IdempotencyKey`).
-    // State strategies also bind each part to the entity's key column.
-    let key_method = if strategy.moves_state() { "entity_key" } else { "key" };
-    let key_parts = key.parts.iter().map(|part| {
-        let method = syn::Ident::new(key_method, part.span());
-        quote_spanned!(part.span()=> .#method(&(#part)))
-    });
-    // The transition is a constant checked at compile time against the
-    // enum's declared transitions; every token points at the attribute's
-    // `transition` string, where a mistake in it is reported.
-    let n_parts = key.parts.len();
-    let transition = transition.map(|t| {
-        let span = t.span;
-        let enum_path = respan(t.enum_path.to_token_stream(), span);
-        let from = t.from.iter().map(|v| v.to_string());
-        let to = t.to.to_string();
-        quote_spanned! {span=>
-            const __IDEM_TRANSITION: ::idem::__private::Transition = ::idem::__private::Transition {
-                states: &<#enum_path as ::idem::StateMachine>::STATES,
-                from: &[#(#from),*],
-                to: #to,
-                key_parts: #n_parts,
-            };
-            const _: () = __IDEM_TRANSITION.check();
-        }
-    });
-    let fingerprint = fingerprint.map(|fp| quote_spanned!(fp.span()=> .fingerprint(&(#fp))));
-    // Conversions into the function's error type are spanned at its return
-    // type: that is where `From<idem::Error>` is missing if it is.
-    let ret_span = ret.span();
-    let settle = quote_spanned!(ret_span=> ::idem::__private::settle(__idem_other));
-    let completed = syn::Ident::new("__idem_completed", ret_span);
-    let finish = quote_spanned!(ret_span=> ::idem::__private::finish(#completed));
-    let spec = quote! {
-        static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-            scope: #scope,
-            key_source: #key_source,
-            retention: #retention,
-            claim_after: #claim_after,
-        };
-    };
-    let guard = quote! {
-        ::idem::__private::Guard::new(&__IDEM_SPEC)
-            #(#key_parts)*
-            #fingerprint
-    };
-    // Strategies with a store of their own (lease, token, lock) name it
-    // `__idem_store`: the expression given as `store`, or the installed one
-    // (a store failing with `Error::NoStore` if none is).
-    // `let x = &(expr);` keeps a temporary alive for the whole body.
-    let store = |wrap: &str, module: &str| {
-        match &store {
-            Some(expr) => {
-                // Spanned at the expression: a value that is no store of the
-                // right kind is reported there.
-                let wrap = syn::Ident::new(wrap, expr.span());
-                quote_spanned! {expr.span()=>
-                let __idem_store = &(#expr);
-                let __idem_store = ::idem::__private::#wrap(__idem_store);
-                }
-            }
-            None => {
-                let installed = syn::Ident::new(&format!("installed_{module}"), proc_macro2::Span::call_site());
-                quote!(let __idem_store = ::idem::__private::#installed();)
-            }
-        }
-    };
-    let millis = |ms: Option<u64>, default: TokenStream| match ms {
-        Some(ms) => quote!(::idem::__private::Duration::from_millis(#ms)),
-        None => default,
-    };
-    let on_store_error = if allow_on_store_error {
-        quote!(::idem::__private::OnStoreError::Allow)
-    } else {
-        quote!(::idem::__private::OnStoreError::Reject)
-    };
-    // The token is read at its parameter's span: a type that cannot carry a
-    // token is reported there.
-    let token = token.map(|t| quote_spanned!(t.span()=> ::idem::__private::token_param(&(#t))));
-    let ttl = if precheck {
-        millis(ttl_ms, quote!(::idem::precheck::DEFAULT_TTL))
-    } else {
-        millis(ttl_ms, quote!(::idem::__private::Duration::ZERO))
-    };
-    let wait = millis(wait_ms, quote!(::idem::__private::Duration::ZERO));
-    // `Claim::Run` goes on; a replay or a guard failure returns at once.
-    let claimed = |claim: TokenStream| {
-        quote! {
-            match #claim {
-                ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => __idem_run,
-                __idem_other => return #settle,
-            }
-        }
-    };
-    let body = match tx {
-        None => {
-            // `lease`, `token` and `lock` alone: no transaction; the body
-            // runs under the ticket, which settles the store afterwards.
-            let (setup, claim) = match strategy {
-                Strategy::Token => {
-                    (store("token_store", "token"), quote!(token(__idem_store, #token, #on_store_error)))
-                }
-                Strategy::Lock => (store("lock_store", "lock"), quote!(lock_only(__idem_store, #ttl, #wait))),
-                _ => {
-                    let lease = millis(lease_ms, quote!(::idem::lease::DEFAULT_LEASE));
-                    let setup = store("lease_store", "lease");
-                    if precheck {
-                        // `store` names the lease store; markers go to the
-                        // installed precheck store.
-                        let setup = quote! {
-                            #setup
-                            let __idem_precheck = ::idem::__private::installed_precheck();
-                        };
-                        (setup, quote!(lease_prechecked(__idem_store, #lease, __idem_precheck, #ttl)))
-                    } else {
-                        (setup, quote!(lease(__idem_store, #lease)))
-                    }
-                }
-            };
-            let ticket = claimed(quote!(#guard.#claim.await));
-            let run = quote_spanned!(ret_span=> __idem_ticket.run(__idem_body).await);
-            quote! {
-                {
-                    #spec
-                    #setup
-                    let __idem_ticket = #ticket;
-                    let __idem_body = async #block;
-                    let __idem_result: #ret = #run;
-                    __idem_result
-                }
-            }
-        }
-        Some((tx, tx_ty)) => {
-            // The transaction is taken at its parameter's type: that is where
-            // a pool or an unsupported database is reported, once (every token
-            // of the call carries that span, so both uses yield the same
-            // diagnostic).
-            let tx_span = tx_ty.span();
-            let mut tx_at_type = tx.clone();
-            tx_at_type.set_span(tx_span);
-            let conn = quote_spanned!(tx_span=> ::idem::__private::connection(&mut *#tx_at_type));
-            let claim = match strategy {
-                Strategy::State | Strategy::LockState => quote_spanned!(ret_span=> state(#conn, &__IDEM_TRANSITION)),
-                Strategy::DedupState if precheck => {
-                    quote_spanned!(ret_span=> dedup_state_prechecked(#conn, &__IDEM_TRANSITION, __idem_store, #ttl))
-                }
-                Strategy::DedupState => quote_spanned!(ret_span=> dedup_state(#conn, &__IDEM_TRANSITION)),
-                Strategy::TokenDedup if precheck => quote_spanned!(ret_span=>
-                    dedup_token_prechecked(#conn, __idem_store, #token, #on_store_error, __idem_precheck, #ttl)
-                ),
-                Strategy::TokenDedup => {
-                    quote_spanned!(ret_span=> dedup_token(#conn, __idem_store, #token, #on_store_error))
-                }
-                _ if precheck => quote_spanned!(ret_span=> dedup_prechecked(#conn, __idem_store, #ttl)),
-                _ => quote_spanned!(ret_span=> dedup(#conn)),
-            };
-            let locked = strategy.is_lock();
-            let ticket =
-                if locked { claimed(quote!(__idem_guard.#claim.await)) } else { claimed(quote!(#guard.#claim.await)) };
-            // The body may move its transaction handle; it gets a reborrow,
-            // so the record can still be completed after it. The reborrow is
-            // put in front of the body's own statements, within its own braces
-            // (which keep their spans): nesting the user's block in another
-            // one would make a one-line body `{ Ok(1) }` a braced tail
-            // expression, which `unused_braces` warns about at the user's code.
-            let mut body = (**block).clone();
-            body.stmts.insert(
-                0,
-                syn::parse_quote! {
-                    #[allow(unused_variables)]
-                    let #tx = &mut *#tx;
-                },
-            );
-            let in_tx = quote! {
-                let __idem_ticket = #ticket;
-                let __idem_result: #ret = async #body.await;
-                let #completed = __idem_ticket.complete(#conn, __idem_result).await;
-                #finish
-            };
-            if locked {
-                // The lock is taken first and held (renewed) while the claim,
-                // the body and the completion run in the transaction.
-                let setup = store("lock_store", "lock");
-                let lock = claimed(quote!(__idem_guard.lock(__idem_store, #ttl, #wait).await));
-                let run = quote_spanned!(ret_span=> __idem_lock.run(__idem_body).await);
-                quote! {
-                    {
-                        #spec
-                        #transition
-                        #setup
-                        let __idem_guard = #guard;
-                        let __idem_lock = #lock;
-                        let __idem_body = async { #in_tx };
-                        let __idem_result: #ret = #run;
-                        __idem_result
-                    }
-                }
-            } else {
-                let setup = if strategy.is_token() && precheck {
-                    // `store` names the token store; markers go to the
-                    // installed precheck store.
-                    let setup = store("token_store", "token");
-                    Some(quote! {
-                        #setup
-                        let __idem_precheck = ::idem::__private::installed_precheck();
-                    })
-                } else if strategy.is_token() {
-                    Some(store("token_store", "token"))
-                } else if precheck {
-                    Some(store("precheck_store", "precheck"))
-                } else {
-                    None
-                };
-                quote! {
-                    {
-                        #spec
-                        #transition
-                        #setup
-                        #in_tx
-                    }
-                }
-            }
-        }
+    let ex = Expansion { plan: &plan, fn_name };
+    let body = match &plan.tx {
+        None => ex.without_tx(&func.block),
+        Some((tx, tx_ty)) => ex.in_tx(&func.block, tx, tx_ty),
     };
     // Only the body changes: name, generics, lifetimes, attributes and
     // visibility stay exactly as written.
@@ -271,8 +23,300 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     func.into_token_stream()
 }
 
+struct Expansion<'p> {
+    plan: &'p Plan,
+    fn_name: String,
+}
+
+impl Expansion<'_> {
+    /// The runtime crate's path: `::idem`, or `crate = "..."`.
+    fn krate(&self) -> &syn::Path {
+        &self.plan.krate
+    }
+
+    fn ret_span(&self) -> Span {
+        self.plan.ret.span()
+    }
+
+    /// The runtime crate's path, every token at `span` (so that an error in
+    /// a call spanned there is reported there, not at the attribute).
+    fn krate_at(&self, span: Span) -> TokenStream {
+        respan(self.krate().to_token_stream(), span)
+    }
+
+    /// `Guard::new(scope).key_source(..).retention(..).key(..)...`: every
+    /// setting the attribute gives, each part spanned at its expression so
+    /// that a part that is no key type is reported there.
+    fn guard(&self) -> TokenStream {
+        let (krate, plan) = (self.krate(), self.plan);
+        let scope = match &plan.scope {
+            Some(s) => quote!(#s),
+            None => {
+                let name = &self.fn_name;
+                quote!(::core::concat!(::core::module_path!(), "::", #name))
+            }
+        };
+        let key_source = &plan.key.source;
+        // State strategies also bind each part to the entity's key column.
+        let method = if plan.strategy.moves_state() { "entity_key" } else { "key" };
+        let parts = plan.key.parts.iter().map(|part| {
+            let method = Ident::new(method, part.span());
+            quote_spanned!(part.span()=> .#method(&(#part)))
+        });
+        let retention = plan.retention_ms.map(|ms| quote!(.retention(#krate::__private::Duration::from_millis(#ms))));
+        let claim_after = plan.claim_after.then(|| quote!(.claim_after()));
+        let fingerprint = plan.fingerprint.as_ref().map(|fp| quote_spanned!(fp.span()=> .fingerprint(&(#fp))));
+        let on_store_error =
+            plan.allow_on_store_error.then(|| quote!(.on_store_error(#krate::__private::OnStoreError::Allow)));
+        quote! {
+            #krate::Guard::new(#scope)
+                .key_source(#key_source)
+                #retention #claim_after #(#parts)* #fingerprint #on_store_error
+        }
+    }
+
+    /// `let __idem_store = ...;`: the expression given as `store` (spanned
+    /// there, where a value that is no store of the right kind is
+    /// reported), or the installed store of `role` (one failing with
+    /// `Error::NoStore` if none is). `let x = &(expr);` keeps a temporary
+    /// alive for the whole body.
+    fn store(&self, role: &str) -> TokenStream {
+        let krate = self.krate();
+        match &self.plan.store {
+            Some(expr) => {
+                let wrap = Ident::new(&format!("{role}_store"), expr.span());
+                let krate = respan(krate.to_token_stream(), expr.span());
+                quote_spanned! {expr.span()=>
+                    let __idem_store = &(#expr);
+                    let __idem_store = #krate::__private::#wrap(__idem_store);
+                }
+            }
+            None => {
+                let installed = Ident::new(&format!("installed_{role}"), Span::call_site());
+                quote!(let __idem_store = #krate::__private::#installed();)
+            }
+        }
+    }
+
+    /// `.precheck(store, ttl)`: the store named by `store` for `dedup` and
+    /// `dedup+state`; the installed precheck store where `store` names the
+    /// lease or token store.
+    fn precheck(&self) -> Option<TokenStream> {
+        let plan = self.plan;
+        if !plan.precheck {
+            return None;
+        }
+        let krate = self.krate();
+        let ttl = millis(krate, plan.ttl_ms, quote!(#krate::precheck::DEFAULT_TTL));
+        let store = match plan.strategy {
+            Strategy::Dedup | Strategy::DedupState => quote!(__idem_store),
+            _ => quote!(#krate::__private::installed_precheck()),
+        };
+        Some(quote!(.precheck(#store, #ttl)))
+    }
+
+    /// `match claim { Ok(Claim::Run(t)) => t, other => return settle(other) }`:
+    /// a replay or a guard failure returns at once, converted into the
+    /// function's own result at its return type.
+    fn claimed(&self, claim: TokenStream) -> TokenStream {
+        let krate = self.krate();
+        let at_ret = self.krate_at(self.ret_span());
+        let settle = quote_spanned!(self.ret_span()=> #at_ret::__private::settle(__idem_other));
+        quote! {
+            match #claim {
+                ::core::result::Result::Ok(#krate::Claim::Run(__idem_run)) => __idem_run,
+                __idem_other => return #settle,
+            }
+        }
+    }
+
+    /// A lock ticket, or the refusal converted into the function's error.
+    fn locked(&self, lock: TokenStream) -> TokenStream {
+        let refused =
+            quote_spanned!(self.ret_span()=> ::core::result::Result::Err(::core::convert::From::from(__idem_e)));
+        quote! {
+            match #lock {
+                ::core::result::Result::Ok(__idem_lock) => __idem_lock,
+                ::core::result::Result::Err(__idem_e) => return #refused,
+            }
+        }
+    }
+
+    fn lock_args(&self) -> TokenStream {
+        let krate = self.krate();
+        let ttl = millis(krate, self.plan.ttl_ms, quote!(#krate::__private::Duration::ZERO));
+        let wait = millis(krate, self.plan.wait_ms, quote!(#krate::__private::Duration::ZERO));
+        quote!(__idem_store, #ttl, #wait)
+    }
+
+    /// `lease`, `token` and `lock` alone: no transaction; the body runs
+    /// under the ticket, which settles the store afterwards.
+    fn without_tx(&self, block: &syn::Block) -> TokenStream {
+        let (krate, plan) = (self.krate(), self.plan);
+        let guard = self.guard();
+        let (setup, ticket) = match plan.strategy {
+            Strategy::Token => {
+                let token = token_arg(krate, plan.token.as_ref());
+                (self.store("token"), self.claimed(quote!(#guard.token(__idem_store, #token).await)))
+            }
+            Strategy::Lock => {
+                let args = self.lock_args();
+                (self.store("lock"), self.locked(quote!(#guard.lock_only(#args).await)))
+            }
+            _ => {
+                let lease = millis(krate, plan.lease_ms, quote!(#krate::lease::DEFAULT_LEASE));
+                let precheck = self.precheck();
+                (self.store("lease"), self.claimed(quote!(#guard #precheck .lease(__idem_store, #lease).await)))
+            }
+        };
+        let ret = &plan.ret;
+        let run = quote_spanned!(self.ret_span()=> __idem_ticket.run(__idem_body).await);
+        quote! {
+            {
+                #setup
+                let __idem_ticket = #ticket;
+                let __idem_body = async #block;
+                let __idem_result: #ret = #run;
+                __idem_result
+            }
+        }
+    }
+
+    /// Strategies that work in the caller's transaction.
+    fn in_tx(&self, block: &syn::Block, tx: &Ident, tx_ty: &syn::Type) -> TokenStream {
+        let plan = self.plan;
+        // The transaction is taken at its parameter's type, once per use:
+        // that is where a pool or an unsupported database is reported, once
+        // (every token of the call carries that span, so both uses yield the
+        // same diagnostic).
+        let mut tx_at_type = tx.clone();
+        tx_at_type.set_span(tx_ty.span());
+        let krate = self.krate_at(tx_ty.span());
+        let conn = quote_spanned!(tx_ty.span()=> &mut #krate::__private::connection(&mut *#tx_at_type));
+        let claim = self.claim_in_tx(&conn);
+        let ret = &plan.ret;
+        let finish = quote_spanned!(self.ret_span()=> __idem_ticket.finish(#conn, __idem_result).await);
+        let body = reborrowed(block, tx);
+        let transition = plan.transition.as_ref().map(|t| self.transition(t));
+        if plan.strategy.is_lock() {
+            // The lock is taken first and held (renewed) while the claim,
+            // the body and the completion run in the transaction.
+            let ticket = self.claimed(quote!(__idem_guard.#claim.await));
+            let args = self.lock_args();
+            let lock = self.locked(quote!(__idem_guard.lock(#args).await));
+            let run = quote_spanned!(self.ret_span()=> __idem_lock.run(__idem_body).await);
+            let (guard, setup) = (self.guard(), self.store("lock"));
+            return quote! {
+                {
+                    #transition
+                    #setup
+                    let __idem_guard = #guard;
+                    let __idem_lock = #lock;
+                    let __idem_body = async {
+                        let __idem_ticket = #ticket;
+                        let __idem_result: #ret = async #body.await;
+                        #finish
+                    };
+                    let __idem_result: #ret = #run;
+                    __idem_result
+                }
+            };
+        }
+        let setup = match plan.strategy {
+            Strategy::TokenDedup => Some(self.store("token")),
+            _ if plan.precheck => Some(self.store("precheck")),
+            _ => None,
+        };
+        let (guard, precheck) = (self.guard(), self.precheck());
+        let ticket = self.claimed(quote!(#guard #precheck .#claim.await));
+        quote! {
+            {
+                #transition
+                #setup
+                let __idem_ticket = #ticket;
+                let __idem_result: #ret = async #body.await;
+                #finish
+            }
+        }
+    }
+
+    /// The strategy method of a guard in the caller's transaction, spanned
+    /// at the return type (where `Replayable`/`SilentRepeat` are reported).
+    fn claim_in_tx(&self, conn: &TokenStream) -> TokenStream {
+        let plan = self.plan;
+        let span = self.ret_span();
+        match plan.strategy {
+            Strategy::State | Strategy::LockState => quote_spanned!(span=> state(#conn, &__IDEM_TRANSITION)),
+            Strategy::DedupState => quote_spanned!(span=> dedup_state(#conn, &__IDEM_TRANSITION)),
+            Strategy::TokenDedup => {
+                let token = token_arg(self.krate(), plan.token.as_ref());
+                quote_spanned!(span=> token_dedup(#conn, __idem_store, #token))
+            }
+            _ => quote_spanned!(span=> dedup(#conn)),
+        }
+    }
+
+    /// The transition as a constant checked at compile time against the
+    /// enum's declared transitions; every token points at the attribute's
+    /// `transition` string, where a mistake in it is reported.
+    fn transition(&self, t: &TransitionArg) -> TokenStream {
+        let krate = respan(self.krate().to_token_stream(), t.span);
+        let span = t.span;
+        let enum_path = respan(t.enum_path.to_token_stream(), span);
+        let from = t.from.iter().map(|v| v.to_string());
+        let to = t.to.to_string();
+        let n_parts = self.plan.key.parts.len();
+        quote_spanned! {span=>
+            const __IDEM_TRANSITION: #krate::__private::Transition = #krate::__private::Transition {
+                states: &<#enum_path as #krate::StateMachine>::STATES,
+                from: &[#(#from),*],
+                to: #to,
+                key_parts: #n_parts,
+            };
+            const _: () = __IDEM_TRANSITION.check();
+        }
+    }
+}
+
+/// The body with a reborrow of the transaction in front of its statements,
+/// so the body may move its handle and the record can still be completed
+/// after it. The reborrow goes inside the user's own braces (which keep
+/// their spans): nesting the block in another one would make a one-line
+/// body `{ Ok(1) }` a braced tail expression, which `unused_braces` warns
+/// about at the user's code.
+fn reborrowed(block: &syn::Block, tx: &Ident) -> syn::Block {
+    let mut body = block.clone();
+    body.stmts.insert(
+        0,
+        syn::parse_quote! {
+            #[allow(unused_variables)]
+            let #tx = &mut *#tx;
+        },
+    );
+    body
+}
+
+/// The `#[idem(token)]` parameter, read at its span: a type that cannot
+/// carry a token is reported there.
+fn token_arg(krate: &syn::Path, token: Option<&Ident>) -> TokenStream {
+    match token {
+        Some(t) => {
+            let krate = respan(krate.to_token_stream(), t.span());
+            quote_spanned!(t.span()=> #krate::__private::token_param(&(#t)))
+        }
+        None => quote!(::core::option::Option::None),
+    }
+}
+
+fn millis(krate: &syn::Path, ms: Option<u64>, default: TokenStream) -> TokenStream {
+    match ms {
+        Some(ms) => quote!(#krate::__private::Duration::from_millis(#ms)),
+        None => default,
+    }
+}
+
 /// The same tokens, all pointing at `span`.
-fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
     tokens
         .into_iter()
         .map(|mut tt| {

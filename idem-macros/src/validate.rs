@@ -121,6 +121,8 @@ pub struct Plan {
     pub ttl_ms: Option<u64>,
     pub wait_ms: Option<u64>,
     pub ret: Type,
+    /// Where the `idem` crate is (`crate = "..."`, default `::idem`).
+    pub krate: syn::Path,
 }
 
 /// Parameters marked `#[idem(...)]`, found (and stripped) before validation so
@@ -712,6 +714,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: Marks) -> R
         ttl_ms,
         wait_ms,
         ret: ret.expect("no error means a return type"),
+        krate: raw.krate.unwrap_or_else(|| syn::parse_quote!(::idem)),
     })
 }
 

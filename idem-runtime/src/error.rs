@@ -148,6 +148,16 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A guard's scope cannot name records: it is empty, or holds a control
+    /// character. (The attribute refuses such a scope at compile time.)
+    #[error("invalid scope `{scope}`: {reason}; a scope is a name like \"payments.on_pay\"")]
+    InvalidScope {
+        /// The scope, escaped for printing.
+        scope: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
     /// The idempotency key cannot be used (empty, missing, or malformed).
     #[error("invalid idempotency key in scope `{scope}`: {reason}")]
     InvalidKey {

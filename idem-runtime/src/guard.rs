@@ -1,86 +1,249 @@
-//! The entry point generated code calls: a [`Guard`] collects the key and the
-//! fingerprint, then a strategy method (`dedup`, ...) claims the key.
+//! The guard: one call's scope, key, fingerprint and record settings, then
+//! one strategy method that claims the key. `#[idempotent]` expands to
+//! exactly these calls; code that cannot carry the attribute (a handler
+//! generic over its work, an HTTP layer, a consumer loop) calls them itself.
+//!
+//! ```no_run
+//! use idem_runtime::{Claim, Guard};
+//!
+//! # async fn demo(pool: sqlx::SqlitePool, trade_no: &str) -> Result<u64, idem_runtime::Error> {
+//! let mut tx = pool.begin().await?;
+//! let coupon = match Guard::new("payments.on_pay").key(trade_no).dedup::<u64, _>(&mut tx).await? {
+//!     Claim::Replay(coupon) => coupon, // a repeat: the first call's answer
+//!     Claim::Run(ticket) => {
+//!         // The first call: do the work in the same transaction...
+//!         let done: Result<u64, idem_runtime::Error> = Ok(7);
+//!         // ...then store the answer (or, on `Err`, remove the record).
+//!         ticket.complete(&mut tx, done).await??
+//!     }
+//! };
+//! tx.commit().await?;
+//! # Ok(coupon) }
+//! ```
+//!
+//! Each strategy method is documented where it is defined: [`Guard::dedup`],
+//! [`Guard::state`], [`Guard::dedup_state`], [`Guard::token`],
+//! [`Guard::token_dedup`], [`Guard::lease`], [`Guard::lock`] and
+//! [`Guard::lock_only`]. A [`Claim::Run`] carries a ticket that must see the
+//! body's result: [`Ticket::complete`](crate::Ticket::complete),
+//! [`LeaseTicket::run`](crate::LeaseTicket::run),
+//! [`LockTicket::run`](crate::LockTicket::run),
+//! [`TokenTicket::run`](crate::TokenTicket::run).
 
 use std::borrow::Cow;
 use std::time::Duration;
 
 use crate::key::{Fingerprint, Fingerprintable, IdempotencyKey, KeyBuilder, SqlKey};
+use crate::precheck::PrecheckStore;
+use crate::token::OnStoreError;
 use crate::{Error, Key};
 
-/// Records are kept this long unless the attribute says `retention = "..."`.
-/// Payment gateways retry callbacks for a day or more; a week covers them.
+/// Records are kept this long unless the guard says otherwise
+/// ([`Guard::retention`], `retention = "..."`). Payment gateways retry
+/// callbacks for a day or more; a week covers them.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// What `#[idempotent]` knows at compile time about one guarded function.
-#[doc(hidden)]
+/// What a claim decided.
 #[derive(Debug)]
-pub struct GuardSpec {
-    /// Records of different scopes never collide.
-    pub scope: &'static str,
-    /// The key as written in the attribute, for error messages.
-    pub key_source: &'static str,
-    /// How long records are kept.
-    pub retention: Duration,
-    /// `claim = "after"`: write the record with its response after the body,
-    /// in one statement (see the crate docs for when that applies).
-    pub claim_after: bool,
+#[must_use = "a `Claim::Run` ticket must be completed with the body's result"]
+pub enum Claim<T, R> {
+    /// A repeat of a completed call: return this answer, do not run the body.
+    Replay(T),
+    /// The first call (or a take-over): run the body, then hand its result
+    /// to this ticket.
+    Run(R),
 }
 
-/// One guarded call in the making. Generated code builds it with one
-/// [`Guard::key`] call per key part, an optional [`Guard::fingerprint`], and
-/// one strategy call.
-#[doc(hidden)]
-pub struct Guard {
-    pub(crate) spec: &'static GuardSpec,
-    pub(crate) key: KeyBuilder,
+/// One guarded call in the making: a scope, the key's parts, and optionally
+/// a fingerprint, a retention, a precheck and what to do when a token store
+/// is down. A strategy method then claims the key.
+///
+/// `'s` is how long a [precheck](Guard::precheck) store is borrowed.
+#[must_use = "a guard does nothing until a strategy method claims its key"]
+pub struct Guard<'s> {
+    scope: Cow<'static, str>,
+    key: KeyBuilder,
     fingerprint: Option<Result<Fingerprint, String>>,
+    retention: Duration,
+    claim_after: bool,
+    precheck: Option<(&'s dyn PrecheckStore, Duration)>,
+    on_store_error: OnStoreError,
 }
 
-impl Guard {
-    pub fn new(spec: &'static GuardSpec) -> Guard {
-        Guard { spec, key: KeyBuilder::new(spec.scope, spec.key_source), fingerprint: None }
+impl<'s> Guard<'s> {
+    /// A guard for records of `scope`: the namespace of its keys (records of
+    /// different scopes never meet). Name it after the operation
+    /// (`"payments.on_pay"`), and keep it when code moves: repeats of calls
+    /// made under another scope run again. An empty scope, or one holding a
+    /// control character, fails the claim with [`Error::InvalidScope`].
+    pub fn new(scope: impl Into<Cow<'static, str>>) -> Guard<'s> {
+        Guard {
+            scope: scope.into(),
+            key: KeyBuilder::new("key"),
+            fingerprint: None,
+            retention: DEFAULT_RETENTION,
+            claim_after: false,
+            precheck: None,
+            on_store_error: OnStoreError::Reject,
+        }
     }
 
-    /// Add one key part.
-    pub fn key<K: IdempotencyKey + ?Sized>(mut self, part: &K) -> Guard {
+    /// Add a part of the key: one call for a simple key, one per part for a
+    /// composite key (`.key(&req.user_id).key(&req.request_id)`). Strings,
+    /// integers, `char`, `bool`, UUIDs and `Option`s of them
+    /// ([`IdempotencyKey`]); an empty or all-whitespace string or a `None`
+    /// fails the claim with [`Error::InvalidKey`].
+    pub fn key<K: IdempotencyKey + ?Sized>(mut self, part: &K) -> Guard<'s> {
         self.key = self.key.part(part);
         self
     }
 
-    /// Add one key part that also selects the entity a state guard moves
-    /// (bound to the state enum's key column, in order).
-    pub fn entity_key<K: IdempotencyKey + ?Sized>(mut self, part: &K) -> Guard {
-        self.key = self.key.entity_part(part);
-        self
-    }
-
-    /// Hash the request payload, to detect a key reused for another request.
-    pub fn fingerprint<F: Fingerprintable + ?Sized>(mut self, payload: &F) -> Guard {
+    /// Hash the request payload into the record, so that the same key sent
+    /// with another payload is [`Error::KeyMismatch`] instead of a replay.
+    /// The hash is of a canonical JSON (object keys sorted at every level):
+    /// equal payloads match however their maps iterate.
+    pub fn fingerprint<F: Fingerprintable + ?Sized>(mut self, payload: &F) -> Guard<'s> {
         self.fingerprint = Some(Fingerprint::of(payload).map_err(|e| e.to_string()));
         self
     }
 
-    /// Validate the key and fingerprint.
+    /// How long records count (default [`DEFAULT_RETENTION`], 7 days): a
+    /// repeat after that runs again. At least a millisecond, at most 100
+    /// years, else the claim fails with [`Error::InvalidDuration`].
+    pub fn retention(mut self, retention: Duration) -> Guard<'s> {
+        self.retention = retention;
+        self
+    }
+
+    /// `dedup` only: write the record with its response in one statement
+    /// after the body instead of claiming it before (one statement fewer per
+    /// first call). Only where the body's effects are all in the transaction
+    /// and the guarded call is the transaction's first work: a repeat is
+    /// found after its body ran, and the transaction is rolled back to its
+    /// start (only the savepoint, in a nested one) before the first answer
+    /// is replayed.
+    pub fn claim_after(mut self) -> Guard<'s> {
+        self.claim_after = true;
+        self
+    }
+
+    /// Ask a marker store "seen before?" first (`dedup`, `dedup_state`,
+    /// `token_dedup`, `lease`): a key seen before whose record is complete
+    /// replays after one plain read, without the claim. The record stays
+    /// the truth; markers live `ttl` (see [`precheck`](crate::precheck)).
+    pub fn precheck(mut self, store: &'s dyn PrecheckStore, ttl: Duration) -> Guard<'s> {
+        self.precheck = Some((store, ttl));
+        self
+    }
+
+    /// Token strategies: what to do while the token store cannot be reached
+    /// (default [`OnStoreError::Reject`]).
+    pub fn on_store_error(mut self, policy: OnStoreError) -> Guard<'s> {
+        self.on_store_error = policy;
+        self
+    }
+
+    /// The key as written in the attribute (`"event.trade_no, event.user"`),
+    /// so that an invalid part is named in the error.
+    #[doc(hidden)]
+    pub fn key_source(mut self, source: &'static str) -> Guard<'s> {
+        self.key = self.key.sources(source);
+        self
+    }
+
+    /// Add a part that also selects the entity a state guard moves (bound to
+    /// the state enum's key columns, in order).
+    pub fn entity_key<K: IdempotencyKey + ?Sized>(mut self, part: &K) -> Guard<'s> {
+        self.key = self.key.entity_part(part);
+        self
+    }
+
+    /// This guard's scope, as given.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    pub(crate) fn scope_cow(&self) -> Cow<'static, str> {
+        self.scope.clone()
+    }
+
+    pub(crate) fn precheck_store(&self) -> Option<(&'s dyn PrecheckStore, Duration)> {
+        self.precheck
+    }
+
+    pub(crate) fn store_error_policy(&self) -> OnStoreError {
+        self.on_store_error
+    }
+
+    /// The key alone (a lock taken around a claim the guard makes later).
+    pub(crate) fn key_only(&self) -> Result<Key, Error> {
+        check_scope(&self.scope)?;
+        self.key.clone().finish(&self.scope)
+    }
+
+    /// Validate scope, key, fingerprint and retention.
     pub(crate) fn prepare(self) -> Result<Prepared, Error> {
-        let (key, entity) = self.key.finish_with_entity()?;
+        check_scope(&self.scope)?;
+        let (key, entity) = self.key.finish_with_entity(&self.scope)?;
         let fingerprint = match self.fingerprint {
             None => None,
             Some(Ok(f)) => Some(f),
             Some(Err(reason)) => {
                 return Err(Error::InvalidKey {
-                    scope: self.spec.scope.to_owned(),
+                    scope: self.scope.into_owned(),
                     reason: format!("the fingerprint payload could not be serialised: {reason}"),
                 });
             }
         };
-        Ok(Prepared { spec: self.spec, stored_scope: stored_scope(self.spec.scope), key, entity, fingerprint })
+        let retention = crate::error::check_ttl("retention", self.retention)?;
+        let stored_scope = stored_scope(&self.scope).into_owned();
+        Ok(Prepared {
+            scope: self.scope,
+            stored_scope,
+            retention,
+            claim_after: self.claim_after,
+            key,
+            entity,
+            fingerprint,
+        })
     }
 }
 
+impl std::fmt::Debug for Guard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("scope", &self.scope)
+            .field("retention", &self.retention)
+            .field("claim_after", &self.claim_after)
+            .field("precheck", &self.precheck.map(|(store, ttl)| (store.kind(), ttl)))
+            .field("on_store_error", &self.on_store_error)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A scope is a name people read in logs, tables and Redis keys; stores
+/// escape or hash whatever it holds, but an empty one names nothing and a
+/// control character is a slip nobody could type back.
+fn check_scope(scope: &str) -> Result<(), Error> {
+    let reason = if scope.trim().is_empty() {
+        "it is empty"
+    } else if scope.chars().any(char::is_control) {
+        "it holds a control character"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidScope { scope: scope.escape_default().to_string(), reason })
+}
+
 /// A validated call: key, fingerprint, and the scope as stored.
+#[derive(Debug)]
 pub(crate) struct Prepared {
-    pub spec: &'static GuardSpec,
-    pub stored_scope: Cow<'static, str>,
+    /// The scope as given, for messages and logs.
+    pub scope: Cow<'static, str>,
+    /// The scope as records store it (long ones hashed).
+    pub stored_scope: String,
+    pub retention: Duration,
+    pub claim_after: bool,
     pub key: Key,
     /// The key parts as bound to the entity's key columns (state strategies).
     pub entity: Vec<SqlKey>,
@@ -89,7 +252,7 @@ pub(crate) struct Prepared {
 
 impl Prepared {
     pub fn mismatch(&self) -> Error {
-        Error::KeyMismatch { scope: self.spec.scope.to_owned(), key_hash: self.key.hash() }
+        Error::KeyMismatch { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
     pub fn record(&self) -> crate::sql::NewRecord<'_> {
@@ -97,16 +260,16 @@ impl Prepared {
             scope: &self.stored_scope,
             key: self.key.as_str(),
             fingerprint: self.fingerprint.as_ref().map(|f| f.as_str()),
-            retention: self.spec.retention,
+            retention: self.retention,
         }
     }
 
     pub fn unfinished(&self) -> Error {
-        Error::Unfinished { scope: self.spec.scope.to_owned(), key_hash: self.key.hash() }
+        Error::Unfinished { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
     pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {
-        Error::InProgress { scope: self.spec.scope.to_owned(), key_hash: self.key.hash(), retry_after }
+        Error::InProgress { scope: self.scope.to_string(), key_hash: self.key.hash(), retry_after }
     }
 
     /// The fingerprint is checked before anything else about a record: a

@@ -206,7 +206,7 @@ impl Key {
 
     /// Build a key from one value, exactly as a guard with `key = "value"` does.
     pub fn new(value: &(impl IdempotencyKey + ?Sized)) -> Result<Key, Error> {
-        KeyBuilder::new("", "key").part(value).finish()
+        KeyBuilder::new("key").part(value).finish("")
     }
 
     /// The text stored in the record's key column.
@@ -253,7 +253,6 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 #[doc(hidden)]
 #[derive(Clone)]
 pub struct KeyBuilder {
-    scope: &'static str,
     sources: &'static str,
     text: String,
     index: usize,
@@ -264,8 +263,14 @@ pub struct KeyBuilder {
 
 impl KeyBuilder {
     /// `sources` is the key as written in the attribute, for error messages.
-    pub fn new(scope: &'static str, sources: &'static str) -> KeyBuilder {
-        KeyBuilder { scope, sources, text: String::new(), index: 0, error: None, entity: None }
+    pub fn new(sources: &'static str) -> KeyBuilder {
+        KeyBuilder { sources, text: String::new(), index: 0, error: None, entity: None }
+    }
+
+    /// Name the parts as written in the attribute (comma-separated).
+    pub fn sources(mut self, sources: &'static str) -> KeyBuilder {
+        self.sources = sources;
+        self
     }
 
     /// Append one part.
@@ -294,20 +299,30 @@ impl KeyBuilder {
     }
 
     fn fail(&mut self, reason: &str) {
-        let source = self.sources.split(',').nth(self.index).unwrap_or(self.sources).trim();
-        self.error = Some(format!("key part `{source}` {reason}"));
+        // Named as written in the attribute; by position for a guard built
+        // by hand (whose parts have no source text).
+        let source = match self.sources.split(',').nth(self.index) {
+            Some(source) if self.sources != "key" => format!("key part `{}`", source.trim()),
+            _ if self.index == 0 => "the key".to_owned(),
+            _ => format!("key part {}", self.index + 1),
+        };
+        self.error = Some(format!("{source} {reason}"));
     }
 
     /// The finished key, or [`Error::InvalidKey`] naming the bad part.
-    pub fn finish(self) -> Result<Key, Error> {
-        self.finish_with_entity().map(|(key, _)| key)
+    pub fn finish(self, scope: &str) -> Result<Key, Error> {
+        self.finish_with_entity(scope).map(|(key, _)| key)
     }
 
     /// The finished key and the entity key values (empty unless
-    /// [`KeyBuilder::entity_part`] was used).
-    pub fn finish_with_entity(self) -> Result<(Key, Vec<SqlKey>), Error> {
+    /// [`KeyBuilder::entity_part`] was used). A key with no part is invalid.
+    pub fn finish_with_entity(self, scope: &str) -> Result<(Key, Vec<SqlKey>), Error> {
+        let invalid = |reason| Error::InvalidKey { scope: scope.to_owned(), reason };
         if let Some(reason) = self.error {
-            return Err(Error::InvalidKey { scope: self.scope.to_owned(), reason });
+            return Err(invalid(reason));
+        }
+        if self.index == 0 {
+            return Err(invalid("the key has no part: add one with `.key(...)`".to_owned()));
         }
         Ok((Key::from_stored(self.text), self.entity.unwrap_or_default()))
     }
@@ -357,8 +372,8 @@ mod tests {
 
     #[test]
     fn composite_parts_cannot_collide() {
-        let a = KeyBuilder::new("s", "a, b").part("x:y").part("z").finish().unwrap();
-        let b = KeyBuilder::new("s", "a, b").part("x").part("y:z").finish().unwrap();
+        let a = KeyBuilder::new("a, b").part("x:y").part("z").finish("s").unwrap();
+        let b = KeyBuilder::new("a, b").part("x").part("y:z").finish("s").unwrap();
         assert_ne!(a, b);
         assert_eq!(a.as_str(), "x\\:y:z");
     }
@@ -371,15 +386,15 @@ mod tests {
         assert!(k.as_str().starts_with("\\sha256:"));
         assert_eq!(k.as_str().len(), 8 + 64);
         let hex_part = &k.as_str()[8..];
-        let forged = KeyBuilder::new("s", "a, b").part("\\sha256").part(hex_part).finish().unwrap();
+        let forged = KeyBuilder::new("a, b").part("\\sha256").part(hex_part).finish("s").unwrap();
         assert_ne!(forged, k, "a composite key must not forge a hashed one");
-        let forged = KeyBuilder::new("s", "a, b").part("sha256").part(hex_part).finish().unwrap();
+        let forged = KeyBuilder::new("a, b").part("sha256").part(hex_part).finish("s").unwrap();
         assert_ne!(forged, k);
     }
 
     #[test]
     fn empty_and_none_parts_are_named_in_the_error() {
-        let e = KeyBuilder::new("pay", "event.trade_no, event.user").part("T1").part(&None::<i64>).finish();
+        let e = KeyBuilder::new("event.trade_no, event.user").part("T1").part(&None::<i64>).finish("s");
         match e {
             Err(Error::InvalidKey { reason, .. }) => assert_eq!(reason, "key part `event.user` is None"),
             other => panic!("{other:?}"),
@@ -389,7 +404,7 @@ mod tests {
         // filled with a space): it would put unrelated requests under one
         // record. Whitespace around a real key stays part of it.
         for blank in [" ", "\t", " \r\n ", "\u{3000}"] {
-            let e = KeyBuilder::new("pay", "event.trade_no").part(blank).finish();
+            let e = KeyBuilder::new("event.trade_no").part(blank).finish("s");
             match e {
                 Err(Error::InvalidKey { reason, .. }) => {
                     assert_eq!(reason, "key part `event.trade_no` is only whitespace", "{blank:?}")
@@ -400,7 +415,7 @@ mod tests {
         }
         assert_ne!(Key::new(" T1").unwrap(), Key::new("T1").unwrap());
         // A `char` is a value, a space included.
-        assert_eq!(KeyBuilder::new("pay", "code").part(&' ').finish().unwrap().as_str(), " ");
+        assert_eq!(KeyBuilder::new("code").part(&' ').finish("s").unwrap().as_str(), " ");
     }
 
     #[test]
@@ -440,7 +455,7 @@ mod tests {
         assert_ne!(k, Key::new("a\\0b").unwrap(), "a NUL and a written backslash-zero differ");
         assert!(!k.as_str().contains('\0'));
         // A char is escaped like a string.
-        let c = KeyBuilder::new("s", "a, b").part(&'\\').part("y").finish().unwrap();
+        let c = KeyBuilder::new("a, b").part(&'\\').part("y").finish("s").unwrap();
         assert_ne!(c, Key::new(":y").unwrap());
         assert_eq!(Key::new(&':').unwrap(), Key::new(":").unwrap());
         // As an entity's key value, a char is itself, unescaped.

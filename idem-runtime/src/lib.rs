@@ -29,7 +29,7 @@ mod strategy;
 pub mod token;
 
 pub use error::{Error, Result};
-pub use guard::{DEFAULT_RETENTION, GuardError};
+pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
 pub use key::{Fingerprint, IdempotencyKey, Key};
 pub use record::{DedupRecord, Outcome, RecordStatus, observe};
 pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, purge_expired};
@@ -38,6 +38,10 @@ pub use store::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use stores::{Stores, StoresBuilder};
+pub use strategy::lease::LeaseTicket;
+pub use strategy::lock::LockTicket;
+pub use strategy::ticket::Ticket;
+pub use strategy::token::TokenTicket;
 
 /// The `Ok` type of a guarded function: stored after the first call and
 /// returned to every repeat, so it must survive a JSON round trip. `()`, `0`,
@@ -61,14 +65,11 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 /// `#[idempotent]`.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::guard::{Guard, GuardSpec};
     pub use crate::sql::connection;
     pub use crate::state::Transition;
     pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
-    pub use crate::strategy::dedup::{Claim, Ticket, finish, settle};
-    pub use crate::strategy::lease::LeaseTicket;
-    pub use crate::strategy::lock::LockTicket;
-    pub use crate::strategy::token::{TokenTicket, token_param};
+    pub use crate::strategy::ticket::{finish, settle};
+    pub use crate::strategy::token::token_param;
     pub use crate::token::OnStoreError;
 
     /// The store named by `store = "..."` of a token guard.

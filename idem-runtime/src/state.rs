@@ -245,20 +245,39 @@ impl<T> SilentRepeat for Option<T> {
     }
 }
 
-/// A transition as written in the attribute: `from | from -> to`, by variant
-/// name. Generated code builds it as a `const` and checks it at compile time
-/// with [`Transition::check`].
-#[doc(hidden)]
+/// A transition `from | from -> to` of a state enum, by variant name, for
+/// [`Guard::state`](crate::Guard::state) and
+/// [`Guard::dedup_state`](crate::Guard::dedup_state). Build it as a `const`
+/// and check it at compile time:
+///
+/// ```
+/// # use idem_runtime::state::{StateCode, StateTable, StateMachine, Transition};
+/// # enum OrderStatus {}
+/// # impl StateMachine for OrderStatus { const STATES: StateTable = StateTable { name: "OrderStatus",
+/// #     table: "orders", key_columns: &["order_no"], status_column: "status", variants: &["WaitPay", "Paid"],
+/// #     codes: &[StateCode::Int(1), StateCode::Int(2)], targets: &[&[1], &[]], undeclared: &["", ""],
+/// #     unknown_variant: "" }; }
+/// const PAY: Transition = Transition::new(&OrderStatus::STATES, &["WaitPay"], "Paid");
+/// const _: () = PAY.check(); // an undeclared move fails the build
+/// ```
 #[derive(Debug)]
 pub struct Transition {
+    /// The state enum (`<OrderStatus as StateMachine>::STATES`).
     pub states: &'static StateTable,
+    /// The source variants' names.
     pub from: &'static [&'static str],
+    /// The target variant's name.
     pub to: &'static str,
     /// How many parts the guard's key has (one per key column).
     pub key_parts: usize,
 }
 
 impl Transition {
+    /// `from -> to` of `states`, with one key part per key column.
+    pub const fn new(states: &'static StateTable, from: &'static [&'static str], to: &'static str) -> Transition {
+        Transition { states, from, to, key_parts: states.key_columns.len() }
+    }
+
     /// Compile-time check: every name is a variant and every `from -> to` is
     /// declared. Fails const evaluation with a message naming the fix.
     pub const fn check(&self) {
@@ -282,6 +301,24 @@ impl Transition {
             }
             i += 1;
         }
+    }
+
+    /// The guard's key selects one entity: one part per key column.
+    pub(crate) fn check_key(&self, p: &crate::guard::Prepared) -> Result<(), crate::Error> {
+        let columns = self.states.key_columns.len();
+        if p.entity.len() == columns {
+            return Ok(());
+        }
+        Err(crate::Error::InvalidKey {
+            scope: p.scope.to_string(),
+            reason: format!(
+                "a state guard on {} needs one entity key part per key column ({:?}), added with \
+                 `Guard::entity_key`; it has {}",
+                self.states.name,
+                self.states.key_columns,
+                p.entity.len()
+            ),
+        })
     }
 
     pub(crate) fn to_index(&self) -> usize {

@@ -22,22 +22,16 @@ impl Wallet {
         request_id: &str,
         amount_cents: i64,
     ) -> Result<(), AppError> {
-        static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-            scope: "wallet.transfer",
-            key_source: "user_id, request_id",
-            retention: ::idem::__private::Duration::from_millis(86400000u64),
-            claim_after: false,
-        };
-        let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
+        let __idem_ticket = match ::idem::Guard::new("wallet.transfer")
+            .key_source("user_id, request_id")
+            .retention(::idem::__private::Duration::from_millis(86400000u64))
             .key(&(user_id))
             .key(&(request_id))
             .fingerprint(&(amount_cents))
-            .dedup(::idem::__private::connection(&mut *tx))
+            .dedup(&mut ::idem::__private::connection(&mut *tx))
             .await
         {
-            ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => {
-                __idem_run
-            }
+            ::core::result::Result::Ok(::idem::Claim::Run(__idem_run)) => __idem_run,
             __idem_other => return ::idem::__private::settle(__idem_other),
         };
         let __idem_result: Result<(), AppError> = async {
@@ -47,10 +41,9 @@ impl Wallet {
             Ok(())
         }
             .await;
-        let __idem_completed = __idem_ticket
-            .complete(::idem::__private::connection(&mut *tx), __idem_result)
-            .await;
-        ::idem::__private::finish(__idem_completed)
+        __idem_ticket
+            .finish(&mut ::idem::__private::connection(&mut *tx), __idem_result)
+            .await
     }
 }
 fn main() {}

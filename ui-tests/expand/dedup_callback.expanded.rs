@@ -22,20 +22,13 @@ pub async fn on_pay_callback(
     tx: &mut Transaction<'_, Postgres>,
     trade_no: &str,
 ) -> Result<i64, AppError> {
-    static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-        scope: "payments.on_pay",
-        key_source: "trade_no",
-        retention: ::idem::DEFAULT_RETENTION,
-        claim_after: false,
-    };
-    let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
+    let __idem_ticket = match ::idem::Guard::new("payments.on_pay")
+        .key_source("trade_no")
         .key(&(trade_no))
-        .dedup(::idem::__private::connection(&mut *tx))
+        .dedup(&mut ::idem::__private::connection(&mut *tx))
         .await
     {
-        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => {
-            __idem_run
-        }
+        ::core::result::Result::Ok(::idem::Claim::Run(__idem_run)) => __idem_run,
         __idem_other => return ::idem::__private::settle(__idem_other),
     };
     let __idem_result: Result<i64, AppError> = async {
@@ -50,9 +43,8 @@ pub async fn on_pay_callback(
         Ok(coupon_id)
     }
         .await;
-    let __idem_completed = __idem_ticket
-        .complete(::idem::__private::connection(&mut *tx), __idem_result)
-        .await;
-    ::idem::__private::finish(__idem_completed)
+    __idem_ticket
+        .finish(&mut ::idem::__private::connection(&mut *tx), __idem_result)
+        .await
 }
 fn main() {}

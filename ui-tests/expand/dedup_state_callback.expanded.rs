@@ -70,12 +70,6 @@ pub async fn on_pay_callback(
     tx: &mut Transaction<'_, Postgres>,
     trade_no: &str,
 ) -> Result<Option<i64>, AppError> {
-    static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-        scope: "payments.on_pay",
-        key_source: "trade_no",
-        retention: ::idem::DEFAULT_RETENTION,
-        claim_after: false,
-    };
     const __IDEM_TRANSITION: ::idem::__private::Transition = ::idem::__private::Transition {
         states: &<OrderStatus as ::idem::StateMachine>::STATES,
         from: &["WaitPay"],
@@ -83,14 +77,13 @@ pub async fn on_pay_callback(
         key_parts: 1usize,
     };
     const _: () = __IDEM_TRANSITION.check();
-    let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
+    let __idem_ticket = match ::idem::Guard::new("payments.on_pay")
+        .key_source("trade_no")
         .entity_key(&(trade_no))
-        .dedup_state(::idem::__private::connection(&mut *tx), &__IDEM_TRANSITION)
+        .dedup_state(&mut ::idem::__private::connection(&mut *tx), &__IDEM_TRANSITION)
         .await
     {
-        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => {
-            __idem_run
-        }
+        ::core::result::Result::Ok(::idem::Claim::Run(__idem_run)) => __idem_run,
         __idem_other => return ::idem::__private::settle(__idem_other),
     };
     let __idem_result: Result<Option<i64>, AppError> = async {
@@ -100,9 +93,8 @@ pub async fn on_pay_callback(
         Ok(Some(1))
     }
         .await;
-    let __idem_completed = __idem_ticket
-        .complete(::idem::__private::connection(&mut *tx), __idem_result)
-        .await;
-    ::idem::__private::finish(__idem_completed)
+    __idem_ticket
+        .finish(&mut ::idem::__private::connection(&mut *tx), __idem_result)
+        .await
 }
 fn main() {}

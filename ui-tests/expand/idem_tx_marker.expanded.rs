@@ -26,20 +26,13 @@ pub async fn ship<T: Send>(
     order_id: u64,
     label: T,
 ) -> Result<bool, AppError> {
-    static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-        scope: "orders.ship",
-        key_source: "order_id",
-        retention: ::idem::DEFAULT_RETENTION,
-        claim_after: false,
-    };
-    let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
+    let __idem_ticket = match ::idem::Guard::new("orders.ship")
+        .key_source("order_id")
         .key(&(order_id))
-        .dedup(::idem::__private::connection(&mut *uow))
+        .dedup(&mut ::idem::__private::connection(&mut *uow))
         .await
     {
-        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => {
-            __idem_run
-        }
+        ::core::result::Result::Ok(::idem::Claim::Run(__idem_run)) => __idem_run,
         __idem_other => return ::idem::__private::settle(__idem_other),
     };
     let __idem_result: Result<bool, AppError> = async {
@@ -49,9 +42,8 @@ pub async fn ship<T: Send>(
         Ok(true)
     }
         .await;
-    let __idem_completed = __idem_ticket
-        .complete(::idem::__private::connection(&mut *uow), __idem_result)
-        .await;
-    ::idem::__private::finish(__idem_completed)
+    __idem_ticket
+        .finish(&mut ::idem::__private::connection(&mut *uow), __idem_result)
+        .await
 }
 fn main() {}

@@ -21,22 +21,15 @@ impl Bank {
         transfer_id: &str,
         cents: i64,
     ) -> Result<u64, AppError> {
-        static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-            scope: "bank.transfer",
-            key_source: "transfer_id",
-            retention: ::idem::DEFAULT_RETENTION,
-            claim_after: false,
-        };
         let __idem_store = &(self.leases);
         let __idem_store = ::idem::__private::lease_store(__idem_store);
-        let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
+        let __idem_ticket = match ::idem::Guard::new("bank.transfer")
+            .key_source("transfer_id")
             .key(&(transfer_id))
             .lease(__idem_store, ::idem::__private::Duration::from_millis(30000u64))
             .await
         {
-            ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => {
-                __idem_run
-            }
+            ::core::result::Result::Ok(::idem::Claim::Run(__idem_run)) => __idem_run,
             __idem_other => return ::idem::__private::settle(__idem_other),
         };
         let __idem_body = async {

@@ -17,14 +17,10 @@ pub async fn deduct(
     tx: &mut Transaction<'_, Postgres>,
     order_no: &str,
 ) -> Result<bool, AppError> {
-    static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-        scope: "stock.deduct",
-        key_source: "order_no",
-        retention: ::idem::DEFAULT_RETENTION,
-        claim_after: false,
-    };
     let __idem_store = ::idem::__private::installed_lock();
-    let __idem_guard = ::idem::__private::Guard::new(&__IDEM_SPEC).key(&(order_no));
+    let __idem_guard = ::idem::Guard::new("stock.deduct")
+        .key_source("order_no")
+        .key(&(order_no));
     let __idem_lock = match __idem_guard
         .lock(
             __idem_store,
@@ -33,19 +29,17 @@ pub async fn deduct(
         )
         .await
     {
-        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => {
-            __idem_run
+        ::core::result::Result::Ok(__idem_lock) => __idem_lock,
+        ::core::result::Result::Err(__idem_e) => {
+            return ::core::result::Result::Err(::core::convert::From::from(__idem_e));
         }
-        __idem_other => return ::idem::__private::settle(__idem_other),
     };
     let __idem_body = async {
         let __idem_ticket = match __idem_guard
-            .dedup(::idem::__private::connection(&mut *tx))
+            .dedup(&mut ::idem::__private::connection(&mut *tx))
             .await
         {
-            ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => {
-                __idem_run
-            }
+            ::core::result::Result::Ok(::idem::Claim::Run(__idem_run)) => __idem_run,
             __idem_other => return ::idem::__private::settle(__idem_other),
         };
         let __idem_result: Result<bool, AppError> = async {
@@ -56,10 +50,9 @@ pub async fn deduct(
             Ok(true)
         }
             .await;
-        let __idem_completed = __idem_ticket
-            .complete(::idem::__private::connection(&mut *tx), __idem_result)
-            .await;
-        ::idem::__private::finish(__idem_completed)
+        __idem_ticket
+            .finish(&mut ::idem::__private::connection(&mut *tx), __idem_result)
+            .await
     };
     let __idem_result: Result<bool, AppError> = __idem_lock.run(__idem_body).await;
     __idem_result

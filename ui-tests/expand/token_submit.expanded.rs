@@ -13,24 +13,13 @@ impl From<idem::Error> for AppError {
     }
 }
 pub async fn create_order(token: &str, user_id: i64) -> Result<i64, AppError> {
-    static __IDEM_SPEC: ::idem::__private::GuardSpec = ::idem::__private::GuardSpec {
-        scope: "orders.create",
-        key_source: "<token>",
-        retention: ::idem::DEFAULT_RETENTION,
-        claim_after: false,
-    };
     let __idem_store = ::idem::__private::installed_token();
-    let __idem_ticket = match ::idem::__private::Guard::new(&__IDEM_SPEC)
-        .token(
-            __idem_store,
-            ::idem::__private::token_param(&(token)),
-            ::idem::__private::OnStoreError::Reject,
-        )
+    let __idem_ticket = match ::idem::Guard::new("orders.create")
+        .key_source("<token>")
+        .token(__idem_store, ::idem::__private::token_param(&(token)))
         .await
     {
-        ::core::result::Result::Ok(::idem::__private::Claim::Run(__idem_run)) => {
-            __idem_run
-        }
+        ::core::result::Result::Ok(::idem::Claim::Run(__idem_run)) => __idem_run,
         __idem_other => return ::idem::__private::settle(__idem_other),
     };
     let __idem_body = async {

@@ -307,15 +307,26 @@ where
     }
 }
 
-/// The connection of a caller's transaction, typed by its database. Taken
-/// once per store access by generated code (`__private::connection`), so a
-/// parameter that is no transaction is reported once, at its type.
+/// A caller's transaction as generated code takes it: one call per use,
+/// spanned at the parameter's type, so a parameter that is no transaction
+/// is reported once, there (the later uses see an error type and stay
+/// quiet).
 #[doc(hidden)]
-pub struct Conn<'a, DB: SqlBackend>(pub(crate) &'a mut DB::Connection);
+pub struct Conn<'a, DB: SqlBackend>(&'a mut DB::Connection);
 
 #[doc(hidden)]
 pub fn connection<T: TxContext + ?Sized>(tx: &mut T) -> Conn<'_, T::Db> {
     Conn(tx.connection())
+}
+
+impl<DB: SqlBackend> TxContext for Conn<'_, DB>
+where
+    DB::Connection: Send,
+{
+    type Db = DB;
+    fn connection(&mut self) -> &mut DB::Connection {
+        self.0
+    }
 }
 
 /// The statement that throws away everything the caller's transaction did

@@ -179,11 +179,11 @@ mod tests {
     /// The name a guard's record gets: scope and key parts through the
     /// same steps as in a guard (stored scope, composite key text).
     fn full_name(space: &Keyspace, kind: RecordKind, scope: &str, parts: &[String]) -> Option<String> {
-        let mut key = KeyBuilder::new("test", "parts");
+        let mut key = KeyBuilder::new("parts");
         for part in parts {
             key = key.part(part.as_str());
         }
-        let key = key.finish().ok()?; // blank parts are refused before any store
+        let key = key.finish("test").ok()?; // blank parts are refused before any store
         Some(space.name(kind, &crate::guard::stored_scope(scope), key.as_str()))
     }
 
@@ -237,11 +237,11 @@ mod tests {
     fn the_collisions_of_the_earlier_layout_are_gone() {
         let space = Keyspace::new("idem:");
         let key = |parts: &[&str]| {
-            let mut k = KeyBuilder::new("t", "k");
+            let mut k = KeyBuilder::new("k");
             for p in parts {
                 k = k.part(*p);
             }
-            k.finish().unwrap().as_str().to_owned()
+            k.finish("t").unwrap().as_str().to_owned()
         };
         // Lock names were `scope:key`: ("shop.a:b", "c") met ("shop.a", ("b", "c")).
         assert_ne!(

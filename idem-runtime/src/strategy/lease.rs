@@ -5,15 +5,14 @@ use std::time::Duration;
 
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
-use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
+use crate::precheck::{Sight, confirmed as precheck_confirmed, look};
 use crate::record::{Outcome, report};
 use crate::store::new_owner;
-use crate::strategy::dedup::{Claim, replayed, stored_response};
+use crate::strategy::record::{replayed, stored_response};
 use crate::strategy::renew::{bounded, under_renewal};
-use crate::{Error, Replayable};
+use crate::{Claim, Error, Replayable};
 
-/// The lease a first call holds while its body runs.
-#[doc(hidden)]
+/// The lease a first call holds while its body runs: see [`LeaseTicket::run`].
 #[must_use = "a held lease must run the body and settle the record"]
 pub struct LeaseTicket<'s> {
     prepared: Prepared,
@@ -24,36 +23,43 @@ pub struct LeaseTicket<'s> {
     lease: Duration,
 }
 
-impl Guard {
-    /// Claim the key in `store`: run, replay, or report a live lease.
+impl std::fmt::Debug for LeaseTicket<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseTicket")
+            .field("scope", &self.prepared.scope)
+            .field("key", &self.prepared.key)
+            .field("store", &self.store.kind())
+            .field("fence", &self.fence)
+            .field("reclaimed", &self.reclaimed)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guard<'_> {
+    /// `lease`: claim the key in `store` with a record committed on its own
+    /// (for work that cannot share a transaction with its record: a bank's
+    /// API), held by a lease of `lease` on the store's clock.
+    ///
+    /// - [`Claim::Run`]: run the body with [`LeaseTicket::run`], which keeps
+    ///   renewing the lease, then stores the answer (or removes the record
+    ///   for an `Err` or a panic). A record whose lease passed (its worker
+    ///   died) is taken over: new owner, fencing token + 1
+    ///   ([`lease::current`](crate::lease::current) in the body).
+    /// - [`Claim::Replay`]: the first call's answer, one round trip.
+    ///
+    /// Errors: [`Error::InProgress`] while another call holds a live lease
+    /// (`retry_after`: the lease left), [`Error::KeyMismatch`], store
+    /// errors. With [`Guard::precheck`] a seen key is read before it is
+    /// claimed (on SQL stores a plain read instead of the claiming upsert).
     pub async fn lease<'s, T: Replayable>(
         self,
         store: &'s dyn LeaseStore,
         lease: Duration,
     ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
-        self.lease_with(store, lease, None).await
-    }
-
-    /// `lease` with `precheck`: a "seen" marker first; a seen key is read
-    /// before it is claimed (on SQL stores a plain read instead of the
-    /// claiming upsert), and a completed record replays from that read.
-    pub async fn lease_prechecked<'s, T: Replayable>(
-        self,
-        store: &'s dyn LeaseStore,
-        lease: Duration,
-        precheck: &dyn PrecheckStore,
-        ttl: Duration,
-    ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
-        self.lease_with(store, lease, Some((precheck, ttl))).await
-    }
-
-    async fn lease_with<'s, T: Replayable>(
-        self,
-        store: &'s dyn LeaseStore,
-        lease: Duration,
-        precheck: Option<(&dyn PrecheckStore, Duration)>,
-    ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
+        let precheck = self.precheck_store();
         let p = self.prepare()?;
+        let lease = crate::error::check_ttl("lease", lease)?;
         let owner = new_owner();
         let req = LeaseRequest {
             scope: &p.stored_scope,
@@ -61,11 +67,11 @@ impl Guard {
             fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
             owner: &owner,
             lease,
-            retention: p.spec.retention,
+            retention: p.retention,
         };
         let mut seen = false;
         if let Some((marks, ttl)) = precheck
-            && let Sight::Seen = look(marks, &p.stored_scope, p.key.as_str(), ttl, p.spec.scope).await?
+            && let Sight::Seen = look(marks, &p.stored_scope, p.key.as_str(), ttl, &p.scope).await?
         {
             match store.peek(&req).await? {
                 Some(LeaseClaim::Done { response }) => {
@@ -84,7 +90,7 @@ impl Guard {
         match claim {
             LeaseClaim::Acquired { fence, reclaimed } => {
                 if reclaimed {
-                    tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), fence, store = store.kind(),
+                    tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence, store = store.kind(),
                         "reclaimed a record whose lease had passed (its worker stopped mid-work)");
                 }
                 Ok(Claim::Run(LeaseTicket { prepared: p, store, owner, fence, reclaimed, lease }))
@@ -116,12 +122,12 @@ impl LeaseTicket<'_> {
             fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
             fence: self.fence,
             lease: self.lease,
-            retention: p.spec.retention,
+            retention: p.retention,
         };
         let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
         let body = catching(CURRENT.scope(info, body));
         let renew = || self.store.extend(&held);
-        let Some(result) = under_renewal(body, self.lease, renew, "lease", p.spec.scope).await else {
+        let Some(result) = under_renewal(body, self.lease, renew, "lease", &p.scope).await else {
             return Err(self.lost().into());
         };
         // A panic fails the call like an `Err`: the record goes, so a retry
@@ -144,7 +150,7 @@ impl LeaseTicket<'_> {
             Ok(json) => json,
             Err(source) => {
                 let _ = bounded(self.lease, self.store.kind(), self.store.release(&held)).await;
-                return Err(Error::Response { scope: p.spec.scope.to_owned(), action: "stored", source }.into());
+                return Err(Error::Response { scope: p.scope.to_string(), action: "stored", source }.into());
             }
         };
         // A completion that failed on the store is tried again (a repeat by
@@ -154,13 +160,13 @@ impl LeaseTicket<'_> {
         loop {
             match self.store.complete(&held, &json).await {
                 Ok(true) => {
-                    report(p.spec.scope, &p.key, Outcome::Executed);
+                    report(&p.scope, &p.key, Outcome::Executed);
                     return Ok(value);
                 }
                 Ok(false) => return Err(self.lost().into()),
                 Err(e) if attempt < 2 => {
                     attempt += 1;
-                    tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e, attempt,
+                    tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e, attempt,
                         "storing the response failed; trying again");
                     tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
                 }
@@ -173,16 +179,16 @@ impl LeaseTicket<'_> {
     async fn release_failed(&self, held: &HeldLease<'_>, how: &str) {
         if let Err(e) = bounded(self.lease, self.store.kind(), self.store.release(held)).await {
             let p = &self.prepared;
-            tracing::warn!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), error = %e,
+            tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
                 "the body {how} and its record could not be removed; a retry waits for the lease to pass");
         }
     }
 
     fn lost(&self) -> Error {
         let p = &self.prepared;
-        tracing::error!(target: "idem", scope = p.spec.scope, key = %p.key.hash(), fence = self.fence,
+        tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence = self.fence,
             store = self.store.kind(), "lease lost: another worker took the record over, the store lost it, or it could not be renewed in time");
-        Error::LeaseLost { scope: p.spec.scope.to_owned(), key_hash: p.key.hash() }
+        Error::LeaseLost { scope: p.scope.to_string(), key_hash: p.key.hash() }
     }
 }
 

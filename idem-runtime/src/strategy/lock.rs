@@ -1,6 +1,7 @@
 //! `strategy = "lock+dedup"`, `"lock+state"` and `"lock"`: an owner-checked
 //! lock on the key, renewed while the body runs, released after it.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use crate::Error;
@@ -9,15 +10,13 @@ use crate::key::Key;
 use crate::lock::{CURRENT, LockInfo, LockStore, acquire_as};
 use crate::record::{Outcome, forget_reported, report, reported};
 use crate::store::new_owner;
-use crate::strategy::dedup::Claim;
 use crate::strategy::renew::{bounded, under_renewal};
 
-/// The lock a call holds while its body runs.
-#[doc(hidden)]
+/// A lock held around a body: see [`LockTicket::run`].
 #[must_use = "a held lock must run the body and be released"]
 pub struct LockTicket<'s> {
     store: &'s dyn LockStore,
-    scope: &'static str,
+    scope: Cow<'static, str>,
     /// The scope as stored (long ones hashed).
     stored_scope: String,
     key: Key,
@@ -28,50 +27,70 @@ pub struct LockTicket<'s> {
     alone: bool,
 }
 
-impl Guard {
-    /// Take the lock on this guard's key, waiting up to `wait`; the guard
-    /// then makes its `dedup` or `state` claim inside the locked body.
-    pub async fn lock<'s, T>(
+impl std::fmt::Debug for LockTicket<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockTicket")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("store", &self.store.kind())
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guard<'_> {
+    /// `lock+dedup`, `lock+state`: take the owner-checked lock on this
+    /// guard's key in `store` for `ttl` (renewed while the body runs),
+    /// waiting up to `wait` for a busy one ([`Error::LockBusy`] after).
+    /// Then, inside [`LockTicket::run`], make the guard's `dedup` or
+    /// `state` claim: the lock stops concurrency, the record or the status
+    /// stops repeats. The lock is released when the body returns, before
+    /// the caller commits; a concurrent repeat arriving in between meets
+    /// the record (or the row) and waits on it as under `dedup` alone.
+    pub async fn lock<'s>(
         &self,
         store: &'s dyn LockStore,
         ttl: Duration,
         wait: Duration,
-    ) -> Result<Claim<T, LockTicket<'s>>, Error> {
-        let key = self.key.clone().finish()?;
-        lock(self.spec.scope, key, store, ttl, wait, false).await
+    ) -> Result<LockTicket<'s>, Error> {
+        let key = self.key_only()?;
+        lock(self.scope_cow(), key, store, ttl, wait, false).await
     }
 
-    /// `lock` with `concurrency_only = true`: the lock is the whole guard.
-    pub async fn lock_only<'s, T>(
+    /// `lock` alone (`concurrency_only = true`): mutual exclusion on the key
+    /// and nothing else. Released, the lock lets the same request run again:
+    /// it stops concurrency, not repetition.
+    pub async fn lock_only<'s>(
         self,
         store: &'s dyn LockStore,
         ttl: Duration,
         wait: Duration,
-    ) -> Result<Claim<T, LockTicket<'s>>, Error> {
-        let key = self.key.finish()?;
-        lock(self.spec.scope, key, store, ttl, wait, true).await
+    ) -> Result<LockTicket<'s>, Error> {
+        let key = self.key_only()?;
+        lock(self.scope_cow(), key, store, ttl, wait, true).await
     }
 }
 
-async fn lock<'s, T>(
-    scope: &'static str,
+async fn lock<'s>(
+    scope: Cow<'static, str>,
     key: Key,
     store: &'s dyn LockStore,
     ttl: Duration,
     wait: Duration,
     alone: bool,
-) -> Result<Claim<T, LockTicket<'s>>, Error> {
-    let stored = stored_scope(scope).into_owned();
+) -> Result<LockTicket<'s>, Error> {
+    let stored = stored_scope(&scope).into_owned();
     let owner = new_owner();
     let fence = acquire_as(store, &stored, &key, &owner, ttl, wait).await.map_err(|e| match e {
         // Named by the guard's scope as written, not as stored.
         Error::LockBusy { retry_after, .. } => {
-            tracing::info!(target: "idem", scope, key = %key.hash(), "lock busy: another call with this key is running");
+            tracing::info!(target: "idem", scope = %scope, key = %key.hash(), "lock busy: another call with this key is running");
             Error::LockBusy { name: format!("{scope} (key {})", key.hash()), retry_after }
         }
         other => other,
     })?;
-    Ok(Claim::Run(LockTicket { store, scope, stored_scope: stored, key, owner, fence, ttl, alone }))
+    Ok(LockTicket { store, scope, stored_scope: stored, key, owner, fence, ttl, alone })
 }
 
 impl LockTicket<'_> {
@@ -98,7 +117,7 @@ impl LockTicket<'_> {
         let info = LockInfo { fence: self.fence, owner: self.owner.clone() };
         let body = CURRENT.scope(info, body);
         let renew = || self.store.extend(&self.stored_scope, self.key.as_str(), &self.owner, self.ttl);
-        let Some(result) = under_renewal(body, self.ttl, renew, "lock", self.scope).await else {
+        let Some(result) = under_renewal(body, self.ttl, renew, "lock", &self.scope).await else {
             // Given up before the store's TTL ran out: if the lock is still
             // this owner's, free it now rather than at its TTL (but do not
             // keep the caller waiting on a store that does not answer).
@@ -114,19 +133,19 @@ impl LockTicket<'_> {
             // transaction of ours) is done and cannot be withheld; say that
             // exclusion was broken, and return what it did.
             Ok(false) if self.alone => {
-                tracing::error!(target: "idem", scope = self.scope, key = %self.key.hash(), fence = self.fence,
+                tracing::error!(target: "idem", scope = %self.scope, key = %self.key.hash(), fence = self.fence,
                     "the lock expired before the body finished; another caller may have run at the same time");
             }
             // With `dedup` or `state` the caller has not committed yet: fail,
             // so the change rolls back.
             Ok(false) => return Err(self.lost().into()),
-            Err(e) => tracing::warn!(target: "idem", scope = self.scope, key = %self.key.hash(), error = %e,
+            Err(e) => tracing::warn!(target: "idem", scope = %self.scope, key = %self.key.hash(), error = %e,
                 "could not release the lock; it frees itself when its TTL passes"),
         }
         // A guard nested in the body (a dedup call inside a `lock` alone)
         // knows better whether the work ran or replayed.
         if self.alone && result.is_ok() && !reported() {
-            report(self.scope, &self.key, Outcome::Executed);
+            report(&self.scope, &self.key, Outcome::Executed);
         }
         result
     }
@@ -138,9 +157,9 @@ impl LockTicket<'_> {
     }
 
     fn lost(&self) -> Error {
-        tracing::error!(target: "idem", scope = self.scope, key = %self.key.hash(), fence = self.fence,
+        tracing::error!(target: "idem", scope = %self.scope, key = %self.key.hash(), fence = self.fence,
             store = self.store.kind(), "lock lost while the body ran: another caller may hold it now");
-        Error::LockLost { scope: self.scope.to_owned(), key_hash: self.key.hash() }
+        Error::LockLost { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 }
 
@@ -155,7 +174,7 @@ impl Drop for ReleaseOnDrop<'_, '_> {
     fn drop(&mut self) {
         if self.armed {
             let t = self.ticket;
-            tracing::info!(target: "idem", scope = t.scope, key = %t.key.hash(), fence = t.fence,
+            tracing::info!(target: "idem", scope = %t.scope, key = %t.key.hash(), fence = t.fence,
                 "the guarded call was dropped mid-body; releasing its lock");
             t.store.release_detached(&t.stored_scope, t.key.as_str(), &t.owner);
         }

@@ -2,10 +2,10 @@
 //! one atomic step before the body runs.
 
 use crate::guard::{Guard, GuardError, Prepared};
-use crate::precheck::PrecheckStore;
 use crate::record::{Outcome, report};
-use crate::sql::{Conn, SqlBackend};
-use crate::strategy::dedup::{Claim, Claimed, Ticket, claim_record, discard, judge, prechecked, require_transaction};
+use crate::sql::TxContext;
+use crate::strategy::record::{Claimed, claim_record, discard, judge, prechecked, require_transaction};
+use crate::strategy::ticket::Ticket;
 use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};
 
 /// The token a `#[idem(token)]` parameter carries, if any.
@@ -13,88 +13,71 @@ use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};
 pub fn token_param<K: TokenParam + ?Sized>(param: &K) -> Option<&str> {
     param.token()
 }
-use crate::{Error, Replayable};
+use crate::{Claim, Error, Replayable};
 
-/// The right to run the body once, its token spent.
-#[doc(hidden)]
+/// The right to run the body once, its token spent: see [`TokenTicket::run`].
+#[derive(Debug)]
 #[must_use = "a spent token must run the body"]
 pub struct TokenTicket {
     prepared: Prepared,
 }
 
-impl Guard {
-    /// `strategy = "token"`: spend the token (it is the key), or refuse.
-    pub async fn token<T>(
-        self,
-        store: &dyn TokenStore,
-        token: Option<&str>,
-        on_store_error: OnStoreError,
-    ) -> Result<Claim<T, TokenTicket>, Error> {
+impl Guard<'_> {
+    /// `token`: spend a one-time token (issued with
+    /// [`token::issue`](crate::token::issue) for this guard's scope) in one
+    /// atomic step; the token is the key. Of any number of concurrent calls
+    /// with one token, exactly one gets [`Claim::Run`]: run the body with
+    /// [`TokenTicket::run`]. The others, and a used, expired, forged,
+    /// missing (`None`) or other scope's token, get
+    /// [`Error::TokenRejected`] ("please do not submit twice"). A token is
+    /// spent whatever the body returns. A store that cannot be reached
+    /// fails the call, unless [`Guard::on_store_error`] allows it.
+    pub async fn token<T>(self, store: &dyn TokenStore, token: Option<&str>) -> Result<Claim<T, TokenTicket>, Error> {
         let Some(token) = token.filter(|t| well_formed(t)) else {
             // No usable token to key on: report under an empty key.
-            report(self.spec.scope, &crate::Key::from_stored(String::new()), Outcome::Rejected);
+            report(self.scope(), &crate::Key::from_stored(String::new()), Outcome::Rejected);
             return Err(Error::TokenRejected);
         };
+        let on_store_error = self.store_error_policy();
         let p = self.key(token).prepare()?;
         spend(store, &p, token, on_store_error).await?;
         Ok(Claim::Run(TokenTicket { prepared: p }))
     }
 
-    /// `strategy = "token+dedup"`: claim the dedup record in the caller's
-    /// transaction first, so that a repeat of a completed call replays its
-    /// answer (a retry whose response was lost is not told "do not submit
-    /// twice"); a fresh claim then spends the token, or is removed again.
-    pub async fn dedup_token<T: Replayable, DB: SqlBackend>(
+    /// `token+dedup`: claim a dedup record (under this guard's key) in the
+    /// caller's transaction first, then spend the token. A retry of a
+    /// completed submit (whose answer was lost) replays that answer instead
+    /// of being told "do not submit twice"; concurrent submits wait on the
+    /// first one's record and replay it. A fresh claim whose token cannot
+    /// be spent is removed again ([`Error::TokenRejected`]).
+    /// [`Guard::precheck`] applies before the claim (a seen, completed key
+    /// replays without touching its token).
+    pub async fn token_dedup<T: Replayable, C: TxContext + ?Sized>(
         self,
-        conn: Conn<'_, DB>,
+        tx: &mut C,
         store: &dyn TokenStore,
         token: Option<&str>,
-        on_store_error: OnStoreError,
-    ) -> Result<Claim<T>, Error> {
-        self.dedup_token_with(conn, store, token, on_store_error, None).await
-    }
-
-    /// `token+dedup` with `precheck`: a seen key whose completed record is
-    /// there replays before the claim, and its token is left alone.
-    pub async fn dedup_token_prechecked<T: Replayable, DB: SqlBackend>(
-        self,
-        conn: Conn<'_, DB>,
-        store: &dyn TokenStore,
-        token: Option<&str>,
-        on_store_error: OnStoreError,
-        precheck: &dyn PrecheckStore,
-        ttl: std::time::Duration,
-    ) -> Result<Claim<T>, Error> {
-        self.dedup_token_with(conn, store, token, on_store_error, Some((precheck, ttl))).await
-    }
-
-    async fn dedup_token_with<T: Replayable, DB: SqlBackend>(
-        self,
-        conn: Conn<'_, DB>,
-        store: &dyn TokenStore,
-        token: Option<&str>,
-        on_store_error: OnStoreError,
-        precheck: Option<(&dyn PrecheckStore, std::time::Duration)>,
-    ) -> Result<Claim<T>, Error> {
+    ) -> Result<Claim<T, Ticket>, Error> {
+        let (precheck, on_store_error) = (self.precheck_store(), self.store_error_policy());
         let p = self.prepare()?;
-        let conn = conn.0;
-        require_transaction::<DB>(conn, &p)?;
-        if let Some(replay) = prechecked::<T, DB>(conn, &p, precheck).await? {
+        let conn = tx.connection();
+        require_transaction::<C::Db>(conn, &p)?;
+        if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
             return Ok(Claim::Replay(replay));
         }
-        match claim_record::<DB>(conn, &p, None).await? {
+        match claim_record::<C::Db>(conn, &p, None).await? {
             Claimed::Fresh { .. } => {
                 let spent = match token.filter(|t| well_formed(t)) {
                     Some(token) => spend(store, &p, token, on_store_error).await,
                     None => {
-                        report(p.spec.scope, &p.key, Outcome::Rejected);
+                        report(&p.scope, &p.key, Outcome::Rejected);
                         Err(Error::TokenRejected)
                     }
                 };
                 match spent {
                     Ok(()) => Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None })),
                     Err(e) => {
-                        discard::<DB>(conn, &p).await;
+                        discard::<C::Db>(conn, &p).await;
                         Err(e)
                     }
                 }
@@ -109,7 +92,7 @@ async fn spend(store: &dyn TokenStore, p: &Prepared, token: &str, on_store_error
     match store.consume(&p.stored_scope, token).await {
         Ok(true) => Ok(()),
         Ok(false) => {
-            report(p.spec.scope, &p.key, Outcome::Rejected);
+            report(&p.scope, &p.key, Outcome::Rejected);
             Err(Error::TokenRejected)
         }
         // No token store configured is a mistake to fix, never "allowed".
@@ -117,7 +100,7 @@ async fn spend(store: &dyn TokenStore, p: &Prepared, token: &str, on_store_error
         Err(e) => match on_store_error {
             OnStoreError::Reject => Err(e),
             OnStoreError::Allow => {
-                tracing::warn!(target: "idem", scope = p.spec.scope, store = store.kind(), error = %e,
+                tracing::warn!(target: "idem", scope = %p.scope, store = store.kind(), error = %e,
                     "token store unreachable; on_store_error = \"allow\" lets the call through unchecked");
                 Ok(())
             }
@@ -130,7 +113,7 @@ impl TokenTicket {
     pub async fn run<T, E: GuardError, F: Future<Output = Result<T, E>>>(self, body: F) -> Result<T, E> {
         let result = body.await;
         if result.is_ok() {
-            report(self.prepared.spec.scope, &self.prepared.key, Outcome::Executed);
+            report(&self.prepared.scope, &self.prepared.key, Outcome::Executed);
         }
         result
     }

@@ -1,0 +1,184 @@
+//! The guard API without the attribute: what `#[idempotent]` expands to,
+//! called by hand (an HTTP layer, a consumer loop, a handler generic over
+//! its work), on SQLite and memory, and on PostgreSQL where it says so.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use common::unique;
+use idem::state::Transition;
+use idem::{Claim, Error, Guard, Outcome, StateMachine};
+
+/// A service call written by hand: claim, run, complete.
+async fn grant_coupon(pool: &sqlx::SqlitePool, trade_no: &str, runs: &AtomicUsize) -> Result<u64, Error> {
+    let mut tx = pool.begin().await?;
+    let coupon = match Guard::new("tests.api.grant").key(trade_no).fingerprint(&trade_no).dedup(&mut tx).await? {
+        Claim::Replay(coupon) => coupon,
+        Claim::Run(ticket) => {
+            let n = runs.fetch_add(1, SeqCst) as u64 + 100;
+            sqlx::query("INSERT INTO idem_test_coupons (trade_no) VALUES (?)").bind(trade_no).execute(&mut *tx).await?;
+            ticket.complete(&mut tx, Ok::<u64, Error>(n)).await??
+        }
+    };
+    tx.commit().await?;
+    Ok(coupon)
+}
+
+#[tokio::test]
+async fn dedup_by_hand_runs_once_and_replays() {
+    let pool = common::sqlite().await.unwrap();
+    let (trade, runs) = (unique("T"), AtomicUsize::new(0));
+    let (first, outcome) = idem::observe(grant_coupon(&pool, &trade, &runs)).await;
+    assert_eq!((first.unwrap(), outcome), (100, Some(Outcome::Executed)));
+    let (again, outcome) = idem::observe(grant_coupon(&pool, &trade, &runs)).await;
+    assert_eq!((again.unwrap(), outcome), (100, Some(Outcome::Replayed)));
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_failed_body_leaves_no_record_even_if_the_caller_commits() {
+    let pool = common::sqlite().await.unwrap();
+    let trade = unique("T");
+    let mut tx = pool.begin().await.unwrap();
+    let Claim::Run(ticket) = Guard::new("tests.api.fail").key(&trade).dedup::<u64, _>(&mut tx).await.unwrap() else {
+        panic!("first call")
+    };
+    let body: Result<u64, &str> = Err("card declined");
+    assert_eq!(ticket.complete(&mut tx, body).await.unwrap(), Err("card declined"));
+    tx.commit().await.unwrap();
+    let key = idem::Key::new(&trade).unwrap();
+    assert!(idem::find_record(&pool, "tests.api.fail", &key).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn claim_after_and_precheck_are_options_of_the_same_guard() {
+    let pool = common::sqlite().await.unwrap();
+    let marks = idem::MemoryStore::new();
+    let trade = unique("T");
+    for expected in [Outcome::Executed, Outcome::Replayed, Outcome::Replayed] {
+        let mut tx = pool.begin().await.unwrap();
+        let guard = Guard::new("tests.api.options").key(&trade).claim_after().precheck(&marks, Duration::from_secs(60));
+        let claim = idem::observe(guard.dedup::<String, _>(&mut tx)).await;
+        let answer = match claim {
+            (Ok(Claim::Replay(answer)), Some(outcome)) => {
+                assert_eq!(outcome, expected);
+                answer
+            }
+            (Ok(Claim::Run(ticket)), _) => {
+                assert_eq!(expected, Outcome::Executed);
+                ticket.finish(&mut tx, Ok::<_, Error>("first".to_owned())).await.unwrap()
+            }
+            (other, _) => panic!("{:?}", other.err()),
+        };
+        tx.commit().await.unwrap();
+        assert_eq!(answer, "first");
+    }
+    assert!(idem::precheck::counters().confirmed >= 1, "a repeat replayed from the precheck's read");
+}
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state(table = "idem_test_api_orders", key_column = "order_no", status_column = "status")]
+enum OrderStatus {
+    #[state(code = 1, to(Paid))]
+    WaitPay,
+    #[state(code = 2)]
+    Paid,
+}
+
+const PAY: Transition = Transition::new(&<OrderStatus as StateMachine>::STATES, &["WaitPay"], "Paid");
+const _: () = PAY.check();
+
+#[tokio::test]
+async fn state_by_hand_moves_once_and_repeats_silently() {
+    let pool = common::sqlite().await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idem_test_api_orders (order_no TEXT PRIMARY KEY, status INTEGER NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let order = unique("O");
+    sqlx::query("INSERT INTO idem_test_api_orders VALUES (?, 1)").bind(&order).execute(&pool).await.unwrap();
+    let mut moved = 0;
+    for _ in 0..3 {
+        let mut tx = pool.begin().await.unwrap();
+        match Guard::new("tests.api.pay").entity_key(&order).dedup_state::<Option<u32>, _>(&mut tx, &PAY).await {
+            Ok(Claim::Run(ticket)) => {
+                moved += 1;
+                assert_eq!(ticket.finish(&mut tx, Ok::<_, Error>(Some(7))).await.unwrap(), Some(7));
+            }
+            Ok(Claim::Replay(answer)) => assert_eq!(answer, Some(7), "the first answer, from the record"),
+            Err(e) => panic!("{e}"),
+        }
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(moved, 1);
+    // A guard whose key does not select the entity is refused before any SQL.
+    let mut tx = pool.begin().await.unwrap();
+    let err = Guard::new("tests.api.pay").key(&order).state::<(), _>(&mut tx, &PAY).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidKey { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn lease_token_and_lock_by_hand() {
+    let store = idem::MemoryStore::new();
+    let runs = AtomicUsize::new(0);
+    let id = unique("L");
+    for _ in 0..2 {
+        let answer = match Guard::new("tests.api.lease").key(&id).lease::<usize>(&store, Duration::from_secs(5)).await {
+            Ok(Claim::Run(ticket)) => {
+                ticket.run(async { Ok::<_, Error>(runs.fetch_add(1, SeqCst) + 1) }).await.unwrap()
+            }
+            Ok(Claim::Replay(answer)) => answer,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(answer, 1);
+    }
+
+    let token = idem::token::issue(&store, "tests.api.form", Duration::from_secs(60)).await.unwrap();
+    let first = Guard::new("tests.api.form").token::<()>(&store, Some(&token)).await;
+    assert!(matches!(first, Ok(Claim::Run(_))));
+    let second = Guard::new("tests.api.form").token::<()>(&store, Some(&token)).await;
+    assert!(matches!(second, Err(Error::TokenRejected)));
+
+    let held =
+        Guard::new("tests.api.lock").key("sku-1").lock_only(&store, Duration::from_secs(5), Duration::ZERO).await;
+    let held = held.unwrap();
+    let busy =
+        Guard::new("tests.api.lock").key("sku-1").lock_only(&store, Duration::from_secs(5), Duration::ZERO).await;
+    assert!(matches!(busy, Err(Error::LockBusy { .. })));
+    held.run(async { Ok::<_, Error>(()) }).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_guard_without_a_usable_scope_or_key_is_refused_before_any_store() {
+    let store = idem::MemoryStore::new();
+    for scope in ["", "  ", "two\nlines"] {
+        let err = Guard::new(scope).key("k").lease::<()>(&store, Duration::from_secs(5)).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidScope { .. }), "{scope:?}: {err}");
+    }
+    let err = Guard::new("tests.api.nokey").lease::<()>(&store, Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.to_string().contains("the key has no part"), "{err}");
+    let err = Guard::new("tests.api.blank").key(" ").lease::<()>(&store, Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.to_string().contains("the key is only whitespace"), "{err}");
+    assert!(store.is_empty(), "nothing was written");
+}
+
+/// PostgreSQL: the same hand-written call on another database, through the
+/// generic transaction.
+#[tokio::test]
+async fn dedup_by_hand_on_postgres() {
+    let Some(pool) = common::postgres().await else { return };
+    let trade = unique("T");
+    for _ in 0..2 {
+        let mut tx = pool.begin().await.unwrap();
+        let n = match Guard::new("tests.api.pg").key(&trade).dedup::<i64, _>(&mut tx).await.unwrap() {
+            Claim::Replay(n) => n,
+            Claim::Run(ticket) => ticket.finish(&mut tx, Ok::<_, Error>(5)).await.unwrap(),
+        };
+        tx.commit().await.unwrap();
+        assert_eq!(n, 5);
+    }
+}
