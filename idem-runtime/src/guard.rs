@@ -35,13 +35,22 @@ use std::time::Duration;
 
 use crate::key::{Fingerprint, Fingerprintable, IdempotencyKey, KeyBuilder, SqlKey};
 use crate::precheck::PrecheckStore;
-use crate::token::OnStoreError;
 use crate::{Error, Key};
 
 /// Records are kept this long unless the guard says otherwise
 /// ([`Guard::retention`], `retention = "..."`). Payment gateways retry
 /// callbacks for a day or more; a week covers them.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What a token guard does when its store cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// Refuse the call with the store's error (retryable). The default.
+    Reject,
+    /// Let the call through unchecked, with a warning: for forms where a
+    /// unique index behind the guard stops doubles anyway.
+    Allow,
+}
 
 /// What a claim decided.
 #[derive(Debug)]
@@ -196,7 +205,7 @@ impl<'s> Guard<'s> {
             }
         };
         let retention = crate::error::check_ttl("retention", self.retention)?;
-        let stored_scope = stored_scope(&self.scope).into_owned();
+        let stored_scope = crate::key::stored_scope(&self.scope).into_owned();
         Ok(Prepared {
             scope: self.scope,
             stored_scope,
@@ -255,15 +264,6 @@ impl Prepared {
         Error::KeyMismatch { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
-    pub fn record(&self) -> crate::sql::NewRecord<'_> {
-        crate::sql::NewRecord {
-            scope: &self.stored_scope,
-            key: self.key.as_str(),
-            fingerprint: self.fingerprint.as_ref().map(|f| f.as_str()),
-            retention: self.retention,
-        }
-    }
-
     pub fn unfinished(&self) -> Error {
         Error::Unfinished { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
@@ -281,17 +281,6 @@ impl Prepared {
             (Some(ours), Some(theirs)) if ours.as_str() != theirs => Err(self.mismatch()),
             _ => Ok(()),
         }
-    }
-}
-
-/// The scope as records store it: as given, unless it is longer than a key
-/// column or holds a backslash or NUL; then `\sha256:<hex>` of it. A plain
-/// scope never holds a backslash, so it never equals a hashed one.
-pub(crate) fn stored_scope(scope: &str) -> Cow<'_, str> {
-    if scope.len() > crate::key::MAX_PLAIN_KEY_LEN || scope.contains(['\\', '\0']) {
-        Cow::Owned(crate::key::hashed(scope))
-    } else {
-        Cow::Borrowed(scope)
     }
 }
 

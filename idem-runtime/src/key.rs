@@ -1,6 +1,7 @@
 //! Idempotency keys: what may be a key part, how parts combine, and how long
 //! keys are stored.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
@@ -231,6 +232,17 @@ impl std::fmt::Debug for Key {
 /// backslash or NUL): `\sha256:<hex>`.
 pub(crate) fn hashed(text: &str) -> String {
     format!("\\sha256:{}", hex(&Sha256::digest(text.as_bytes())))
+}
+
+/// The scope as records store it: as given, unless it is longer than a key
+/// column or holds a backslash or NUL; then `\sha256:<hex>` of it. A plain
+/// scope never holds a backslash, so it never equals a hashed one.
+pub(crate) fn stored_scope(scope: &str) -> Cow<'_, str> {
+    if scope.len() > MAX_PLAIN_KEY_LEN || scope.contains(['\\', '\0']) {
+        Cow::Owned(hashed(scope))
+    } else {
+        Cow::Borrowed(scope)
+    }
 }
 
 /// First 16 hex digits of the SHA-256 of `text`.

@@ -21,9 +21,9 @@ pub mod lease;
 pub mod lock;
 pub mod precheck;
 pub mod record;
-pub mod sql;
 pub mod state;
 pub mod store;
+pub use store::sql;
 mod stores;
 mod strategy;
 pub mod token;
@@ -65,8 +65,8 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 /// `#[idempotent]`.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::sql::connection;
     pub use crate::state::Transition;
+    pub use crate::store::sql::connection;
     pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
     pub use crate::strategy::ticket::{finish, settle};
     pub use crate::strategy::token::token_param;

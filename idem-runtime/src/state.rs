@@ -303,24 +303,6 @@ impl Transition {
         }
     }
 
-    /// The guard's key selects one entity: one part per key column.
-    pub(crate) fn check_key(&self, p: &crate::guard::Prepared) -> Result<(), crate::Error> {
-        let columns = self.states.key_columns.len();
-        if p.entity.len() == columns {
-            return Ok(());
-        }
-        Err(crate::Error::InvalidKey {
-            scope: p.scope.to_string(),
-            reason: format!(
-                "a state guard on {} needs one entity key part per key column ({:?}), added with \
-                 `Guard::entity_key`; it has {}",
-                self.states.name,
-                self.states.key_columns,
-                p.entity.len()
-            ),
-        })
-    }
-
     pub(crate) fn to_index(&self) -> usize {
         self.states.index_of(self.to).expect("checked at compile time")
     }

@@ -26,11 +26,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::Error;
-use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
-use crate::lock::{LockAttempt, LockStore};
-use crate::precheck::PrecheckStore;
 use crate::store::BoxFuture;
-use crate::token::TokenStore;
+use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::store::lock::{LockAttempt, LockStore};
+use crate::store::precheck::PrecheckStore;
+use crate::store::token::TokenStore;
 
 /// The stores guards use when the attribute names no `store`: one per role
 /// (lease records, tokens, locks, precheck markers), each optional. Built

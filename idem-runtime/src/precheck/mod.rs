@@ -23,50 +23,15 @@
 //! broker's redelivery and the producers' retry window): after it, repeats
 //! take the normal path again.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::Error;
-use crate::store::BoxFuture;
 
 /// Marker TTL when the attribute gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// A store of "seen" markers.
-///
-/// [`MemoryStore`](crate::MemoryStore) and, with the `redis` feature,
-/// [`RedisStore`](crate::store::RedisStore) implement it.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a precheck store",
-    label = "`store` must name a precheck store",
-    note = "use `idem::RedisStore::new(conn, prefix)`, `idem::MemoryStore` or an `idem::Stores` (or your own `impl idem::precheck::PrecheckStore`); leave `store` out to use the installed one (`idem::Stores::builder().precheck(..).install()`)"
-)]
-pub trait PrecheckStore: Send + Sync {
-    /// `memory` or `redis`, for logs.
-    fn kind(&self) -> &'static str;
-    /// Mark `key` of `scope` seen for `ttl`, if it is not already: `true`
-    /// when this call wrote the marker (first sight). One atomic step.
-    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
-}
-
-impl<S: PrecheckStore + ?Sized> PrecheckStore for Arc<S> {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
-    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).mark(scope, key, ttl)
-    }
-}
-
-impl<S: PrecheckStore + ?Sized> PrecheckStore for &S {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
-    fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).mark(scope, key, ttl)
-    }
-}
+pub use crate::store::precheck::PrecheckStore;
 
 /// What the prechecks of this process found, since it started. Monotonic:
 /// take differences between two readings.

@@ -184,7 +184,7 @@ mod tests {
             key = key.part(part.as_str());
         }
         let key = key.finish("test").ok()?; // blank parts are refused before any store
-        Some(space.name(kind, &crate::guard::stored_scope(scope), key.as_str()))
+        Some(space.name(kind, &crate::key::stored_scope(scope), key.as_str()))
     }
 
     proptest! {

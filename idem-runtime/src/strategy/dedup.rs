@@ -6,7 +6,7 @@
 //! replays (or claims, if the first call rolled back).
 
 use crate::guard::{Guard, Prepared};
-use crate::sql::{SqlBackend, TxContext};
+use crate::store::sql::{SqlBackend, TxContext};
 use crate::strategy::record::{Claimed, claim_record, judge, prechecked, require_transaction};
 use crate::strategy::ticket::Ticket;
 use crate::{Claim, Error, Replayable};

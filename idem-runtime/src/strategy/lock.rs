@@ -5,8 +5,9 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use crate::Error;
-use crate::guard::{Guard, GuardError, stored_scope};
+use crate::guard::{Guard, GuardError};
 use crate::key::Key;
+use crate::key::stored_scope;
 use crate::lock::{CURRENT, LockInfo, LockStore, acquire_as};
 use crate::record::{Outcome, forget_reported, report, reported};
 use crate::store::new_owner;

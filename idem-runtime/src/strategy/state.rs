@@ -12,11 +12,11 @@
 //! gone. Either line of defence alone keeps the call idempotent.
 
 use crate::guard::Guard;
-use crate::sql::{Cas, TxContext};
 use crate::state::{SilentRepeat, Transition};
+use crate::store::sql::{Cas, TxContext};
 use crate::strategy::record::{Claimed, claim_record, discard, judge, prechecked, require_transaction};
 use crate::strategy::ticket::Ticket;
-use crate::strategy::transition::{Moved, Step, move_entity, silent_repeat};
+use crate::strategy::transition::{Moved, Step, check_key, move_entity, silent_repeat};
 use crate::{Claim, Error, Replayable};
 
 impl Guard<'_> {
@@ -42,7 +42,7 @@ impl Guard<'_> {
         let p = self.prepare()?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
-        transition.check_key(&p)?;
+        check_key(transition, &p)?;
         match move_entity::<C::Db>(conn, &p, transition, None).await? {
             Step::Moved(from) => {
                 Ok(Claim::Run(Ticket { prepared: p, record: false, moved: Some(Moved { transition, from }) }))
@@ -66,7 +66,7 @@ impl Guard<'_> {
         let p = self.prepare()?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
-        transition.check_key(&p)?;
+        check_key(transition, &p)?;
         if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
             return Ok(Claim::Replay(replay));
         }

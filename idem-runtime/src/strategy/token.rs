@@ -3,7 +3,7 @@
 
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::record::{Outcome, report};
-use crate::sql::TxContext;
+use crate::store::sql::TxContext;
 use crate::strategy::record::{Claimed, claim_record, discard, judge, prechecked, require_transaction};
 use crate::strategy::ticket::Ticket;
 use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};

@@ -25,60 +25,15 @@
 //!   is unreachable (logged as a warning): keep a unique index on the
 //!   business row as the backstop, as `examples/order_create.rs` does.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Error;
-use crate::store::BoxFuture;
 
 /// Longest token the stores accept; longer input is rejected without a
 /// round trip.
 pub const MAX_TOKEN_LEN: usize = 128;
 
-/// A store of one-time tokens.
-///
-/// [`MemoryStore`](crate::MemoryStore) and, with the `redis` feature, [`RedisStore`](crate::store::RedisStore)
-/// implement it (the same store types that hold lease records and locks).
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a token store",
-    label = "`store` must name a token store",
-    note = "use `idem::MemoryStore`, `idem::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::token::TokenStore`); leave `store` out to use the installed one (`idem::Stores::builder().token(..).install()`)"
-)]
-pub trait TokenStore: Send + Sync {
-    /// `memory` or `redis`, for logs.
-    fn kind(&self) -> &'static str;
-    /// Keep `token` for `scope` (as stored) for `ttl`. Never overwrites an
-    /// existing token.
-    fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>>;
-    /// Delete `token` if it was issued for `scope` and has not expired, in
-    /// one atomic step; `true` if this call deleted it. A token of another
-    /// scope is left alone.
-    fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
-}
-
-impl<S: TokenStore + ?Sized> TokenStore for Arc<S> {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
-    fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).put(scope, token, ttl)
-    }
-    fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).consume(scope, token)
-    }
-}
-
-impl<S: TokenStore + ?Sized> TokenStore for &S {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
-    fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).put(scope, token, ttl)
-    }
-    fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).consume(scope, token)
-    }
-}
+pub use crate::store::token::TokenStore;
 
 /// Issue a one-time token for `scope` (the `scope` of the guard that will
 /// consume it), valid for `ttl`: 128 random bits as 32 hex digits. A `ttl`
@@ -95,7 +50,7 @@ impl<S: TokenStore + ?Sized> TokenStore for &S {
 pub async fn issue<S: TokenStore + ?Sized>(store: &S, scope: &str, ttl: Duration) -> Result<String, Error> {
     let ttl = crate::error::check_ttl("token TTL", ttl)?;
     let token = new_token()?;
-    store.put(&crate::guard::stored_scope(scope), &token, ttl).await?;
+    store.put(&crate::key::stored_scope(scope), &token, ttl).await?;
     Ok(token)
 }
 
@@ -105,7 +60,7 @@ pub async fn consume<S: TokenStore + ?Sized>(store: &S, scope: &str, token: &str
     if !well_formed(token) {
         return Ok(false);
     }
-    store.consume(&crate::guard::stored_scope(scope), token).await
+    store.consume(&crate::key::stored_scope(scope), token).await
 }
 
 fn new_token() -> Result<String, Error> {
@@ -120,15 +75,7 @@ pub(crate) fn well_formed(token: &str) -> bool {
     !token.is_empty() && token.len() <= MAX_TOKEN_LEN && token.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// What a token guard does when its store cannot be reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnStoreError {
-    /// Refuse the call with the store's error (retryable). The default.
-    Reject,
-    /// Let the call through unchecked, with a warning: for forms where a
-    /// unique index behind the guard stops doubles anyway.
-    Allow,
-}
+pub use crate::guard::OnStoreError;
 
 /// A token parameter: `&str`, `String`, or an `Option` of one (`None`, a
 /// submit without a token, is rejected).

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::Error;
-use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 
 pub(super) struct Rec {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::Error;
-use crate::lock::{LockAttempt, LockStore};
+use crate::store::lock::{LockAttempt, LockStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 
 /// The holder of one lock.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::Error;
+use crate::store::token::TokenStore;
 use crate::store::{BoxFuture, RecordKind, millis};
-use crate::token::TokenStore;
 
 impl TokenStore for MemoryStore {
     fn kind(&self) -> &'static str {

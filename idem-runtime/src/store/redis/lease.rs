@@ -26,8 +26,8 @@ use redis::Script;
 
 use super::{RedisStore, Shared, store_error, store_message, unexpected, worth_retrying};
 use crate::Error;
-use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::keyspace::Keyspace;
+use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 
 // A record is one string:

@@ -18,7 +18,7 @@ use redis::Script;
 
 use super::{RedisStore, int, store_error, unexpected};
 use crate::Error;
-use crate::lock::{LockAttempt, LockStore};
+use crate::store::lock::{LockAttempt, LockStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 
 /// How long a lock's fencing counter outlives its last grant.

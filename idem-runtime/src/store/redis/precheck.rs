@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{RedisStore, store_error};
 use crate::Error;
-use crate::precheck::PrecheckStore;
+use crate::store::precheck::PrecheckStore;
 use crate::store::{BoxFuture, RecordKind, millis};
 
 impl<C> PrecheckStore for RedisStore<C>

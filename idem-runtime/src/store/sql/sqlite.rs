@@ -13,10 +13,13 @@
 use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 
-use super::{Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, NewRecord, ReadMode, SqlBackend};
+use super::{
+    Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
+    SchemaSql, SqlBackend, StateSql,
+};
 use crate::DedupRecord;
-use crate::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::state::StoredState;
+use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 
 fn sqlite_cast(col: &str, int: bool) -> String {
     if int { format!("CAST({col} AS INTEGER)") } else { format!("CAST({col} AS TEXT)") }
@@ -102,14 +105,19 @@ const HELD: &str = "scope = ?1 AND idem_key = ?2 AND owner = ?3 AND fence = ?4 A
 const HELD_OR_DONE: &str =
     "scope = ?1 AND idem_key = ?2 AND owner = ?3 AND fence = ?4 AND status IN ('PROCESSING', 'DONE')";
 
+impl super::sealed::Sealed for Sqlite {}
+
 impl SqlBackend for Sqlite {
-    const BACKEND: &'static str = "sqlite";
     const SCHEMA: &'static str = concat!(
-        include_str!("../../migrations/sqlite/0001_idem_records.sql"),
+        include_str!("../../../migrations/sqlite/0001_idem_records.sql"),
         "\n",
-        include_str!("../../migrations/sqlite/0002_idem_records_archive.sql")
+        include_str!("../../../migrations/sqlite/0002_idem_records_archive.sql")
     );
 
+    const BACKEND: &'static str = "sqlite";
+}
+
+impl RecordSql for Sqlite {
     async fn claim(conn: &mut SqliteConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let inserted = sqlx::query(CLAIM)
             .bind(r.scope)
@@ -203,36 +211,9 @@ impl SqlBackend for Sqlite {
         .await?;
         row.map(|row| super::decode_record(&row)).transpose()
     }
+}
 
-    async fn purge_batch(conn: &mut SqliteConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
-        // One cut-off for both statements; the transaction holds the write
-        // lock from its first statement, so the two see the same rows.
-        const EXPIRED: &str =
-            "rowid IN (SELECT rowid FROM idem_records WHERE expires_at <= ?1 ORDER BY rowid LIMIT ?2)";
-        use sqlx::Connection;
-        let mut tx = conn.begin().await?;
-        let cut: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *tx).await?;
-        if archive {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT OR IGNORE INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, \
-                 fence, lease_until, created_at, updated_at, expires_at, archived_at) \
-                 SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, \
-                 updated_at, expires_at, ?1 FROM idem_records WHERE {EXPIRED} AND status = 'DONE'"
-            )))
-            .bind(cut)
-            .bind(i64::from(batch))
-            .execute(&mut *tx)
-            .await?;
-        }
-        let gone = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {EXPIRED}")))
-            .bind(cut)
-            .bind(i64::from(batch))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(gone.rows_affected())
-    }
-
+impl StateSql for Sqlite {
     async fn transition(conn: &mut SqliteConnection, cas: &Cas<'_>) -> Result<u64, sqlx::Error> {
         let sql = super::cas_sql(cas, 1, super::ph_question);
         let done = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| u.hyphenated().to_string())
@@ -261,7 +242,9 @@ impl SqlBackend for Sqlite {
             .await?;
         row.map(|row| super::decode_state(&row, cas.states)).transpose()
     }
+}
 
+impl LeaseSql for Sqlite {
     async fn lease_claim(
         conn: &mut SqliteConnection,
         req: &LeaseRequest<'_>,
@@ -289,9 +272,9 @@ impl SqlBackend for Sqlite {
             // reading: the old one was granted a lease or more ago.
             Some(fence) => Some(LeaseClaim::Acquired { fence, reclaimed: fence != fresh }),
             None => {
-                let row: Option<crate::lease::sql::LeaseRowColumns> =
+                let row: Option<crate::store::sql::lease::LeaseRowColumns> =
                     sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(&mut *tx).await?;
-                row.map(|columns| crate::lease::sql::judge_row(req, LeaseRow::from(columns)))
+                row.map(|columns| crate::store::sql::lease::judge_row(req, LeaseRow::from(columns)))
             }
         };
         tx.commit().await?;
@@ -322,6 +305,37 @@ impl SqlBackend for Sqlite {
             LeaseAction::Extend => q.bind(crate::store::millis(held.lease)),
         };
         Ok(q.execute(conn).await?.rows_affected() == 1)
+    }
+}
+
+impl SchemaSql for Sqlite {
+    async fn purge_batch(conn: &mut SqliteConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
+        // One cut-off for both statements; the transaction holds the write
+        // lock from its first statement, so the two see the same rows.
+        const EXPIRED: &str =
+            "rowid IN (SELECT rowid FROM idem_records WHERE expires_at <= ?1 ORDER BY rowid LIMIT ?2)";
+        use sqlx::Connection;
+        let mut tx = conn.begin().await?;
+        let cut: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *tx).await?;
+        if archive {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT OR IGNORE INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, \
+                 fence, lease_until, created_at, updated_at, expires_at, archived_at) \
+                 SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, \
+                 updated_at, expires_at, ?1 FROM idem_records WHERE {EXPIRED} AND status = 'DONE'"
+            )))
+            .bind(cut)
+            .bind(i64::from(batch))
+            .execute(&mut *tx)
+            .await?;
+        }
+        let gone = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {EXPIRED}")))
+            .bind(cut)
+            .bind(i64::from(batch))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(gone.rows_affected())
     }
 
     async fn migrate(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {

@@ -2,7 +2,8 @@
 
 use sha2::{Digest as _, Sha256};
 
-use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use super::BoxFuture;
+use super::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::Error;
 
 type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;

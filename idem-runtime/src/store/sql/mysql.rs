@@ -10,10 +10,13 @@
 use sqlx::MySql;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
-use super::{Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, NewRecord, ReadMode, SqlBackend};
+use super::{
+    Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
+    SchemaSql, SqlBackend, StateSql,
+};
 use crate::DedupRecord;
-use crate::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::state::StoredState;
+use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 
 fn mysql_cast(col: &str, int: bool) -> String {
     if int { format!("CAST({col} AS SIGNED)") } else { format!("CAST({col} AS CHAR)") }
@@ -100,19 +103,24 @@ const HELD: &str = "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND s
 const HELD_OR_DONE: &str =
     "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND status IN ('PROCESSING', 'DONE')";
 
+impl super::sealed::Sealed for MySql {}
+
 impl SqlBackend for MySql {
-    const BACKEND: &'static str = "mysql";
+    const SCHEMA: &'static str = concat!(
+        include_str!("../../../migrations/mysql/0001_idem_records.sql"),
+        "\n",
+        include_str!("../../../migrations/mysql/0002_idem_records_archive.sql")
+    );
+
     /// `MEDIUMTEXT` holds 16 MiB less one byte; the statement carrying it
     /// must also fit MySQL's and MariaDB's default `max_allowed_packet`
     /// (16 MiB on MariaDB), hence 64 KiB less.
     const MAX_RESPONSE: usize = (1 << 24) - (1 << 16);
     const TEXT_IGNORES_CASE: bool = true;
-    const SCHEMA: &'static str = concat!(
-        include_str!("../../migrations/mysql/0001_idem_records.sql"),
-        "\n",
-        include_str!("../../migrations/mysql/0002_idem_records_archive.sql")
-    );
+    const BACKEND: &'static str = "mysql";
+}
 
+impl RecordSql for MySql {
     async fn claim(conn: &mut MySqlConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let micros = super::retention_us(r.retention);
         let inserted =
@@ -221,43 +229,9 @@ impl SqlBackend for MySql {
         let row = sqlx::query(FETCH).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_record(&row)).transpose()
     }
+}
 
-    async fn purge_batch(conn: &mut MySqlConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
-        const EXPIRED: &str = "expires_at <= CAST(? AS DATETIME(6)) ORDER BY expires_at, scope, idem_key LIMIT ?";
-        if !archive {
-            let gone = sqlx::query(
-                "DELETE FROM idem_records WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?",
-            )
-            .bind(batch)
-            .execute(conn)
-            .await?;
-            return Ok(gone.rows_affected());
-        }
-        // One short transaction: the same rows (one cut-off, one order) are
-        // copied, then deleted; the copy's shared locks keep them in place.
-        use sqlx::Connection;
-        let mut tx = conn.begin().await?;
-        let cut: String = sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)").fetch_one(&mut *tx).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
-             lease_until, created_at, updated_at, expires_at, archived_at) \
-             SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
-             expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM idem_records WHERE {EXPIRED}) AS expired \
-             WHERE status = 'DONE'"
-        )))
-        .bind(&cut)
-        .bind(batch)
-        .execute(&mut *tx)
-        .await?;
-        let gone = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {EXPIRED}")))
-            .bind(&cut)
-            .bind(batch)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(gone.rows_affected())
-    }
-
+impl StateSql for MySql {
     async fn transition(conn: &mut MySqlConnection, cas: &Cas<'_>) -> Result<u64, sqlx::Error> {
         let sql = super::cas_sql(cas, 1, super::ph_question);
         let done = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| u.hyphenated().to_string())
@@ -280,7 +254,9 @@ impl SqlBackend for MySql {
             .await?;
         row.map(|row| super::decode_state(&row, cas.states)).transpose()
     }
+}
 
+impl LeaseSql for MySql {
     async fn lease_claim(
         conn: &mut MySqlConnection,
         req: &LeaseRequest<'_>,
@@ -317,7 +293,7 @@ impl SqlBackend for MySql {
             let mismatch = matches!((req.fingerprint, fingerprint.as_deref()), (Some(a), Some(b)) if a != b);
             if live || mismatch {
                 let row = LeaseRow { status, fingerprint, response, lease_left_ms };
-                return Ok(Some(crate::lease::sql::judge_row(req, row)));
+                return Ok(Some(crate::store::sql::lease::judge_row(req, row)));
             }
         }
         // Past its lease or its retention: take it over, in one conditional
@@ -365,6 +341,44 @@ impl SqlBackend for MySql {
         };
         let done = q.bind(held.scope).bind(held.key).bind(held.owner).bind(held.fence).execute(conn).await?;
         Ok(done.rows_affected() == 1)
+    }
+}
+
+impl SchemaSql for MySql {
+    async fn purge_batch(conn: &mut MySqlConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
+        const EXPIRED: &str = "expires_at <= CAST(? AS DATETIME(6)) ORDER BY expires_at, scope, idem_key LIMIT ?";
+        if !archive {
+            let gone = sqlx::query(
+                "DELETE FROM idem_records WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?",
+            )
+            .bind(batch)
+            .execute(conn)
+            .await?;
+            return Ok(gone.rows_affected());
+        }
+        // One short transaction: the same rows (one cut-off, one order) are
+        // copied, then deleted; the copy's shared locks keep them in place.
+        use sqlx::Connection;
+        let mut tx = conn.begin().await?;
+        let cut: String = sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)").fetch_one(&mut *tx).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
+             lease_until, created_at, updated_at, expires_at, archived_at) \
+             SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
+             expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM idem_records WHERE {EXPIRED}) AS expired \
+             WHERE status = 'DONE'"
+        )))
+        .bind(&cut)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?;
+        let gone = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {EXPIRED}")))
+            .bind(&cut)
+            .bind(batch)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(gone.rows_affected())
     }
 
     async fn migrate(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {

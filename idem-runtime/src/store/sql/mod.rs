@@ -7,9 +7,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::key::SqlKey;
-pub use crate::lease::sql::{LeaseAction, LeaseRow};
-use crate::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::state::{StateCode, StateTable, StoredState};
+use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::{DedupRecord, Error, Key};
 
 /// Bind entity key values (state strategies) to a query; `|u| expr` says how
@@ -30,12 +29,17 @@ macro_rules! bind_keys {
     }};
 }
 
+mod lease;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+
+pub use lease::SqlStore;
+#[doc(hidden)]
+pub use lease::{LeaseAction, LeaseRow};
 
 /// Name of the record table on every backend.
 pub const RECORD_TABLE: &str = "idem_records";
@@ -113,23 +117,26 @@ pub enum ReadMode {
     message = "idem cannot keep dedup records in `{Self}`",
     note = "supported databases: sqlx::Postgres, sqlx::MySql (MySQL and MariaDB) and sqlx::Sqlite, each behind the idem feature of the same name"
 )]
-pub trait SqlBackend: sqlx::Database {
+pub trait SqlBackend: sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaSql {
+    /// The schema, as shipped in `idem-runtime/migrations/<NAME>/`.
+    const SCHEMA: &'static str;
     /// `postgres`, `mysql` or `sqlite`.
     const BACKEND: &'static str;
 
-    /// The schema, as shipped in `idem-runtime/migrations/<NAME>/`.
-    const SCHEMA: &'static str;
+    /// Whether `=` on the state table's text columns ignores case (MySQL's
+    /// default collations), so a status stored `Pending` matches `PENDING`.
+    const TEXT_IGNORES_CASE: bool = false;
 
     /// The most bytes the record's `response` column holds: a longer answer
     /// fails its first call with [`Error::Response`]
     /// instead of reaching the server (where MySQL, by its `sql_mode`, might
     /// cut it short or drop the connection).
     const MAX_RESPONSE: usize = usize::MAX;
+}
 
-    /// Whether `=` on the state table's text columns ignores case (MySQL's
-    /// default collations), so a status stored `Pending` matches `PENDING`.
-    const TEXT_IGNORES_CASE: bool = false;
-
+/// The statements of the dedup record in the caller's transaction: claim, read, complete, remove. Sealed: implemented for the supported databases only.
+#[doc(hidden)]
+pub trait RecordSql: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,
@@ -201,17 +208,11 @@ pub trait SqlBackend: sqlx::Database {
         scope: &str,
         key: &str,
     ) -> impl Future<Output = Result<Option<DedupRecord>, sqlx::Error>> + Send;
+}
 
-    /// Delete at most `batch` expired records in one short statement (with
-    /// `archive`, copying the completed ones into `idem_records_archive` in
-    /// the same statement or transaction).
-    #[doc(hidden)]
-    fn purge_batch(
-        conn: &mut Self::Connection,
-        batch: u32,
-        archive: bool,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
-
+/// The statements of the state strategies: an entity's compare-and-set and its status. Sealed: implemented for the supported databases only.
+#[doc(hidden)]
+pub trait StateSql: RecordSql {
     /// `UPDATE <table> SET <status> = to WHERE <key> = ? AND <status> IN (from...)`;
     /// returns rows changed.
     #[doc(hidden)]
@@ -250,7 +251,11 @@ pub trait SqlBackend: sqlx::Database {
             }
         }
     }
+}
 
+/// The statements of lease records ([`SqlStore`]): claim, and complete, release or extend if held. Sealed: implemented for the supported databases only.
+#[doc(hidden)]
+pub trait LeaseSql: sqlx::Database + sealed::Sealed {
     /// `strategy = "lease"`: claim in one autocommit statement (taking over a
     /// record whose lease or retention has passed), or report what holds the
     /// key. `None` when the holding record is not visible yet: ask again.
@@ -267,6 +272,20 @@ pub trait SqlBackend: sqlx::Database {
         held: &HeldLease<'_>,
         action: LeaseAction<'_>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+}
+
+/// The schema and its upkeep: migrations and purging. Sealed: implemented for the supported databases only.
+#[doc(hidden)]
+pub trait SchemaSql: sqlx::Database + sealed::Sealed {
+    /// Delete at most `batch` expired records in one short statement (with
+    /// `archive`, copying the completed ones into `idem_records_archive` in
+    /// the same statement or transaction).
+    #[doc(hidden)]
+    fn purge_batch(
+        conn: &mut Self::Connection,
+        batch: u32,
+        archive: bool,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// Create the record table if it is missing (safe to run concurrently).
     #[doc(hidden)]
@@ -275,6 +294,12 @@ pub trait SqlBackend: sqlx::Database {
     /// True when `err` says the record table does not exist.
     #[doc(hidden)]
     fn is_missing_table(err: &sqlx::Error) -> bool;
+}
+
+mod sealed {
+    /// Implemented by the backends of this crate only: the statements are
+    /// idem's, bound to its schema.
+    pub trait Sealed {}
 }
 
 /// A transaction a dedup record can be written in.
@@ -529,7 +554,7 @@ pub async fn find_record<DB: SqlBackend>(
     key: &Key,
 ) -> Result<Option<DedupRecord>, Error> {
     let mut conn = pool.acquire().await?;
-    let scope = crate::guard::stored_scope(scope);
+    let scope = crate::key::stored_scope(scope);
     DB::fetch(&mut conn, &scope, key.as_str()).await.map_err(classify::<DB>)
 }
 

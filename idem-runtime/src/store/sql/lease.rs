@@ -1,9 +1,10 @@
 //! Lease records in SQLite, PostgreSQL or MySQL/MariaDB: the `idem_records`
 //! table of the dedup strategy, each step its own short autocommit statement.
 
-use super::{BoxFuture, HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use super::{SqlBackend, classify};
 use crate::Error;
-use crate::sql::{SqlBackend, classify};
+use crate::store::BoxFuture;
+use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 
 /// Lease records in a SQL database, through a connection pool. The lease
 /// deadline and expiry use the database's clock.

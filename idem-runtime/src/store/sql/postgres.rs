@@ -6,10 +6,13 @@
 use sqlx::Postgres;
 use sqlx::postgres::PgConnection;
 
-use super::{Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, NewRecord, ReadMode, SqlBackend};
+use super::{
+    Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
+    SchemaSql, SqlBackend, StateSql,
+};
 use crate::DedupRecord;
-use crate::lease::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::state::StoredState;
+use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 
 fn pg_cast(col: &str, int: bool) -> String {
     if int { format!("{col}::int8") } else { format!("{col}::text") }
@@ -87,14 +90,19 @@ const HELD_OR_DONE: &str =
 
 type LeaseClaimRow = (bool, i64, bool, Option<String>, Option<String>, Option<String>, Option<i64>);
 
+impl super::sealed::Sealed for Postgres {}
+
 impl SqlBackend for Postgres {
-    const BACKEND: &'static str = "postgres";
     const SCHEMA: &'static str = concat!(
-        include_str!("../../migrations/postgres/0001_idem_records.sql"),
+        include_str!("../../../migrations/postgres/0001_idem_records.sql"),
         "\n",
-        include_str!("../../migrations/postgres/0002_idem_records_archive.sql")
+        include_str!("../../../migrations/postgres/0002_idem_records_archive.sql")
     );
 
+    const BACKEND: &'static str = "postgres";
+}
+
+impl RecordSql for Postgres {
     async fn claim(conn: &mut PgConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let done =
             sqlx::query(CLAIM).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(r.retention).execute(conn).await?;
@@ -166,28 +174,9 @@ impl SqlBackend for Postgres {
         let row = sqlx::query(FETCH).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_record(&row)).transpose()
     }
+}
 
-    async fn purge_batch(conn: &mut PgConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
-        // SKIP LOCKED: a purge never waits behind (or blocks) a live transaction
-        // that is replaying one of these records. With `archive`, the deleted
-        // completed records go to the archive in the same statement.
-        let keep = if archive {
-            ", kept AS (INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
-               lease_until, created_at, updated_at, expires_at, archived_at) \
-               SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
-               expires_at, now() FROM gone WHERE status = 'DONE' ON CONFLICT DO NOTHING)"
-        } else {
-            ""
-        };
-        let sql = format!(
-            "WITH gone AS (DELETE FROM idem_records WHERE (scope, idem_key) IN (\
-                SELECT scope, idem_key FROM idem_records WHERE expires_at <= now() \
-                LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING *){keep} SELECT count(*) FROM gone"
-        );
-        let gone: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch)).fetch_one(conn).await?;
-        Ok(u64::try_from(gone).unwrap_or(0))
-    }
-
+impl StateSql for Postgres {
     async fn transition(conn: &mut PgConnection, cas: &Cas<'_>) -> Result<u64, sqlx::Error> {
         let sql = super::cas_sql(cas, 1, super::ph_dollar);
         let done = bind_keys!(sqlx::query(sqlx::AssertSqlSafe(sql)), cas.key, |u| *u).execute(conn).await?;
@@ -229,7 +218,9 @@ impl SqlBackend for Postgres {
         let claim = if claimed == 1 { ClaimResult::Claimed } else { ClaimResult::Conflict };
         Ok((claim, u64::try_from(moved).unwrap_or(0)))
     }
+}
 
+impl LeaseSql for Postgres {
     async fn lease_claim(conn: &mut PgConnection, req: &LeaseRequest<'_>) -> Result<Option<LeaseClaim>, sqlx::Error> {
         let row: Option<LeaseClaimRow> = sqlx::query_as(LEASE_CLAIM)
             .bind(req.scope)
@@ -245,7 +236,7 @@ impl SqlBackend for Postgres {
                 LeaseClaim::Acquired { fence, reclaimed }
             } else {
                 let status = status.unwrap_or_default();
-                crate::lease::sql::judge_row(req, LeaseRow { status, fingerprint, response, lease_left_ms })
+                crate::store::sql::lease::judge_row(req, LeaseRow { status, fingerprint, response, lease_left_ms })
             }
         }))
     }
@@ -273,6 +264,29 @@ impl SqlBackend for Postgres {
             LeaseAction::Extend => q.bind(held.lease),
         };
         Ok(q.execute(conn).await?.rows_affected() == 1)
+    }
+}
+
+impl SchemaSql for Postgres {
+    async fn purge_batch(conn: &mut PgConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
+        // SKIP LOCKED: a purge never waits behind (or blocks) a live transaction
+        // that is replaying one of these records. With `archive`, the deleted
+        // completed records go to the archive in the same statement.
+        let keep = if archive {
+            ", kept AS (INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
+               lease_until, created_at, updated_at, expires_at, archived_at) \
+               SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
+               expires_at, now() FROM gone WHERE status = 'DONE' ON CONFLICT DO NOTHING)"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "WITH gone AS (DELETE FROM idem_records WHERE (scope, idem_key) IN (\
+                SELECT scope, idem_key FROM idem_records WHERE expires_at <= now() \
+                LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING *){keep} SELECT count(*) FROM gone"
+        );
+        let gone: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch)).fetch_one(conn).await?;
+        Ok(u64::try_from(gone).unwrap_or(0))
     }
 
     async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::Error> {

@@ -1,0 +1,148 @@
+//! Operations on the dedup record in the caller's transaction, shared by
+//! every strategy that keeps one (`dedup`, `dedup+state`, `token+dedup`,
+//! and the lock strategies around them).
+
+use crate::guard::Prepared;
+use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
+use crate::record::{Outcome, RecordStatus, report};
+use crate::store::sql::{
+    Cas, ClaimResult, ExistingRecord, NewRecord, SqlBackend, classify, classify_state, in_transaction,
+};
+use crate::{Error, Replayable};
+
+/// Claims can loop when a record disappears between statements (its
+/// transaction rolled back, or it expired and was purged). Bounded.
+pub(crate) const MAX_ATTEMPTS: usize = 5;
+
+/// `precheck`: a "seen" marker first; a seen key whose completed record is
+/// there replays from a plain read (SQLite: taking the write lock first),
+/// before any claim, token or state change. `None`: go on and claim.
+pub(crate) async fn prechecked<T: Replayable, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    precheck: Option<(&dyn PrecheckStore, std::time::Duration)>,
+) -> Result<Option<T>, Error> {
+    let Some((store, ttl)) = precheck else { return Ok(None) };
+    if let Sight::Seen = look(store, &p.stored_scope, p.key.as_str(), ttl, &p.scope).await? {
+        let existing = DB::read_then_claim(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)?;
+        match existing {
+            Some(existing)
+                if !existing.expired && RecordStatus::parse(&existing.status) == Some(RecordStatus::Done) =>
+            {
+                precheck_confirmed(true);
+                return judge(p, existing).map(Some);
+            }
+            _ => precheck_confirmed(false),
+        }
+    }
+    Ok(None)
+}
+
+pub(crate) fn require_transaction<DB: SqlBackend>(conn: &DB::Connection, p: &Prepared) -> Result<(), Error> {
+    if in_transaction::<DB>(conn) { Ok(()) } else { Err(Error::NoTransaction { scope: p.scope.to_string() }) }
+}
+
+/// What [`claim_record`] found.
+pub(crate) enum Claimed {
+    /// This call inserted the record; with a transition, the rows it moved.
+    Fresh { moved: u64 },
+    /// A live record of an earlier call holds the key.
+    Existing(ExistingRecord),
+}
+
+/// Insert the record (and, with `cas`, make the transition in the same step
+/// if the insert won), or find the live record that holds the key.
+pub(crate) async fn claim_record<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    cas: Option<&Cas<'_>>,
+) -> Result<Claimed, Error> {
+    let record = new_record(p);
+    for _ in 0..MAX_ATTEMPTS {
+        let (claim, moved) = match cas {
+            None => (DB::claim(conn, &record).await.map_err(classify::<DB>)?, 0),
+            Some(cas) => DB::claim_transition(conn, &record, cas).await.map_err(classify_state::<DB>(cas.states))?,
+        };
+        if claim == ClaimResult::Claimed {
+            return Ok(Claimed::Fresh { moved });
+        }
+        let Some(existing) = DB::read(conn, record.scope, record.key).await.map_err(classify::<DB>)? else {
+            continue; // the holder rolled back, or the record was purged: claim again
+        };
+        if existing.expired {
+            // Past retention but not yet purged: the old answer no longer
+            // counts. Remove it (only if still expired) and claim afresh.
+            DB::discard_expired(conn, record.scope, record.key).await.map_err(classify::<DB>)?;
+            continue;
+        }
+        return Ok(Claimed::Existing(existing));
+    }
+    Err(p.in_progress(None))
+}
+
+/// A committed record exists: decide between replay, mismatch and in-progress.
+pub(crate) fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Error> {
+    p.check_fingerprint(existing.fingerprint.as_deref())?;
+    match RecordStatus::parse(&existing.status) {
+        Some(RecordStatus::Done) => replayed(p, existing.response.as_deref().unwrap_or("null")),
+        // A committed PROCESSING record in dedup mode means the guarded future
+        // was dropped mid-body and the caller committed anyway: whether the
+        // effect happened is unknown, so never run it again silently, and do
+        // not call it retryable (it would stay so for the whole retention).
+        _ => Err(p.unfinished()),
+    }
+}
+
+/// The JSON to store, after checking it decodes back into `T` and holds no
+/// `Some` that would come back as `None`: a value JSON cannot carry
+/// (`f64::NAN` becomes `null`, `Some(())` is written like `None`) fails the
+/// first call, which rolls back, instead of failing or changing every repeat
+/// later.
+pub(crate) fn stored_response<T: Replayable>(value: &T, max: usize) -> Result<String, serde_json::Error> {
+    use serde::ser::Error as _;
+    let json = serde_json::to_string(value)?;
+    if json.len() > max {
+        return Err(serde_json::Error::custom(format_args!(
+            "its JSON is {} bytes, more than the {max} the store's response column holds; return less (an id to \
+             look the rest up by), or keep the records where responses may be larger",
+            json.len()
+        )));
+    }
+    let back = serde_json::from_str::<T>(&json)?;
+    // Only JSON with a `null` in it can hide such a `Some`.
+    if json.contains("null") {
+        crate::exact::check(value, &back).map_err(serde_json::Error::custom)?;
+    }
+    Ok(json)
+}
+
+/// Decode a stored first answer for a repeat, and report the replay.
+pub(crate) fn replayed<T: Replayable>(p: &Prepared, json: &str) -> Result<T, Error> {
+    let value = serde_json::from_str(json).map_err(|source| Error::Response {
+        scope: p.scope.to_string(),
+        action: "replayed",
+        source,
+    })?;
+    report(&p.scope, &p.key, Outcome::Replayed);
+    Ok(value)
+}
+
+pub(crate) async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared) {
+    // If this fails the transaction is unusable (PostgreSQL aborts it after a
+    // failed statement; a lost connection cannot commit): the record cannot
+    // be committed either, so the body's error is the one to return.
+    if let Err(e) = DB::discard(conn, &p.stored_scope, p.key.as_str()).await {
+        tracing::debug!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
+            "dedup record not removed after the body failed; the transaction cannot commit it");
+    }
+}
+
+/// The record a claim inserts for `p`.
+pub(crate) fn new_record(p: &Prepared) -> NewRecord<'_> {
+    NewRecord {
+        scope: &p.stored_scope,
+        key: p.key.as_str(),
+        fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
+        retention: p.retention,
+    }
+}

@@ -1,0 +1,191 @@
+//! The ticket of a first call in the caller's transaction: it stores the
+//! body's answer in the dedup record, or undoes the claim (and the state
+//! change) when the body fails.
+
+use crate::guard::{GuardError, Prepared};
+use crate::record::{Outcome, report};
+use crate::store::sql::{InsertDone, SqlBackend, TxContext, classify};
+use crate::strategy::record::{discard, judge, new_record, stored_response};
+use crate::strategy::transition::{Moved, revert};
+use crate::{Claim, Error, Replayable};
+
+/// The right to run the body once, in the caller's transaction: hand the
+/// body's result to [`Ticket::complete`], which stores the answer (or, for
+/// an `Err`, removes the record and undoes the state change).
+#[derive(Debug)]
+#[must_use = "a claimed record must be completed with the body's result"]
+pub struct Ticket {
+    pub(crate) prepared: Prepared,
+    /// A dedup record was claimed (or, with `claim_after`, will be written).
+    pub(crate) record: bool,
+    /// The state change this call made, undone if the body fails.
+    pub(crate) moved: Option<Moved>,
+}
+
+impl Ticket {
+    /// Hand over the body's result, in the same transaction the claim was
+    /// made in: an `Ok` answer is stored in the record (and returned), an
+    /// `Err` removes the record and undoes the state change, so nothing of
+    /// this call survives even if the caller commits anyway (and a retry
+    /// runs again). The outer `Err` is a guard failure (the answer cannot
+    /// be stored, the database failed), the inner one the body's own.
+    ///
+    /// An answer JSON cannot carry exactly (`f64::NAN`, a `Some` around a
+    /// value written as `null`) or that is too large for the store fails
+    /// here with [`Error::Response`] and its record is removed: roll the
+    /// transaction back, or the body's writes commit without a record.
+    pub async fn complete<T: Replayable, E, C: TxContext + ?Sized>(
+        self,
+        tx: &mut C,
+        result: Result<T, E>,
+    ) -> Result<Result<T, E>, Error> {
+        complete::<T, E, C::Db>(self, tx.connection(), result).await
+    }
+
+    /// What the body returned, as the function's own result: the answer, or
+    /// the body's error, or a guard failure converted into the function's
+    /// error type.
+    pub async fn finish<T: Replayable, E: GuardError, C: TxContext + ?Sized>(
+        self,
+        tx: &mut C,
+        result: Result<T, E>,
+    ) -> Result<T, E> {
+        self.complete(tx, result).await.unwrap_or_else(|e| Err(e.into()))
+    }
+}
+
+async fn complete<T: Replayable, E, DB: SqlBackend>(
+    ticket: Ticket,
+    conn: &mut DB::Connection,
+    result: Result<T, E>,
+) -> Result<Result<T, E>, Error> {
+    let Ticket { prepared: p, record, moved } = ticket;
+    let value = match result {
+        Ok(value) => value,
+        Err(e) if p.claim_after => return failed_after::<T, E, DB>(conn, &p, e).await,
+        Err(e) => {
+            undo::<DB>(conn, &p, record, moved.as_ref()).await;
+            return Ok(Err(e));
+        }
+    };
+    if !record {
+        // `state`: the transition is the whole guard; nothing to store.
+        report(&p.scope, &p.key, Outcome::Executed);
+        return Ok(Ok(value));
+    }
+    let json = match stored_response(&value, DB::MAX_RESPONSE) {
+        Ok(json) => json,
+        Err(source) => {
+            if !p.claim_after {
+                undo::<DB>(conn, &p, record, moved.as_ref()).await;
+            }
+            return Err(Error::Response { scope: p.scope.to_string(), action: "stored", source });
+        }
+    };
+    if p.claim_after {
+        return complete_after::<T, E, DB>(conn, &p, value, &json).await;
+    }
+    match DB::complete(conn, &p.stored_scope, p.key.as_str(), &json).await {
+        Ok(1) => {
+            report(&p.scope, &p.key, Outcome::Executed);
+            Ok(Ok(value))
+        }
+        Ok(_) => Err(Error::Database(sqlx::Error::Protocol(format!(
+            "the dedup record of scope `{}` vanished inside its own transaction",
+            &p.scope
+        )))),
+        Err(e) => Err(classify::<DB>(e)),
+    }
+}
+
+/// `claim = "after"`: the body already ran in the caller's transaction; write
+/// the record with its response in one statement. If a live record is there,
+/// this call was a repeat: roll the transaction back to its start (the body's
+/// writes go with it), continue in a fresh one, and replay the first answer.
+async fn complete_after<T: Replayable, E, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    value: T,
+    json: &str,
+) -> Result<Result<T, E>, Error> {
+    match DB::insert_done(conn, &new_record(p), json).await.map_err(classify::<DB>)? {
+        InsertDone::Written => {
+            report(&p.scope, &p.key, Outcome::Executed);
+            Ok(Ok(value))
+        }
+        InsertDone::Conflict => replay_after_restart::<T, E, DB>(conn, p).await?.ok_or_else(|| vanished(p)),
+    }
+}
+
+/// `claim = "after"` and the body failed. On a repeat that is common: the
+/// body's own insert hits its own unique key (`orders.trade_no`) before the
+/// guard's record is reached. Answering that with an error would make a
+/// gateway retry forever, so look for a live record first (in a fresh
+/// transaction: the failed one may be aborted) and replay it if there is one.
+async fn failed_after<T: Replayable, E, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    error: E,
+) -> Result<Result<T, E>, Error> {
+    Ok(match replay_after_restart::<T, E, DB>(conn, p).await? {
+        Some(replay) => replay,
+        None => Err(error),
+    })
+}
+
+/// Roll the transaction back to its start, then read the record in the fresh
+/// one. The read comes after the restart on purpose: a record written earlier
+/// in this same transaction (the guarded call was not the transaction's first
+/// work) is gone now, and must not be replayed as if it had committed.
+async fn replay_after_restart<T: Replayable, E, DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+) -> Result<Option<Result<T, E>>, Error> {
+    DB::restart(conn).await.map_err(classify::<DB>)?;
+    match DB::read(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)? {
+        // Expired: another caller's take-over won, or is about to; retry.
+        Some(existing) if existing.expired => Err(p.in_progress(Some(std::time::Duration::ZERO))),
+        Some(existing) => judge(p, existing).map(|v| Some(Ok(v))),
+        None => Ok(None),
+    }
+}
+
+/// The record a `claim = "after"` insert conflicted with is gone after the
+/// restart: it was written earlier in this same transaction (then rolled back
+/// with it), or its own transaction rolled back. Either way nothing may be
+/// replayed; the caller retries from the start.
+fn vanished(p: &Prepared) -> Error {
+    tracing::warn!(target: "idem", scope = %p.scope,
+        "claim = \"after\" conflicted with a record that is gone after the restart; was the key used \
+         earlier in the same transaction? claim = \"after\" must be the first work of its transaction");
+    p.in_progress(Some(std::time::Duration::ZERO))
+}
+
+/// The body failed (or its answer cannot be stored): remove the record and
+/// undo the transition, so nothing of this call survives even if the caller
+/// commits anyway.
+async fn undo<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared, record: bool, moved: Option<&Moved>) {
+    if let Some(moved) = moved {
+        revert::<DB>(conn, p, moved).await;
+    }
+    if record {
+        discard::<DB>(conn, p).await;
+    }
+}
+
+/// Turn a claim into the function's own result: a replay is `Ok`, a guard
+/// failure converts into the function's error type.
+#[doc(hidden)]
+pub fn settle<T, R, E: GuardError>(claim: Result<Claim<T, R>, Error>) -> Result<T, E> {
+    match claim {
+        Ok(Claim::Replay(value)) => Ok(value),
+        Ok(Claim::Run(_)) => unreachable!("generated code handles Claim::Run before settling"),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Turn a completion into the function's own result.
+#[doc(hidden)]
+pub fn finish<T, E: GuardError>(completed: Result<Result<T, E>, Error>) -> Result<T, E> {
+    completed.unwrap_or_else(|e| Err(e.into()))
+}
