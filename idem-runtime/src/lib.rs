@@ -1,17 +1,28 @@
-//! Runtime of [idem](https://docs.rs/idem): guards, dedup records and their
-//! stores. Applications use it through the `idem` crate, which re-exports
-//! everything public here next to the `#[idempotent]` attribute.
+//! Runtime of [idem](https://docs.rs/idem-guard): guards, records and their
+//! stores. Applications use it through the `idem-guard` crate (`use idem::...`),
+//! which re-exports everything public here next to the `#[idempotent]`
+//! attribute and documents it for users.
 //!
 //! Module map:
-//! - [`error`]: the one error type, [`Error`];
-//! - [`key`]: what may be a key part ([`IdempotencyKey`]), composite and long keys, fingerprints;
-//! - [`record`]: the stored record and whether a call ran or replayed ([`observe`]);
-//! - [`sql`]: dedup records in PostgreSQL, MySQL/MariaDB and SQLite (one file each);
-//! - [`lease`], [`token`], [`lock`]: lease records, one-time tokens and locks,
-//!   in [`MemoryStore`] and (feature `redis`) `RedisStore`;
-//! - `strategy`: one module per strategy, entered through the hidden `Guard`.
+//! - `guard`: [`Guard`], the entry point the attribute expands to;
+//!   `strategy`: one module per strategy over shared steps (the record,
+//!   the transition, the ticket), each a method of `Guard`;
+//! - [`store`]: the store traits and the stores, one module each:
+//!   `store/memory`, `store/redis` (Lua in `.lua` files), [`store::sql`]
+//!   (the dedup record in PostgreSQL, MySQL/MariaDB and SQLite, one file
+//!   each, and the SQL lease store), `store/routed`, and the record names of
+//!   key-value stores (`store/keyspace`);
+//! - [`Stores`]: which stores guards use when they name none;
+//! - [`lease`], [`token`], [`lock`], [`precheck`], [`state`]: what users call
+//!   for each (`current()`, `issue()`, `acquire()`, `counters()`, state
+//!   machines);
+//! - [`error`], [`key`], [`record`]: the error type, key parts and
+//!   fingerprints, and whether a call ran or replayed ([`observe`]).
 
 #![warn(missing_docs)]
+// docs.rs builds with `--cfg docsrs` (see Cargo.toml): label items by the
+// cargo feature they need.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod error;
 mod exact;

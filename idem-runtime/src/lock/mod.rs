@@ -1,41 +1,5 @@
-//! Owner-checked locks with renewal and fencing (`strategy = "lock+dedup"`,
-//! `"lock+state"`, and `"lock"` with `concurrency_only = true`).
-//!
-//! A lock stops **concurrency, not repetition**: once released, the same
-//! request can take it again and run again. That is why the attribute pairs
-//! it with `dedup` or `state`, which stop repeats, and accepts it alone only
-//! when told `concurrency_only = true`.
-//!
-//! What the stores guarantee:
-//! - acquiring is one atomic step with the TTL in it (Redis: `SET key owner
-//!   NX PX ttl` inside the acquire script; never SETNX then EXPIRE, where a
-//!   crash between the two leaves a lock that never expires);
-//! - releasing and extending compare the owner first, in one step: a holder
-//!   whose lock expired and was taken by another cannot delete or extend the
-//!   new holder's lock;
-//! - each grant carries a **fencing token**, strictly increasing per lock.
-//!   A TTL can always pass while its holder stalls (a pause, a slow disk), so
-//!   writes a lock protects should also check the token
-//!   (`UPDATE ... SET fence = $1 WHERE id = $2 AND fence < $1`): the stalled
-//!   holder's late write then changes nothing. See `examples/stock_deduct.rs`.
-//!
-//! Waiting (`wait = "2s"`) polls the store with short, randomised pauses;
-//! waiters are not served in arrival order.
-//!
-//! The guard renews its lock every third of the TTL while the body runs
-//! (a failed renewal is retried soon). If a renewal finds the lock gone, or
-//! none succeeds until a sixth of the TTL before the last one would run out,
-//! the body is stopped (before another holder can take the lock) and the
-//! call returns [`Error::LockLost`]: with `lock+dedup` and `lock+state` that
-//! reaches the caller before it commits, so the change rolls back.
-//!
-//! The lock is released when the guarded function returns, which is before
-//! the caller commits its transaction. In that window a concurrent repeat
-//! can take the lock; it then meets the first call's dedup record (or the
-//! entity's row) in the database, waits on its row lock and replays, as
-//! `dedup` alone would. To hold a lock across the commit, guard a function
-//! that begins and commits the transaction itself with `lock` alone (see
-//! `examples/stock_deduct.rs`).
+//! Locks (`lock+dedup`, `lock+state`, `lock`): the user-facing documentation
+//! is the `idem` crate's `lock` module; this is the runtime behind it.
 
 use std::time::Duration;
 

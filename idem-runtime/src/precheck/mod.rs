@@ -1,27 +1,5 @@
-//! `precheck = "redis"`: a cache in front of the dedup record, for
-//! consumers whose repeats are common (a broker redelivering, a producer
-//! re-publishing).
-//!
-//! Before the claim, one `SET NX PX ttl` marker per key answers "seen
-//! before?" in one round trip:
-//! - **not seen**: the marker is written and the normal dedup claim runs;
-//! - **seen**: the dedup record is read in the caller's transaction. A
-//!   completed record replays its answer without the claim's INSERT; no
-//!   completed record (the marker outlived a crash or a rollback, or the
-//!   first call is still running) means the normal claim decides, exactly
-//!   as without the precheck.
-//!
-//! The marker is only a hint and the database stays the truth: the marker
-//! is written before the first call commits, which is safe because "seen"
-//! is always confirmed against the record. Losing markers (a flush, a
-//! failover, an expiry) costs the saved statement, never correctness, and
-//! an unreachable precheck store is logged and skipped. What it saves is the
-//! claim on every repeat: the INSERT that conflicts (and, on PostgreSQL and
-//! MySQL, waits on the first call's row lock), leaving one plain read.
-//!
-//! Give the marker a TTL longer than the window in which repeats arrive (the
-//! broker's redelivery and the producers' retry window): after it, repeats
-//! take the normal path again.
+//! `precheck = "redis"`: the user-facing documentation is the `idem` crate's
+//! `precheck` module; this is the runtime behind it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,29 +1,5 @@
-//! One-time tokens against double submits (`strategy = "token"` and
-//! `"token+dedup"`).
-//!
-//! The server issues a token when it renders a form ([`issue`]); the form
-//! sends it back with the submit; the guarded handler consumes it. Consuming
-//! is one atomic compare-and-delete on the store (one Lua call on Redis, one
-//! locked map operation in memory), never a read followed by a delete: of any
-//! number of concurrent submits carrying one token, exactly one passes. The
-//! others get [`Error::TokenRejected`], whose message is the one to show the
-//! user: "please do not submit twice".
-//!
-//! A token is bound to the scope it was issued for: a token of
-//! `orders.create` does not pass the guard of `payments.refund`, and is not
-//! spent by trying.
-//!
-//! Limits worth knowing:
-//! - a token stops front-end resubmission only. Payment callbacks, broker
-//!   redeliveries and RPC retries never fetch a token: guard those with
-//!   `dedup` or `state` (the attribute refuses `token` with such a `source`);
-//! - a token is spent even if the body then fails: a retry fetches a new one
-//!   (render the form again). `token+dedup` keeps a record as well, so a
-//!   retry after a *successful* submit whose answer was lost replays that
-//!   answer instead of being rejected;
-//! - with `on_store_error = "allow"` a call passes unchecked while the store
-//!   is unreachable (logged as a warning): keep a unique index on the
-//!   business row as the backstop, as `examples/order_create.rs` does.
+//! One-time tokens (`token`, `token+dedup`): the user-facing documentation is
+//! the `idem` crate's `token` module; this is the runtime behind it.
 
 use std::time::Duration;
 
