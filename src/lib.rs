@@ -158,8 +158,7 @@
 #[doc = include_str!("../docs/idempotent.md")]
 pub use idem_macros::idempotent;
 
-/// Describe an entity's status enum for `strategy = "state"` and
-/// `"dedup+state"`; see [the crate docs](crate#state-machines).
+#[doc = include_str!("../docs/state_machine.md")]
 pub use idem_macros::StateMachine;
 
 pub use idem_runtime::{

@@ -1,15 +1,19 @@
-//! The attribute's arguments, as written. Parsing only: every rule about what
-//! they mean lives in `validate.rs`.
+//! The attributes' arguments, as written. Parsing only: what they mean and
+//! which go together is checked in `validate.rs` (and, for the derive, in
+//! `state_machine.rs`).
 
 use darling::FromMeta;
+use darling::ast::NestedMeta;
 use darling::util::SpannedValue;
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, Token};
 
-/// `#[idempotent(...)]`, every argument DESIGN.md names. Unknown names are
-/// refused by darling with a "did you mean" hint.
+use crate::errors::{Errors, did_you_mean, listed};
+
+/// `#[idempotent(...)]`, every argument (see `ARGUMENTS`).
 #[derive(Debug, FromMeta)]
 pub struct RawArgs {
     pub key: Option<KeyArg>,
@@ -36,6 +40,123 @@ pub struct RawArgs {
     pub krate: Option<syn::Path>,
 }
 
+/// An argument an attribute takes: its name, what its value is, and an
+/// example (for the message when it is misspelt or its value has the wrong
+/// form).
+pub struct Argument {
+    pub name: &'static str,
+    pub takes: &'static str,
+    pub example: &'static str,
+}
+
+const fn arg(name: &'static str, takes: &'static str, example: &'static str) -> Argument {
+    Argument { name, takes, example }
+}
+
+/// Every argument of `#[idempotent]`, each documented in `docs/idempotent.md`.
+pub const ARGUMENTS: &[Argument] = &[
+    arg("key", "Rust expressions over the parameters", "`key = \"event.trade_no\"`"),
+    arg("strategy", "a strategy's name", "`strategy = \"dedup\"`"),
+    arg("scope", "a name, as a string", "`scope = \"payments.on_pay\"`"),
+    arg("fingerprint", "an expression over the parameters", "`fingerprint = \"event\"`"),
+    arg("retention", "a duration", "`retention = \"7d\"`"),
+    arg("claim", "\"before\" or \"after\"", "`claim = \"after\"`"),
+    arg("transition", "a status change, as a string", "`transition = \"OrderStatus::WaitPay -> OrderStatus::Paid\"`"),
+    arg("lease", "a duration", "`lease = \"30s\"`"),
+    arg("store", "an expression naming a store", "`store = \"self.redis\"`"),
+    arg("ttl", "a duration", "`ttl = \"30s\"`"),
+    arg("wait", "a duration", "`wait = \"2s\"`"),
+    arg("precheck", "the name of a marker cache", "`precheck = \"redis\"`"),
+    arg("on_store_error", "\"reject\" or \"allow\"", "`on_store_error = \"allow\"`"),
+    arg("concurrency_only", "`true` or `false`", "`concurrency_only = true`"),
+    arg("source", "who sends the requests", "`source = \"callback\"`"),
+    arg("crate", "the path of the idem crate", "`crate = \"my_crate::idem\"`"),
+];
+
+/// Parse `#[idempotent(...)]`'s arguments; `None` (with the errors kept)
+/// when they do not parse.
+pub fn parse_attribute(args: TokenStream, errors: &mut Errors) -> Option<RawArgs> {
+    let items = errors.handle(NestedMeta::parse_meta_list(args))?;
+    parse_list(&items, ARGUMENTS, errors)
+}
+
+/// The arguments of one attribute: each must be a known one, given once, with
+/// a value of the right form. Checked one by one, so each error names its
+/// argument; then parsed together.
+pub fn parse_list<T: FromMeta>(items: &[NestedMeta], known: &[Argument], errors: &mut Errors) -> Option<T> {
+    let mut seen: Vec<String> = Vec::new();
+    let mut ok = true;
+    for item in items {
+        let Some(argument) = check_known(item, known, errors) else {
+            ok = false;
+            continue;
+        };
+        if seen.iter().any(|s| s == argument.name) {
+            errors.on(item, format!("`{}` is given twice", argument.name), "keep one of them");
+            ok = false;
+            continue;
+        }
+        seen.push(argument.name.to_owned());
+        ok &= check_value::<T>(item, argument, errors);
+    }
+    if !ok {
+        return None;
+    }
+    errors.handle(T::from_list(items).map_err(syn::Error::from))
+}
+
+/// The argument `item` names, if the attribute knows it.
+fn check_known<'k>(item: &NestedMeta, known: &'k [Argument], errors: &mut Errors) -> Option<&'k Argument> {
+    let path = match item {
+        NestedMeta::Meta(meta) => meta.path(),
+        NestedMeta::NameValueInvalidExpr(nv) => &nv.path,
+        NestedMeta::Lit(lit) => {
+            let example = known.first().map_or("", |a| a.example);
+            errors.on(
+                lit,
+                "expected an argument `name = value`, found a literal",
+                format_args!("write e.g. {example}"),
+            );
+            return None;
+        }
+    };
+    let name = path.to_token_stream().to_string().replace(' ', "");
+    if let Some(argument) = known.iter().find(|a| a.name == name) {
+        return Some(argument);
+    }
+    let help = match did_you_mean(&name, known.iter().map(|a| a.name)) {
+        Some(close) => format!("did you mean {}?", known.iter().find(|a| a.name == close).map_or("", |a| a.example)),
+        None => format!("the arguments are {}", listed(known.iter().map(|a| a.name))),
+    };
+    errors.on(path, format!("unknown argument `{name}`"), help);
+    None
+}
+
+/// Parse `item` alone, so that an error in its value is reported with its
+/// argument's expected form.
+fn check_value<T: FromMeta>(item: &NestedMeta, argument: &Argument, errors: &mut Errors) -> bool {
+    let Err(e) = T::from_list(std::slice::from_ref(item)) else { return true };
+    let what = |found: String| format!("`{}` takes {} ({})", argument.name, argument.takes, lowercase_first(found));
+    let help = format!("write e.g. {}", argument.example);
+    if let NestedMeta::NameValueInvalidExpr(nv) = item {
+        // No expression after `=`: point at the argument, not at the attribute.
+        errors.on(item, what(syn::Error::from(nv.error.clone()).to_string()), help);
+        return false;
+    }
+    for e in e.flatten() {
+        let e = syn::Error::from(e.with_span(item));
+        errors.at(e.span(), what(e.to_string()), &help);
+    }
+    false
+}
+
+fn lowercase_first(mut text: String) -> String {
+    if let Some(first) = text.get(..1) {
+        text.replace_range(..1, &first.to_lowercase());
+    }
+    text
+}
+
 /// `key = "a.b, c"` (a string holding comma-separated expressions),
 /// `key = a.b` (a bare expression) or `key = (a.b, c)` (a tuple of parts).
 #[derive(Debug)]
@@ -50,9 +171,9 @@ impl FromMeta for KeyArg {
     fn from_expr(expr: &Expr) -> darling::Result<Self> {
         match expr {
             Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(lit), .. }) => {
-                let parts = lit.parse_with(Punctuated::<Expr, Token![,]>::parse_terminated).map_err(|e| {
-                    darling::Error::custom(format!("`key` does not parse as Rust expressions: {e}")).with_span(lit)
-                })?;
+                let parts = lit
+                    .parse_with(Punctuated::<Expr, Token![,]>::parse_terminated)
+                    .map_err(|e| darling::Error::custom(e).with_span(lit))?;
                 Ok(KeyArg { parts: parts.into_iter().collect(), source: lit.value(), span: lit.span() })
             }
             Expr::Group(g) => Self::from_expr(&g.expr),

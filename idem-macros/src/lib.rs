@@ -1,20 +1,29 @@
 //! Procedural macros of [idem](https://docs.rs/idem). Use them through the
 //! `idem` crate: `#[idem::idempotent(...)]`; the documentation lives there.
 //!
-//! `args.rs` parses the attribute, `validate.rs` holds every compile-time rule,
-//! `expand.rs` generates the (small) guarded function.
+//! `#[idempotent]` goes through three steps: `args.rs` parses the attribute;
+//! `validate.rs` checks every rule (one `check_*` function per rule, reading
+//! the strategy table of `strategy.rs` where the rule depends on the
+//! strategy; rules about the function in `signature.rs`, about text values in
+//! `values.rs`), all errors into one accumulator (`errors.rs`), and returns a
+//! `Plan`; `expand.rs` turns the plan into the (small) guarded function.
+//! `state_machine.rs` is `#[derive(StateMachine)]`.
 
 use proc_macro::TokenStream;
 use quote::ToTokens;
 use syn::spanned::Spanned;
 
 mod args;
+mod errors;
 mod expand;
+mod signature;
 mod state_machine;
+mod strategy;
 mod validate;
+mod values;
 
-/// Describe an entity's status enum for the `state` strategies. See the
-/// `idem` crate for the attributes.
+// Documented where it is re-exported, in the `idem` crate (a doc comment
+// here would be appended to that page).
 #[proc_macro_derive(StateMachine, attributes(state))]
 pub fn derive_state_machine(item: TokenStream) -> TokenStream {
     match syn::parse::<syn::DeriveInput>(item) {
@@ -23,7 +32,7 @@ pub fn derive_state_machine(item: TokenStream) -> TokenStream {
     }
 }
 
-/// Make an async function idempotent. See the `idem` crate for the arguments.
+// Documented in the `idem` crate: `docs/idempotent.md`.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let args = proc_macro2::TokenStream::from(args);
@@ -32,34 +41,23 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         Err(e) => {
             // Not a function: say so, and leave the item as it was.
             let mut out = proc_macro2::TokenStream::from(item);
-            let msg = syn::Error::new(e.span(), "#[idempotent] goes on an `async fn`");
-            out.extend(msg.to_compile_error());
+            let help = "put it on the `async fn` whose repeats it should make harmless";
+            out.extend(errors::error(e.span(), "#[idempotent] goes on an `async fn`", help).to_compile_error());
             return out.into();
         }
     };
     let attr_span = if args.is_empty() { func.sig.fn_token.span() } else { args.span() };
-    let marks = validate::strip_marks(&mut func);
-
-    let raw = darling::ast::NestedMeta::parse_meta_list(args)
-        .map_err(darling::Error::from)
-        .and_then(|items| <args::RawArgs as darling::FromMeta>::from_list(&items));
-    let result = match raw {
-        Ok(raw) => validate::validate(raw, attr_span, &func, marks).map_err(|e| e.to_compile_error()),
-        Err(e) => {
-            let mut errors = e.write_errors();
-            for m in marks.errors {
-                errors.extend(m.to_compile_error());
-            }
-            Err(errors)
-        }
-    };
-    match result {
-        Ok(plan) => expand::guarded(func, plan).into(),
-        Err(errors) => {
+    let mut errors = errors::Errors::default();
+    let marks = signature::strip_marks(&mut func, &mut errors);
+    let plan = args::parse_attribute(args, &mut errors)
+        .and_then(|raw| validate::validate(raw, attr_span, &func, &marks, &mut errors));
+    match plan {
+        Some(plan) => expand::guarded(func, plan).into(),
+        None => {
             // Emit the user's function untouched next to the errors, so call
             // sites and the IDE keep working and only the real error shows.
             let mut out = func.into_token_stream();
-            out.extend(errors);
+            out.extend(errors.into_compile_error());
             out.into()
         }
     }

@@ -36,10 +36,10 @@ impl ::idem::StateMachine for OrderStatus {
         ],
         targets: &[&[1usize], &[]],
         undeclared: &[
-            "`OrderStatus` does not declare this transition: from `WaitPay` it allows only `Paid`. If the move is legal, add its target to `#[state(to(...))]` on `WaitPay`; otherwise fix `transition`",
-            "`OrderStatus` does not declare this transition: from `Paid` it allows no transition (a final state). If the move is legal, add its target to `#[state(to(...))]` on `Paid`; otherwise fix `transition`",
+            "`OrderStatus` does not declare this transition: from `WaitPay` it allows only `Paid`\nhelp: if the move is legal, add its target to `#[state(to(...))]` on `WaitPay`; otherwise fix `transition`",
+            "`OrderStatus` does not declare this transition: from `Paid` it allows no transition (a final state)\nhelp: if the move is legal, add its target to `#[state(to(...))]` on `Paid`; otherwise fix `transition`",
         ],
-        unknown_variant: "this transition names a state `OrderStatus` does not have; the states are `WaitPay`, `Paid`",
+        unknown_variant: "this transition names a state `OrderStatus` does not have\nhelp: the states are `WaitPay`, `Paid`",
     };
 }
 impl OrderStatus {
