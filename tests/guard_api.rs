@@ -88,7 +88,6 @@ enum OrderStatus {
 }
 
 const PAY: Transition = Transition::new(&<OrderStatus as StateMachine>::STATES, &["WaitPay"], "Paid");
-const _: () = PAY.check();
 
 #[tokio::test]
 async fn state_by_hand_moves_once_and_repeats_silently() {
@@ -150,6 +149,47 @@ async fn lease_token_and_lock_by_hand() {
         Guard::new("tests.api.lock").key("sku-1").lock_only(&store, Duration::from_secs(5), Duration::ZERO).await;
     assert!(matches!(busy, Err(Error::LockBusy { .. })));
     held.run(async { Ok::<_, Error>(()) }).await.unwrap();
+
+    // A lock ticket dropped before it ran (the claim after it failed, say)
+    // frees its lock at once, not at its TTL.
+    let dropped = Guard::new("tests.api.lock").key("sku-2").lock_only(&store, Duration::from_secs(30), Duration::ZERO);
+    drop(dropped.await.unwrap());
+    let again = Guard::new("tests.api.lock").key("sku-2").lock_only(&store, Duration::from_secs(30), Duration::ZERO);
+    assert!(again.await.is_ok(), "the dropped ticket released its lock");
+}
+
+#[tokio::test]
+async fn claim_after_applies_to_dedup_only() {
+    let pool = common::sqlite().await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idem_test_api_orders (order_no TEXT PRIMARY KEY, status INTEGER NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let order = unique("O");
+    sqlx::query("INSERT INTO idem_test_api_orders VALUES (?, 1)").bind(&order).execute(&pool).await.unwrap();
+    let runs = AtomicUsize::new(0);
+    for _ in 0..2 {
+        let mut tx = pool.begin().await.unwrap();
+        let guard = Guard::new("tests.api.after_state").entity_key(&order).claim_after();
+        let answer = match guard.dedup_state::<Option<u32>, _>(&mut tx, &PAY).await.unwrap() {
+            Claim::Run(ticket) => {
+                runs.fetch_add(1, SeqCst);
+                ticket.finish(&mut tx, Ok::<_, Error>(Some(3))).await.unwrap()
+            }
+            Claim::Replay(answer) => answer,
+        };
+        tx.commit().await.unwrap();
+        assert_eq!(answer, Some(3));
+    }
+    assert_eq!(runs.load(SeqCst), 1, "claimed before the body, as dedup+state always is");
+    let status: i64 = sqlx::query_scalar("SELECT status FROM idem_test_api_orders WHERE order_no = ?")
+        .bind(&order)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, 2);
 }
 
 #[tokio::test]

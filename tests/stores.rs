@@ -63,7 +63,7 @@ async fn a_guard_without_a_store_fails_until_one_is_installed_and_installing_twi
     // Nothing installed: every guard that needs a store says which to
     // install, and runs nothing (a token guard told to allow calls while
     // its store is down does not take a missing store for an outage).
-    assert!(matches!(Stores::installed(), Err(Error::NoStore { role: "any" })));
+    assert!(matches!(Stores::installed(), Err(Error::StoresNotInstalled)));
     no_store(transfer(&unique("t"), &runs).await, "lease");
     no_store(submit("0123456789abcdef", &runs).await, "token");
     no_store(restock("sku-1", &runs).await, "lock");

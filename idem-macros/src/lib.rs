@@ -1,5 +1,5 @@
-//! Procedural macros of [idem](https://docs.rs/idem). Use them through the
-//! `idem` crate: `#[idem::idempotent(...)]`; the documentation lives there.
+//! Procedural macros of [idem](https://docs.rs/idem-guard). Use them through the
+//! `idem-guard` crate (`use idem::idempotent`); the documentation lives there.
 //!
 //! `#[idempotent]` goes through three steps: `args.rs` parses the attribute;
 //! `validate.rs` checks every rule (one `check_*` function per rule, reading

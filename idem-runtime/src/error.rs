@@ -136,11 +136,11 @@ pub enum Error {
     },
 
     /// A duration given at run time cannot be kept: a token's or a lock's
-    /// TTL of zero (or under a millisecond, the finest any store keeps), or
+    /// TTL, a lease or a retention of zero (or under a millisecond, the finest any store keeps), or
     /// over 100 years (what every store can count). Nothing was written.
     #[error("{what} of {duration:?} cannot be used: {reason}; give at least a millisecond and at most 100 years")]
     InvalidDuration {
-        /// Which duration: `token TTL`, `lock TTL`.
+        /// Which duration: `token TTL`, `lock TTL`, `lease`, `retention`.
         what: &'static str,
         /// The duration given.
         duration: Duration,
@@ -229,10 +229,17 @@ pub enum Error {
          or name one on the guard with `store = \"...\"`"
     )]
     NoStore {
-        /// The role with no store: `lease`, `token`, `lock` or `precheck`
-        /// (`any` from [`Stores::installed`](crate::Stores::installed) when nothing was installed).
+        /// The role with no store: `lease`, `token`, `lock` or `precheck`.
         role: &'static str,
     },
+
+    /// [`Stores::installed`](crate::Stores::installed) found no stores:
+    /// [`StoresBuilder::install`](crate::StoresBuilder::install) has not run.
+    #[error(
+        "idem's stores are not installed: call `idem::Stores::builder()....install()?` once at start-up, before \
+         the first guarded call"
+    )]
+    StoresNotInstalled,
 
     /// [`StoresBuilder::install`](crate::StoresBuilder::install) ran a second
     /// time. The first configuration stays in force: install once, at

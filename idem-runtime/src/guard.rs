@@ -68,6 +68,12 @@ pub enum Claim<T, R> {
 /// is down. A strategy method then claims the key.
 ///
 /// `'s` is how long a [precheck](Guard::precheck) store is borrowed.
+///
+/// Options a strategy gives no meaning are ignored by it (the attribute
+/// refuses them at compile time): a precheck on `state`, `token` or a lock
+/// alone; a fingerprint on `state`; a retention on `token` or a lock;
+/// `on_store_error` outside the token strategies; `claim_after` outside
+/// `dedup`.
 #[must_use = "a guard does nothing until a strategy method claims its key"]
 pub struct Guard<'s> {
     scope: Cow<'static, str>,
@@ -124,7 +130,8 @@ impl<'s> Guard<'s> {
         self
     }
 
-    /// `dedup` only: write the record with its response in one statement
+    /// `dedup` only (the other strategies claim before the body whatever
+    /// this says): write the record with its response in one statement
     /// after the body instead of claiming it before (one statement fewer per
     /// first call). Only where the body's effects are all in the transaction
     /// and the guarded call is the transaction's first work: a repeat is
@@ -188,6 +195,14 @@ impl<'s> Guard<'s> {
     pub(crate) fn key_only(&self) -> Result<Key, Error> {
         check_scope(&self.scope)?;
         self.key.clone().finish(&self.scope)
+    }
+
+    /// [`prepare`](Self::prepare) for a strategy that claims before its body
+    /// (all but `dedup`): `claim_after` does not apply.
+    pub(crate) fn prepare_claim_before(self) -> Result<Prepared, Error> {
+        let mut p = self.prepare()?;
+        p.claim_after = false;
+        Ok(p)
     }
 
     /// Validate scope, key, fingerprint and retention.

@@ -27,8 +27,11 @@ pub const MAX_PLAIN_KEY_LEN: usize = 128;
     note = "use the business identifier inside it, e.g. `key = \"order.id\"`, or several parts: `key = \"req.user_id, req.request_id\"`"
 )]
 pub trait IdempotencyKey {
-    /// Append this part's text form to `out`. Return `Err(reason)` when the
-    /// value cannot be a key (e.g. empty).
+    /// Append this part's text form to `out`, as it is: the key builder
+    /// escapes the separator for every part (so an implementation of your
+    /// own need not), and refuses a part that wrote nothing. Different
+    /// values must write different text. Return `Err(reason)` when the
+    /// value cannot be a key (e.g. blank).
     fn write_key(&self, out: &mut String) -> Result<(), &'static str>;
 
     /// The value as a state guard binds it to the entity's key column
@@ -67,7 +70,7 @@ impl<T: IdempotencyKey + ?Sized> IdempotencyKey for &T {
 impl IdempotencyKey for str {
     fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
         blank(self)?;
-        escape(self, out);
+        out.push_str(self);
         Ok(())
     }
     fn sql_key(&self) -> Result<SqlKey, &'static str> {
@@ -168,8 +171,9 @@ impl IdempotencyKey for char {
     // A character is a value of its own, a space included (a one-letter
     // code), unlike a text left blank.
     fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
-        // Escaped as a one-character string: `:`, `\` and NUL included.
-        escape(self.encode_utf8(&mut [0; 4]), out);
+        // Escaped like a one-character string (`:`, `\` and NUL included)
+        // by the key builder.
+        out.push(*self);
         Ok(())
     }
     fn sql_key(&self) -> Result<SqlKey, &'static str> {
@@ -235,10 +239,11 @@ pub(crate) fn hashed(text: &str) -> String {
 }
 
 /// The scope as records store it: as given, unless it is longer than a key
-/// column or holds a backslash or NUL; then `\sha256:<hex>` of it. A plain
-/// scope never holds a backslash, so it never equals a hashed one.
+/// column, starts with a backslash or holds NUL; then `\sha256:<hex>` of
+/// it. A plain scope never starts with a backslash, so it never equals a
+/// hashed one.
 pub(crate) fn stored_scope(scope: &str) -> Cow<'_, str> {
-    if scope.len() > MAX_PLAIN_KEY_LEN || scope.contains(['\\', '\0']) {
+    if scope.len() > MAX_PLAIN_KEY_LEN || scope.starts_with('\\') || scope.contains('\0') {
         Cow::Owned(hashed(scope))
     } else {
         Cow::Borrowed(scope)
@@ -267,6 +272,8 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 pub struct KeyBuilder {
     sources: &'static str,
     text: String,
+    /// The part being written, before it is escaped into `text`.
+    part_text: String,
     index: usize,
     error: Option<String>,
     /// The parts as bound to an entity's key columns (state strategies only).
@@ -276,7 +283,7 @@ pub struct KeyBuilder {
 impl KeyBuilder {
     /// `sources` is the key as written in the attribute, for error messages.
     pub fn new(sources: &'static str) -> KeyBuilder {
-        KeyBuilder { sources, text: String::new(), index: 0, error: None, entity: None }
+        KeyBuilder { sources, text: String::new(), part_text: String::new(), index: 0, error: None, entity: None }
     }
 
     /// Name the parts as written in the attribute (comma-separated).
@@ -291,8 +298,15 @@ impl KeyBuilder {
             if self.index > 0 {
                 self.text.push(':');
             }
-            if let Err(reason) = value.write_key(&mut self.text) {
-                self.fail(reason);
+            // Each part is written as the type gives it, then escaped here,
+            // for every type alike (a key type of your own included): the
+            // separator and the escape character of one part can never
+            // make two composite keys equal, and an empty part is no key.
+            self.part_text.clear();
+            match value.write_key(&mut self.part_text) {
+                Ok(()) if self.part_text.is_empty() => self.fail("is empty"),
+                Ok(()) => escape(&self.part_text, &mut self.text),
+                Err(reason) => self.fail(reason),
             }
         }
         self.index += 1;
@@ -458,6 +472,38 @@ mod tests {
         assert_ne!(Fingerprint::of(&[1, 2]).unwrap(), Fingerprint::of(&[2, 1]).unwrap());
         // An integer serde_json::Value cannot hold still fingerprints.
         assert_ne!(Fingerprint::of(&u128::MAX).unwrap(), Fingerprint::of(&(u128::MAX - 1)).unwrap());
+    }
+
+    /// A key type of the application's own: whatever it writes is escaped
+    /// like a string part, and writing nothing is no key.
+    struct Code(&'static str);
+    impl IdempotencyKey for Code {
+        fn write_key(&self, out: &mut String) -> Result<(), &'static str> {
+            out.push_str(self.0);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_key_type_of_your_own_is_escaped_and_cannot_be_empty() {
+        let a = KeyBuilder::new("a, b").part(&Code("x:y")).part("z").finish("s").unwrap();
+        let b = KeyBuilder::new("a, b").part(&Code("x")).part("y:z").finish("s").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, KeyBuilder::new("a, b").part("x:y").part("z").finish("s").unwrap());
+        let empty = KeyBuilder::new("code").part(&Code("")).finish("s");
+        assert!(matches!(empty, Err(Error::InvalidKey { reason, .. }) if reason == "key part `code` is empty"));
+    }
+
+    #[test]
+    fn a_plain_scope_never_equals_a_hashed_one() {
+        let long = "s".repeat(200);
+        let hashed = stored_scope(&long).into_owned();
+        assert!(hashed.starts_with("\\sha256:"));
+        // Written out by hand, the hashed form is itself hashed again.
+        assert_ne!(stored_scope(&hashed), hashed.as_str());
+        // A backslash elsewhere (a Windows-style path) keeps the scope as is.
+        assert_eq!(stored_scope("jobs\\nightly"), "jobs\\nightly");
+        assert_ne!(stored_scope("a\0b"), "a\0b");
     }
 
     #[test]

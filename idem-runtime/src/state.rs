@@ -258,24 +258,32 @@ impl<T> SilentRepeat for Option<T> {
 /// #     codes: &[StateCode::Int(1), StateCode::Int(2)], targets: &[&[1], &[]], undeclared: &["", ""],
 /// #     unknown_variant: "" }; }
 /// const PAY: Transition = Transition::new(&OrderStatus::STATES, &["WaitPay"], "Paid");
-/// const _: () = PAY.check(); // an undeclared move fails the build
+/// // An undeclared move, or a name that is no variant, fails the build here.
 /// ```
 #[derive(Debug)]
 pub struct Transition {
     /// The state enum (`<OrderStatus as StateMachine>::STATES`).
+    #[doc(hidden)]
     pub states: &'static StateTable,
     /// The source variants' names.
+    #[doc(hidden)]
     pub from: &'static [&'static str],
     /// The target variant's name.
+    #[doc(hidden)]
     pub to: &'static str,
     /// How many parts the guard's key has (one per key column).
+    #[doc(hidden)]
     pub key_parts: usize,
 }
 
 impl Transition {
-    /// `from -> to` of `states`, with one key part per key column.
+    /// `from -> to` of `states`, with one key part per key column. Checked
+    /// as [`check`](Self::check) does: built in a `const`, an undeclared
+    /// move or a name that is no variant fails the build.
     pub const fn new(states: &'static StateTable, from: &'static [&'static str], to: &'static str) -> Transition {
-        Transition { states, from, to, key_parts: states.key_columns.len() }
+        let transition = Transition { states, from, to, key_parts: states.key_columns.len() };
+        transition.check();
+        transition
     }
 
     /// Compile-time check: every name is a variant and every `from -> to` is

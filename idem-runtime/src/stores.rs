@@ -82,10 +82,10 @@ impl Stores {
         StoresBuilder::default()
     }
 
-    /// The installed stores: [`Error::NoStore`] if [`StoresBuilder::install`]
-    /// has not run.
+    /// The installed stores: [`Error::StoresNotInstalled`] if
+    /// [`StoresBuilder::install`] has not run.
     pub fn installed() -> Result<&'static Stores, Error> {
-        INSTALLED.get().ok_or(Error::NoStore { role: "any" })
+        INSTALLED.get().ok_or(Error::StoresNotInstalled)
     }
 
     /// The lease store, or [`Error::NoStore`].

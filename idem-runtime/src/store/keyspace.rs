@@ -17,7 +17,8 @@
 //! scopes and keys may hold any text, `:`, braces, backslashes and the kind
 //! words included. The key is the key as stored (composite keys joined
 //! with escaped parts, long keys hashed: see [`Key`](crate::Key)), and so is
-//! the scope (long ones, and any holding a backslash or NUL, hashed).
+//! the scope (long ones, and any starting with a backslash or holding NUL,
+//! hashed).
 //!
 //! Records written by idem before this layout (0.1: `prefix{key}:scope`,
 //! `prefix{scope:key}:lock`, `prefix token:<token>`, ...) sit at names this

@@ -29,7 +29,10 @@ impl Guard<'_> {
     /// [`Error::NoTransaction`] (`tx` is no transaction), database errors
     /// (never taken for a duplicate). With [`Guard::precheck`], a key seen
     /// before whose record is complete replays from a plain read.
-    pub async fn dedup<T: Replayable, C: TxContext + ?Sized>(self, tx: &mut C) -> Result<Claim<T, Ticket>, Error> {
+    pub async fn dedup<T: Replayable, C: TxContext + ?Sized>(
+        self,
+        tx: &mut C,
+    ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let precheck = self.precheck_store();
         let p = self.prepare()?;
         let conn = tx.connection();
@@ -44,14 +47,14 @@ impl Guard<'_> {
 async fn dedup_prepared<T: Replayable, DB: SqlBackend>(
     conn: &mut DB::Connection,
     p: Prepared,
-) -> Result<Claim<T, Ticket>, Error> {
+) -> Result<Claim<T, Ticket<DB>>, Error> {
     if p.claim_after {
         // Nothing to do before the body: the record is written with its
         // response in `Ticket::complete`.
-        return Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None }));
+        return Ok(Claim::Run(Ticket::new(p, true, None)));
     }
     match claim_record::<DB>(conn, &p, None).await? {
-        Claimed::Fresh { .. } => Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None })),
+        Claimed::Fresh { .. } => Ok(Claim::Run(Ticket::new(p, true, None))),
         Claimed::Existing(existing) => judge(&p, existing).map(Claim::Replay),
     }
 }

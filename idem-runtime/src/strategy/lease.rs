@@ -13,6 +13,9 @@ use crate::strategy::renew::{bounded, under_renewal};
 use crate::{Claim, Error, Replayable};
 
 /// The lease a first call holds while its body runs: see [`LeaseTicket::run`].
+/// A ticket dropped without `run` (or with its `run` future dropped
+/// mid-body) leaves its record `PROCESSING` until the lease passes; then
+/// the next call takes it over.
 #[must_use = "a held lease must run the body and settle the record"]
 pub struct LeaseTicket<'s> {
     prepared: Prepared,
@@ -58,7 +61,7 @@ impl Guard<'_> {
         lease: Duration,
     ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
         let precheck = self.precheck_store();
-        let p = self.prepare()?;
+        let p = self.prepare_claim_before()?;
         let lease = crate::error::check_ttl("lease", lease)?;
         let owner = new_owner();
         let req = LeaseRequest {

@@ -26,6 +26,8 @@ pub struct LockTicket<'s> {
     ttl: Duration,
     /// `lock` alone: this ticket is the whole guard, and reports the run.
     alone: bool,
+    /// Still to be released (by `run`, or else when dropped).
+    armed: bool,
 }
 
 impl std::fmt::Debug for LockTicket<'_> {
@@ -91,7 +93,7 @@ async fn lock<'s>(
         }
         other => other,
     })?;
-    Ok(LockTicket { store, scope, stored_scope: stored, key, owner, fence, ttl, alone })
+    Ok(LockTicket { store, scope, stored_scope: stored, key, owner, fence, ttl, alone, armed: true })
 }
 
 impl LockTicket<'_> {
@@ -106,7 +108,7 @@ impl LockTicket<'_> {
     /// stopped with it; work it spawned, or requests it already sent, may
     /// still land after the next holder starts: that is what the fencing
     /// token is for.
-    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    pub async fn run<T, E, F>(mut self, body: F) -> Result<T, E>
     where
         E: GuardError,
         F: Future<Output = Result<T, E>>,
@@ -114,7 +116,6 @@ impl LockTicket<'_> {
         if self.alone {
             forget_reported();
         }
-        let mut dropped = ReleaseOnDrop { ticket: &self, armed: true };
         let info = LockInfo { fence: self.fence, owner: self.owner.clone() };
         let body = CURRENT.scope(info, body);
         let renew = || self.store.extend(&self.stored_scope, self.key.as_str(), &self.owner, self.ttl);
@@ -123,11 +124,11 @@ impl LockTicket<'_> {
             // this owner's, free it now rather than at its TTL (but do not
             // keep the caller waiting on a store that does not answer).
             let _ = self.release().await;
-            dropped.armed = false;
+            self.armed = false;
             return Err(self.lost().into());
         };
         let released = self.release().await;
-        dropped.armed = false;
+        self.armed = false;
         match released {
             Ok(true) => {}
             // `lock` alone: the body finished, its work (outside any
@@ -164,20 +165,16 @@ impl LockTicket<'_> {
     }
 }
 
-/// Releases the lock of a ticket whose `run` future was dropped before the
-/// body finished.
-struct ReleaseOnDrop<'t, 's> {
-    ticket: &'t LockTicket<'s>,
-    armed: bool,
-}
-
-impl Drop for ReleaseOnDrop<'_, '_> {
+/// A ticket dropped before its lock was released (never run, or its `run`
+/// future dropped mid-body: a client disconnected, a timeout fired, a claim
+/// made after the lock failed) releases the lock without waiting, so the
+/// next caller need not wait for the TTL.
+impl Drop for LockTicket<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let t = self.ticket;
-            tracing::info!(target: "idem", scope = %t.scope, key = %t.key.hash(), fence = t.fence,
-                "the guarded call was dropped mid-body; releasing its lock");
-            t.store.release_detached(&t.stored_scope, t.key.as_str(), &t.owner);
+            tracing::info!(target: "idem", scope = %self.scope, key = %self.key.hash(), fence = self.fence,
+                "a held lock was dropped before it was released; releasing it");
+            self.store.release_detached(&self.stored_scope, self.key.as_str(), &self.owner);
         }
     }
 }

@@ -131,9 +131,21 @@ pub(crate) async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepa
     // If this fails the transaction is unusable (PostgreSQL aborts it after a
     // failed statement; a lost connection cannot commit): the record cannot
     // be committed either, so the body's error is the one to return.
-    if let Err(e) = DB::discard(conn, &p.stored_scope, p.key.as_str()).await {
-        tracing::debug!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
-            "dedup record not removed after the body failed; the transaction cannot commit it");
+    match DB::discard(conn, &p.stored_scope, p.key.as_str()).await {
+        Ok(0) => {
+            // The record claimed in this transaction is not there: the
+            // server rolled the transaction back (a deadlock victim), or the
+            // ticket was completed on another transaction than its claim's,
+            // which then commits the record unfinished.
+            tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(),
+                "the dedup record to remove after the body failed was not found: was the ticket completed on the \
+                 transaction its claim was made in?");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
+                "dedup record not removed after the body failed; the transaction cannot commit it");
+        }
     }
 }
 

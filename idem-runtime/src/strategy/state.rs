@@ -38,15 +38,13 @@ impl Guard<'_> {
         self,
         tx: &mut C,
         transition: &'static Transition,
-    ) -> Result<Claim<T, Ticket>, Error> {
-        let p = self.prepare()?;
+    ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
+        let p = self.prepare_claim_before()?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
         check_key(transition, &p)?;
         match move_entity::<C::Db>(conn, &p, transition, None).await? {
-            Step::Moved(from) => {
-                Ok(Claim::Run(Ticket { prepared: p, record: false, moved: Some(Moved { transition, from }) }))
-            }
+            Step::Moved(from) => Ok(Claim::Run(Ticket::new(p, false, Some(Moved { transition, from })))),
             Step::Repeat => Ok(Claim::Replay(silent_repeat(&p))),
         }
     }
@@ -61,9 +59,9 @@ impl Guard<'_> {
         self,
         tx: &mut C,
         transition: &'static Transition,
-    ) -> Result<Claim<T, Ticket>, Error> {
+    ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let precheck = self.precheck_store();
-        let p = self.prepare()?;
+        let p = self.prepare_claim_before()?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
         check_key(transition, &p)?;
@@ -82,9 +80,7 @@ impl Guard<'_> {
             Claimed::Fresh { moved } => cas.as_ref().map(|_| moved),
         };
         match move_entity::<C::Db>(conn, &p, transition, tried).await {
-            Ok(Step::Moved(from)) => {
-                Ok(Claim::Run(Ticket { prepared: p, record: true, moved: Some(Moved { transition, from }) }))
-            }
+            Ok(Step::Moved(from)) => Ok(Claim::Run(Ticket::new(p, true, Some(Moved { transition, from })))),
             // The record just claimed belongs to no first answer: remove it.
             Ok(Step::Repeat) => {
                 discard::<C::Db>(conn, &p).await;

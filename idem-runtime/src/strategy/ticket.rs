@@ -2,6 +2,8 @@
 //! body's answer in the dedup record, or undoes the claim (and the state
 //! change) when the body fails.
 
+use std::marker::PhantomData;
+
 use crate::guard::{GuardError, Prepared};
 use crate::record::{Outcome, report};
 use crate::store::sql::{InsertDone, SqlBackend, TxContext, classify};
@@ -12,17 +14,29 @@ use crate::{Claim, Error, Replayable};
 /// The right to run the body once, in the caller's transaction: hand the
 /// body's result to [`Ticket::complete`], which stores the answer (or, for
 /// an `Err`, removes the record and undoes the state change).
+///
+/// The ticket is typed by the database it was claimed in: completing it on
+/// a transaction of another database does not compile. Complete it on the
+/// very transaction the claim was made in (a ticket completed elsewhere
+/// finds no record to store into or to remove).
 #[derive(Debug)]
 #[must_use = "a claimed record must be completed with the body's result"]
-pub struct Ticket {
+pub struct Ticket<DB: SqlBackend> {
     pub(crate) prepared: Prepared,
     /// A dedup record was claimed (or, with `claim_after`, will be written).
     pub(crate) record: bool,
     /// The state change this call made, undone if the body fails.
     pub(crate) moved: Option<Moved>,
+    pub(crate) db: PhantomData<fn() -> DB>,
 }
 
-impl Ticket {
+impl<DB: SqlBackend> Ticket<DB> {
+    pub(crate) fn new(prepared: Prepared, record: bool, moved: Option<Moved>) -> Ticket<DB> {
+        Ticket { prepared, record, moved, db: PhantomData }
+    }
+}
+
+impl<DB: SqlBackend> Ticket<DB> {
     /// Hand over the body's result, in the same transaction the claim was
     /// made in: an `Ok` answer is stored in the record (and returned), an
     /// `Err` removes the record and undoes the state change, so nothing of
@@ -34,18 +48,18 @@ impl Ticket {
     /// value written as `null`) or that is too large for the store fails
     /// here with [`Error::Response`] and its record is removed: roll the
     /// transaction back, or the body's writes commit without a record.
-    pub async fn complete<T: Replayable, E, C: TxContext + ?Sized>(
+    pub async fn complete<T: Replayable, E, C: TxContext<Db = DB> + ?Sized>(
         self,
         tx: &mut C,
         result: Result<T, E>,
     ) -> Result<Result<T, E>, Error> {
-        complete::<T, E, C::Db>(self, tx.connection(), result).await
+        complete::<T, E, DB>(self, tx.connection(), result).await
     }
 
     /// What the body returned, as the function's own result: the answer, or
     /// the body's error, or a guard failure converted into the function's
     /// error type.
-    pub async fn finish<T: Replayable, E: GuardError, C: TxContext + ?Sized>(
+    pub async fn finish<T: Replayable, E: GuardError, C: TxContext<Db = DB> + ?Sized>(
         self,
         tx: &mut C,
         result: Result<T, E>,
@@ -55,11 +69,11 @@ impl Ticket {
 }
 
 async fn complete<T: Replayable, E, DB: SqlBackend>(
-    ticket: Ticket,
+    ticket: Ticket<DB>,
     conn: &mut DB::Connection,
     result: Result<T, E>,
 ) -> Result<Result<T, E>, Error> {
-    let Ticket { prepared: p, record, moved } = ticket;
+    let Ticket { prepared: p, record, moved, .. } = ticket;
     let value = match result {
         Ok(value) => value,
         Err(e) if p.claim_after => return failed_after::<T, E, DB>(conn, &p, e).await,

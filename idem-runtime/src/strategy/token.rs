@@ -39,7 +39,7 @@ impl Guard<'_> {
             return Err(Error::TokenRejected);
         };
         let on_store_error = self.store_error_policy();
-        let p = self.key(token).prepare()?;
+        let p = self.key(token).prepare_claim_before()?;
         spend(store, &p, token, on_store_error).await?;
         Ok(Claim::Run(TokenTicket { prepared: p }))
     }
@@ -57,9 +57,9 @@ impl Guard<'_> {
         tx: &mut C,
         store: &dyn TokenStore,
         token: Option<&str>,
-    ) -> Result<Claim<T, Ticket>, Error> {
+    ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let (precheck, on_store_error) = (self.precheck_store(), self.store_error_policy());
-        let p = self.prepare()?;
+        let p = self.prepare_claim_before()?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
         if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
@@ -75,7 +75,7 @@ impl Guard<'_> {
                     }
                 };
                 match spent {
-                    Ok(()) => Ok(Claim::Run(Ticket { prepared: p, record: true, moved: None })),
+                    Ok(()) => Ok(Claim::Run(Ticket::new(p, true, None))),
                     Err(e) => {
                         discard::<C::Db>(conn, &p).await;
                         Err(e)
