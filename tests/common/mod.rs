@@ -1,17 +1,31 @@
 //! Shared set-up of the integration tests: real databases, unique keys.
+//! (Also included by `mq-consumer/tests/mq.rs`.)
 //!
-//! PostgreSQL and MySQL/MariaDB come from `IDEM_PG_URL` and `IDEM_MYSQL_URL`
-//! (defaulting to the local servers). An unreachable server skips its tests
-//! with a printed reason, unless `IDEM_REQUIRE_SERVICES=1`, where it fails.
+//! PostgreSQL, MySQL/MariaDB and Redis come from `IDEM_PG_URL`,
+//! `IDEM_MYSQL_URL` and `IDEM_REDIS_URL` (defaulting to the local servers).
+//! A server that does not answer within [`SKIP_AFTER`] skips the tests that
+//! need it, each saying so in a `SKIPPED:` line (see [`skip`]); with
+//! `IDEM_REQUIRE_SERVICES=1` (CI) it fails them instead, after
+//! [`REQUIRED_WAIT`].
 #![allow(dead_code)]
 
+use std::fmt::Display;
+use std::future::Future;
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// How long a test waits for a server before it skips: a local server
+/// answers in milliseconds, and a run without one should not take minutes.
+pub const SKIP_AFTER: Duration = Duration::from_secs(2);
+/// How long it waits when the server is required: a loaded CI machine may
+/// be slow to accept a connection, and waiting costs nothing there.
+pub const REQUIRED_WAIT: Duration = Duration::from_secs(30);
 
 /// A value no other test or earlier run has used, so tests share tables
 /// without seeing each other's rows.
@@ -21,26 +35,80 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
-fn required() -> bool {
+pub fn required() -> bool {
     std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
 }
 
-fn unavailable(service: &str, url: &str, err: &dyn std::fmt::Display) {
+/// Report the calling test as skipped: one line `SKIPPED: <test>: <reason>`.
+///
+/// Written straight to the process's stderr, not with `eprintln!`: the test
+/// harness captures `print!`/`eprint!` output and shows it for failed tests
+/// only, so a skipped test's reason would be lost and the test would read as
+/// passed. `.ci/run` counts these lines (one test however many lines it
+/// writes) and reports those tests as skipped, not passed. The harness runs
+/// each test on a thread named after it, hence the name.
+pub fn skip(reason: &str) {
+    let thread = std::thread::current();
+    let line = format!("SKIPPED: {}: {reason}\n", thread.name().unwrap_or("(unnamed test thread)"));
+    // One write of the whole line, so parallel tests' lines do not interleave.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// The calling test cannot run here: a failure with
+/// `IDEM_REQUIRE_SERVICES=1`, a skip otherwise.
+pub fn cannot_run(reason: impl Display) {
     if required() {
-        panic!("{service} at {url} is required (IDEM_REQUIRE_SERVICES=1) but unreachable: {err}");
+        panic!("{reason}, and IDEM_REQUIRE_SERVICES=1");
     }
-    eprintln!("SKIPPED: {service} at {url} is unreachable ({err}); set IDEM_REQUIRE_SERVICES=1 to make this a failure");
+    skip(&format!("{reason}; set IDEM_REQUIRE_SERVICES=1 to make this a failure"));
+}
+
+fn unavailable(service: &str, url: &str, err: &dyn Display) {
+    cannot_run(format!("{service} at {url} is unreachable ({err})"));
+}
+
+/// `connect`'s value, or `None` (the test skips) when it fails or takes
+/// longer than [`SKIP_AFTER`] ([`REQUIRED_WAIT`] when services are
+/// required, and then it panics). The deadline covers a server that is
+/// down (refused at once) and an address that never answers (a firewall
+/// dropping packets, a host that is gone), where a client's own connect can
+/// wait for minutes.
+pub async fn reach<T, E: Display>(service: &str, url: &str, connect: impl Future<Output = Result<T, E>>) -> Option<T> {
+    let wait = if required() { REQUIRED_WAIT } else { SKIP_AFTER };
+    match tokio::time::timeout(wait, connect).await {
+        Ok(Ok(connected)) => Some(connected),
+        Ok(Err(e)) => {
+            unavailable(service, url, &e);
+            None
+        }
+        Err(_) => {
+            unavailable(service, url, &format_args!("no answer within {wait:?}"));
+            None
+        }
+    }
+}
+
+/// A pool of 20 connections to `url`, or `None` (skip).
+async fn sql_pool<DB: sqlx::Database>(service: &str, url: &str) -> Option<sqlx::Pool<DB>> {
+    use sqlx::Connection;
+    // One plain connection first, within the deadline: the pool's own
+    // connect retries a refused connection until its acquire timeout (30 s,
+    // which the 100-task tests need), and waits as long as the operating
+    // system does for an address that never answers. Closed at once; once
+    // the server has answered, the pool connects on its usual terms.
+    reach(service, url, async { DB::Connection::connect(url).await?.close().await }).await?;
+    match sqlx::pool::PoolOptions::<DB>::new().max_connections(20).connect(url).await {
+        Ok(pool) => Some(pool),
+        Err(e) => {
+            unavailable(service, url, &e);
+            None
+        }
+    }
 }
 
 pub async fn postgres() -> Option<PgPool> {
     let url = std::env::var("IDEM_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_owned());
-    let pool = match sqlx::postgres::PgPoolOptions::new().max_connections(20).connect(&url).await {
-        Ok(p) => p,
-        Err(e) => {
-            unavailable("PostgreSQL", &url, &e);
-            return None;
-        }
-    };
+    let pool = sql_pool::<sqlx::Postgres>("PostgreSQL", &url).await?;
     idem::migrate(&pool).await.expect("migrate postgres");
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS idem_test_coupons (id BIGSERIAL PRIMARY KEY, trade_no VARCHAR(191) NOT NULL);
@@ -55,13 +123,7 @@ pub async fn postgres() -> Option<PgPool> {
 
 pub async fn mysql() -> Option<MySqlPool> {
     let url = std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_owned());
-    let pool = match sqlx::mysql::MySqlPoolOptions::new().max_connections(20).connect(&url).await {
-        Ok(p) => p,
-        Err(e) => {
-            unavailable("MySQL/MariaDB", &url, &e);
-            return None;
-        }
-    };
+    let pool = sql_pool::<sqlx::MySql>("MySQL/MariaDB", &url).await?;
     idem::migrate(&pool).await.expect("migrate mysql");
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS idem_test_coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
@@ -84,7 +146,7 @@ pub async fn sqlite() -> Option<SqlitePool> {
         .filename(&path)
         .create_if_missing(true)
         .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-        .busy_timeout(std::time::Duration::from_secs(30));
+        .busy_timeout(Duration::from_secs(30));
     let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(8).connect_with(opts).await.unwrap();
     idem::migrate(&pool).await.expect("migrate sqlite");
     sqlx::raw_sql(
@@ -106,17 +168,11 @@ pub async fn redis() -> Option<redis::aio::ConnectionManager> {
     let connected = async {
         let client = redis::Client::open(url.as_str())?;
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
+            .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
         redis::aio::ConnectionManager::new_with_config(client, config).await
     };
-    match connected.await {
-        Ok(conn) => Some(conn),
-        Err(e) => {
-            unavailable("Redis", &url, &e);
-            None
-        }
-    }
+    reach("Redis", &url, connected).await
 }
 
 /// A real Redis client pointed at a port where no server listens: a store
@@ -126,7 +182,7 @@ pub async fn unreachable_redis() -> Option<idem::RedisStore> {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
     let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(std::time::Duration::from_millis(300)))
+        .set_connection_timeout(Some(Duration::from_millis(300)))
         .set_number_of_retries(0);
     let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, config).unwrap();
     Some(idem::RedisStore::new(conn, "idem-test:"))
@@ -148,25 +204,6 @@ pub async fn silent_redis() -> Option<idem::RedisStore> {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
     let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, Default::default()).unwrap();
     Some(idem::RedisStore::new(conn, "idem-test:"))
-}
-
-pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-/// A connection to RabbitMQ at `IDEM_AMQP_URL` (default: the local broker).
-pub async fn amqp() -> Option<lapin::Connection> {
-    let url = std::env::var("IDEM_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
-    let connect = lapin::Connection::connect(&url, lapin::ConnectionProperties::default());
-    match tokio::time::timeout(std::time::Duration::from_secs(5), connect).await {
-        Ok(Ok(conn)) => Some(conn),
-        Ok(Err(e)) => {
-            unavailable("RabbitMQ", &url, &e);
-            None
-        }
-        Err(_) => {
-            unavailable("RabbitMQ", &url, &"no answer within 5s");
-            None
-        }
-    }
 }
 
 /// The application error of the test services.

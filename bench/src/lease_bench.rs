@@ -425,7 +425,7 @@ pub async fn run(
     // Each round: idem (first, replay) and, on Redis, the peer and the raw
     // script, at `clients` and serially. Slices alternate so all see the
     // same server.
-    let per_slice = crate::common::slice_length(seconds, rounds, 8.0, 0.5);
+    let per_slice = crate::slice_length(seconds, rounds, 8.0, 0.5);
     let peer = match redis_url {
         Some(url) => Some(peer::Peer::connect(url).await?),
         None => None,

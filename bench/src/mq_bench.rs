@@ -331,7 +331,7 @@ where
     let ctx =
         Arc::new(Ctx { pool: pool.clone(), marks, run: run.clone(), plain: Feed::new('p'), precheck: Feed::new('c') });
     let rounds = rounds.max(1);
-    let slice_len = crate::common::slice_length(seconds, rounds, 2.0, 0.2);
+    let slice_len = crate::slice_length(seconds, rounds, 2.0, 0.2);
 
     // Warm-up (not counted): connections and statement caches, and the first
     // completed keys of each mode for the repeats to pick from.

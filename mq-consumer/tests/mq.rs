@@ -5,6 +5,8 @@
 //! uses keys of its own; the effects table has no unique index, so a
 //! duplicate effect would be counted.
 
+// The root package's test set-up (databases, Redis, skipping).
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::Write;
@@ -24,6 +26,15 @@ const KEY_HEADER: &str = "x-idempotency-key";
 
 /// The tests compare the process-wide precheck counters: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// A connection to RabbitMQ at `IDEM_AMQP_URL` (default: the local broker),
+/// or `None`: the test skips (see `common::reach`).
+async fn amqp() -> Option<lapin::Connection> {
+    let url = std::env::var("IDEM_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
+    common::reach("RabbitMQ", &url, lapin::Connection::connect(&url, lapin::ConnectionProperties::default())).await
+}
 
 /// A message as the handler takes it: the producer's key, if it set one.
 struct Message {
@@ -95,7 +106,7 @@ struct Bus {
 
 impl Bus {
     async fn new() -> Option<Bus> {
-        let conn = common::amqp().await?;
+        let conn = amqp().await?;
         let channel = conn.create_channel().await.unwrap();
         channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
         let queue = unique("idem-test-mq");

@@ -17,14 +17,20 @@
 //! dead-lettered). Each posting is booked once.
 //!
 //! ```text
-//! cargo run --example mq_consumer          # in-process queue, memory markers, SQLite
-//! cargo run --example mq_consumer -- --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f \
+//! cargo run -p idem-mq-consumer          # in-process queue, memory markers, SQLite
+//! cargo run -p idem-mq-consumer -- --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f \
 //!     --redis-url redis://127.0.0.1:6379/ --database-url postgres://postgres@127.0.0.1:5432/test
 //! ```
 //!
 //! The flush halfway deletes this run's markers (its keys' prefix), never
 //! anything else in the database the Redis URL names.
 
+// A package of its own (`idem-mq-consumer`, not an example of the root
+// package): the RabbitMQ client is needed here and in its test only, and
+// every example of a package compiles every dev-dependency of it.
+mod broker;
+// The examples' shared set-up: stores, the ledger's tables.
+#[path = "../../examples/common/mod.rs"]
 mod common;
 
 use std::collections::VecDeque;
@@ -32,8 +38,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use broker::{Broker, KEY_HEADER, Message, Source, Verdict};
 use clap::Parser;
-use common::mq::{Broker, KEY_HEADER, Message, Source, Verdict};
 use common::{AppError, BoxError, Ledger, Store};
 use idem::precheck::PrecheckStore;
 use idem::{Outcome, idempotent};

@@ -611,7 +611,7 @@ pub async fn run_token(
     let rounds = rounds.max(1);
     let redis = b.redis.is_some();
     let slices = if redis { 4.0 } else { 2.0 };
-    let per_slice = crate::common::slice_length(seconds, rounds, slices, 0.5);
+    let per_slice = crate::slice_length(seconds, rounds, slices, 0.5);
     // Warm-up: connections open, scripts loaded, the first rates known.
     // Also the issue -> guard path end to end, through the public API.
     for _ in 0..100 {
@@ -699,7 +699,7 @@ pub async fn run_lock(
     let rounds = rounds.max(1);
     let redis = b.redis.is_some();
     let slices = if redis { 8.0 } else { 4.0 };
-    let per_slice = crate::common::slice_length(seconds, rounds, slices, 0.5);
+    let per_slice = crate::slice_length(seconds, rounds, slices, 0.5);
     let levels: Vec<usize> = if clients > 1 { vec![1, clients] } else { vec![1] };
     // Warm-up.
     let mut raw_best = std::collections::HashMap::new();
