@@ -101,6 +101,33 @@ macro_rules! lease_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_dropped_call_asked_to_release_frees_its_record_at_once() {
+                let store: Store = store!();
+                let id = unique("dropped");
+                let lease = Duration::from_secs(60);
+                // Without the option, a dropped call's record waits for its lease.
+                let claim = idem::Guard::new("tests.lease.dropped").key(&id).lease::<u32>(&*store, lease).await;
+                let Ok(idem::Claim::Run(ticket)) = claim else { panic!("first call") };
+                let run = ticket.release_if_dropped().run(async {
+                    tokio::time::sleep(Duration::from_secs(30)).await; // a client that goes away
+                    Ok::<u32, idem::Error>(1)
+                });
+                let _ = tokio::time::timeout(Duration::from_millis(50), run).await;
+                // The release is sent from a task of its own: give it a moment.
+                let mut claimed = None;
+                for _ in 0..100 {
+                    match idem::Guard::new("tests.lease.dropped").key(&id).lease::<u32>(&*store, lease).await {
+                        Err(idem::Error::InProgress { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
+                        other => {
+                            claimed = Some(other);
+                            break;
+                        }
+                    }
+                }
+                assert!(matches!(claimed, Some(Ok(idem::Claim::Run(_)))), "the record was released: {claimed:?}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn concurrent_calls_on_a_fresh_key_run_once() {
                 let store: Store = store!();
                 let id = unique("conc");

@@ -300,6 +300,9 @@ impl LeaseStore for Stores {
     fn max_response(&self) -> usize {
         self.lease_or_missing().max_response()
     }
+    fn release_detached(&self, held: &HeldLease<'_>) {
+        self.lease_or_missing().release_detached(held)
+    }
 }
 
 impl TokenStore for Stores {

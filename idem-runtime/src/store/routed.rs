@@ -132,4 +132,10 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
     fn max_response(&self) -> usize {
         self.shards.iter().map(LeaseStore::max_response).min().unwrap_or(usize::MAX)
     }
+
+    fn release_detached(&self, held: &HeldLease<'_>) {
+        if let Ok(shard) = self.shard(held.scope, held.key) {
+            shard.release_detached(held);
+        }
+    }
 }

@@ -15,7 +15,7 @@ use crate::{Claim, Error, Replayable};
 /// The lease a first call holds while its body runs: see [`LeaseTicket::run`].
 /// A ticket dropped without `run` (or with its `run` future dropped
 /// mid-body) leaves its record `PROCESSING` until the lease passes; then
-/// the next call takes it over.
+/// the next call takes it over (unless [`release_if_dropped`](Self::release_if_dropped)).
 #[must_use = "a held lease must run the body and settle the record"]
 pub struct LeaseTicket<'s> {
     prepared: Prepared,
@@ -24,6 +24,7 @@ pub struct LeaseTicket<'s> {
     fence: i64,
     reclaimed: bool,
     lease: Duration,
+    release_if_dropped: bool,
 }
 
 impl std::fmt::Debug for LeaseTicket<'_> {
@@ -96,7 +97,15 @@ impl Guard<'_> {
                     tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence, store = store.kind(),
                         "reclaimed a record whose lease had passed (its worker stopped mid-work)");
                 }
-                Ok(Claim::Run(LeaseTicket { prepared: p, store, owner, fence, reclaimed, lease }))
+                Ok(Claim::Run(LeaseTicket {
+                    prepared: p,
+                    store,
+                    owner,
+                    fence,
+                    reclaimed,
+                    lease,
+                    release_if_dropped: false,
+                }))
             }
             LeaseClaim::Done { response } => replayed(&p, &response).map(Claim::Replay),
             LeaseClaim::Busy { retry_after } => Err(p.in_progress(Some(retry_after))),
@@ -106,6 +115,18 @@ impl Guard<'_> {
 }
 
 impl LeaseTicket<'_> {
+    /// If this call is dropped before its answer is stored (its `run`
+    /// future dropped: a client went away, a timeout fired), remove the
+    /// record at once instead of leaving it `PROCESSING` until the lease
+    /// passes, so that a retry runs again without waiting. For callers
+    /// whose dropped work is as good as failed (an HTTP request whose
+    /// client disconnected); a retry may then run while what the dropped
+    /// body already sent is still landing (fence those writes).
+    pub fn release_if_dropped(mut self) -> Self {
+        self.release_if_dropped = true;
+        self
+    }
+
     /// Run the body under the lease, renewing it every third of its length;
     /// then store the `Ok` value, or remove the record on `Err` (or a panic,
     /// which then goes on). If a renewal
@@ -127,10 +148,15 @@ impl LeaseTicket<'_> {
             lease: self.lease,
             retention: p.retention,
         };
+        let mut dropped = ReleaseOnDrop { store: self.store, held: &held, armed: self.release_if_dropped };
         let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
         let body = catching(CURRENT.scope(info, body));
         let renew = || self.store.extend(&held);
-        let Some(result) = under_renewal(body, self.lease, renew, "lease", &p.scope).await else {
+        let ran = under_renewal(body, self.lease, renew, "lease", &p.scope).await;
+        // The body is over: from here this call removes or completes the
+        // record itself.
+        dropped.armed = false;
+        let Some(result) = ran else {
             return Err(self.lost().into());
         };
         // A panic fails the call like an `Err`: the record goes, so a retry
@@ -207,4 +233,20 @@ async fn catching<F: Future>(body: F) -> Result<F::Output, Box<dyn std::any::Any
         }
     })
     .await
+}
+
+/// Removes the record of a `run` future dropped before its body finished,
+/// when the ticket was asked to ([`LeaseTicket::release_if_dropped`]).
+struct ReleaseOnDrop<'t> {
+    store: &'t dyn LeaseStore,
+    held: &'t HeldLease<'t>,
+    armed: bool,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.store.release_detached(self.held);
+        }
+    }
 }

@@ -15,9 +15,16 @@ use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 /// idem_runtime::Stores::builder().lease(idem_runtime::lease::SqlStore::new(pool)).install()?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SqlStore<DB: SqlBackend> {
     pool: sqlx::Pool<DB>,
+}
+
+// By hand: derived, it would ask `DB: Clone` of the database type.
+impl<DB: SqlBackend> Clone for SqlStore<DB> {
+    fn clone(&self) -> Self {
+        SqlStore { pool: self.pool.clone() }
+    }
 }
 
 impl<DB: SqlBackend> SqlStore<DB> {
@@ -92,6 +99,10 @@ where
 
     fn max_response(&self) -> usize {
         DB::MAX_RESPONSE
+    }
+
+    fn release_detached(&self, held: &HeldLease<'_>) {
+        crate::store::lease::spawn_release(self.clone(), held);
     }
 
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
