@@ -46,6 +46,9 @@
 //! | `lock+dedup`, `lock+state`, `lock` | concurrency, not repetition | a TTL longer than the work | released, the request can run again | [`lock`] |
 //! | `precheck = "redis"` (modifier) | the claim's cost on common repeats | a marker store | a cache: the record decides | [`precheck`] |
 //!
+//! At the HTTP edge, the `http` module (feature `http`) is a tower layer for
+//! the `Idempotency-Key` header, on the same lease records.
+//!
 //! The attribute's arguments and rules: [`idempotent`]. Where stores come
 //! from (there is no silent default): [`store`]. The schema, purging and
 //! the statements per database: [`sql`]. Without the attribute, the same
@@ -210,6 +213,10 @@ pub mod sql {
 }
 
 pub use idem_runtime::{MemoryStore, error, key, record};
+
+/// The `Idempotency-Key` layer for HTTP services (feature `http`).
+#[cfg(feature = "http")]
+pub use idem_runtime::http;
 
 /// Lease records, tokens, locks and precheck markers in Redis; see [`store`].
 #[cfg(feature = "redis")]

@@ -27,6 +27,8 @@
 pub mod error;
 mod exact;
 mod guard;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod key;
 pub mod lease;
 pub mod lock;

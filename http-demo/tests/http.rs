@@ -1,0 +1,332 @@
+//! The `Idempotency-Key` layer with a real axum server and a real HTTP
+//! client over loopback, on every lease store: memory, SQLite, PostgreSQL,
+//! MySQL/MariaDB and Redis.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::unique;
+use idem::http::IdempotencyLayer;
+use idem::lease::LeaseStore;
+use idem_http_demo::{Payment, PaymentRequest, Shop, app, serve};
+use reqwest::StatusCode;
+
+/// A server with the layer over `store`; keys scoped per client (header
+/// `x-client`); the base URL and the shop.
+async fn server(store: Arc<dyn LeaseStore>, tune: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> (String, Shop) {
+    let layer = IdempotencyLayer::new(store)
+        .scope(format!("tests.http.{}", unique("s")))
+        .required(true)
+        .tenant(|request| request.headers.get("x-client").and_then(|v| v.to_str().ok()).map(str::to_owned))
+        .max_response_body(64 * 1024)
+        .max_request_body(16 * 1024);
+    let shop = Shop::default();
+    let addr = serve(app(shop.clone(), tune(layer))).await;
+    (format!("http://{addr}"), shop)
+}
+
+async fn post(client: &reqwest::Client, base: &str, key: Option<&str>, body: &PaymentRequest) -> reqwest::Response {
+    let mut request =
+        client.post(format!("{base}/payments")).header("x-client", "alice").header("content-type", "application/json");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", format!("\"{key}\""));
+    }
+    request.body(serde_json::to_vec(body).unwrap()).send().await.expect("the server answers")
+}
+
+fn replayed(response: &reqwest::Response) -> bool {
+    response.headers().get("idempotent-replayed").is_some_and(|v| v == "true")
+}
+
+/// Status, the headers the handler sets, and body.
+async fn snapshot(response: reqwest::Response) -> (StatusCode, Vec<String>, String, bytes_len::Len) {
+    let status = response.status();
+    let audit = response.headers().get_all("x-audit").iter().map(|v| v.to_str().unwrap().to_owned()).collect();
+    let location = response.headers().get("location").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    let body = response.text().await.unwrap();
+    (status, audit, location, bytes_len::Len(body))
+}
+
+mod bytes_len {
+    /// A body, compared whole but printed short.
+    #[derive(PartialEq)]
+    pub struct Len(pub String);
+    impl std::fmt::Debug for Len {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{} bytes: {:?}", self.0.len(), &self.0[..self.0.len().min(80)])
+        }
+    }
+}
+
+macro_rules! http_suite {
+    (mod $m:ident; store = $store:expr;) => {
+        mod $m {
+            use super::*;
+
+            macro_rules! store {
+                () => {
+                    match $store {
+                        Some(store) => store,
+                        None => return,
+                    }
+                };
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_hundred_concurrent_duplicates_run_the_handler_once() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let body = PaymentRequest { amount_cents: 500, delay_ms: Some(300), ..Default::default() };
+                let mut tasks = Vec::new();
+                for _ in 0..100 {
+                    let (client, base, key, body) = (client.clone(), base.clone(), key.clone(), body.clone());
+                    tasks.push(tokio::spawn(async move { post(&client, &base, Some(&key), &body).await }));
+                }
+                let (mut created, mut conflicts) = (Vec::new(), 0);
+                for task in tasks {
+                    let response = task.await.unwrap();
+                    match response.status() {
+                        StatusCode::CREATED => created.push(response),
+                        StatusCode::CONFLICT => {
+                            assert!(response.headers().get("retry-after").is_some(), "409 says when to retry");
+                            conflicts += 1;
+                        }
+                        other => panic!("unexpected {other}: {}", response.text().await.unwrap()),
+                    }
+                }
+                assert_eq!(shop.runs(), 1, "exactly one request reached the handler");
+                assert!(!created.is_empty());
+                // Every retry after the first finished replays it, exactly.
+                let first = snapshot(post(&client, &base, Some(&key), &body).await).await;
+                assert_eq!(first.0, StatusCode::CREATED);
+                assert_eq!(first.1, ["first", "second"], "repeated headers replay in order");
+                assert_eq!(first.2, "/payments/1");
+                for response in created {
+                    assert_eq!(snapshot(response).await, first, "every 201 is the same response");
+                }
+                let again = post(&client, &base, Some(&key), &body).await;
+                assert!(replayed(&again));
+                assert_eq!(snapshot(again).await, first);
+                assert_eq!(shop.runs(), 1);
+                eprintln!("100 concurrent duplicates: {conflicts} were told 409");
+            }
+
+            #[tokio::test]
+            async fn the_same_key_with_another_request_is_422_and_runs_nothing() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let first =
+                    post(&client, &base, Some(&key), &PaymentRequest { amount_cents: 500, ..Default::default() }).await;
+                assert_eq!(first.status(), StatusCode::CREATED);
+                let other =
+                    post(&client, &base, Some(&key), &PaymentRequest { amount_cents: 999, ..Default::default() }).await;
+                assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+                assert_eq!(other.headers()["content-type"], "application/problem+json");
+                assert_eq!(shop.runs(), 1);
+            }
+
+            #[tokio::test]
+            async fn a_missing_or_malformed_key_is_400() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                let body = serde_json::to_vec(&PaymentRequest { amount_cents: 1, ..Default::default() }).unwrap();
+                let send = |key: Option<&'static [&'static str]>| {
+                    let mut request = client
+                        .post(format!("{base}/payments"))
+                        .header("x-client", "alice")
+                        .header("content-type", "application/json")
+                        .body(body.clone());
+                    for value in key.unwrap_or(&[]) {
+                        request = request.header("idempotency-key", *value);
+                    }
+                    request.send()
+                };
+                for key in [
+                    None,
+                    Some(&["\"\""][..]),
+                    Some(&["\"unclosed"][..]),
+                    Some(&["\"a\", \"b\""][..]),
+                    Some(&["\"a\"", "\"b\""][..]),
+                ] {
+                    let response = send(key).await.unwrap();
+                    assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{key:?}");
+                    let problem: serde_json::Value = response.json().await.unwrap();
+                    assert_eq!(problem["status"], 400);
+                    assert!(problem["detail"].as_str().unwrap().contains("dempotency-key"), "{problem}");
+                }
+                // A bare key (no quotes) is taken as it is.
+                let bare = send(Some(&["bare-key-1"])).await.unwrap();
+                assert_eq!(bare.status(), StatusCode::CREATED);
+                assert_eq!(shop.runs(), 1);
+            }
+
+            #[tokio::test]
+            async fn keys_are_scoped_per_tenant() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let body = serde_json::to_vec(&PaymentRequest { amount_cents: 5, ..Default::default() }).unwrap();
+                let send = |client_id: Option<&'static str>| {
+                    let mut request = client
+                        .post(format!("{base}/payments"))
+                        .header("idempotency-key", format!("\"{key}\""))
+                        .header("content-type", "application/json")
+                        .body(body.clone());
+                    if let Some(id) = client_id {
+                        request = request.header("x-client", id);
+                    }
+                    request.send()
+                };
+                let alice: Payment = send(Some("alice")).await.unwrap().json().await.unwrap();
+                let bob = send(Some("bob")).await.unwrap();
+                assert!(!replayed(&bob), "bob's key is not alice's");
+                let bob: Payment = bob.json().await.unwrap();
+                assert_ne!(alice.payment_id, bob.payment_id);
+                let alice_again = send(Some("alice")).await.unwrap();
+                assert!(replayed(&alice_again));
+                assert_eq!(alice_again.json::<Payment>().await.unwrap(), alice);
+                assert_eq!(send(None).await.unwrap().status(), StatusCode::UNAUTHORIZED, "a key nobody owns");
+                assert_eq!(shop.runs(), 2);
+            }
+
+            #[tokio::test]
+            async fn a_failed_or_abandoned_request_leaves_no_record() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                // 500: not kept, so the retry runs again.
+                let key = unique("k");
+                let failing = PaymentRequest { amount_cents: 5, fail_with: Some(500), ..Default::default() };
+                assert_eq!(
+                    post(&client, &base, Some(&key), &failing).await.status(),
+                    StatusCode::INTERNAL_SERVER_ERROR
+                );
+                let ok = PaymentRequest { amount_cents: 5, ..Default::default() };
+                let retried = post(&client, &base, Some(&key), &ok).await;
+                assert_eq!(retried.status(), StatusCode::CREATED);
+                assert!(!replayed(&retried));
+                assert_eq!(shop.runs(), 2);
+                // A 404 is an answer: kept and replayed.
+                let key = unique("k");
+                let missing = PaymentRequest { amount_cents: 5, fail_with: Some(404), ..Default::default() };
+                assert_eq!(post(&client, &base, Some(&key), &missing).await.status(), StatusCode::NOT_FOUND);
+                let again = post(&client, &base, Some(&key), &missing).await;
+                assert!(replayed(&again));
+                assert_eq!(shop.runs(), 3);
+                // The client goes away mid-request: the record goes with it,
+                // and the retry runs at once (not 409 for the whole lease).
+                let key = unique("k");
+                let slow = PaymentRequest { amount_cents: 5, delay_ms: Some(2_000), ..Default::default() };
+                let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+                assert!(
+                    impatient
+                        .post(format!("{base}/payments"))
+                        .header("x-client", "alice")
+                        .header("idempotency-key", format!("\"{key}\""))
+                        .header("content-type", "application/json")
+                        .body(serde_json::to_vec(&slow).unwrap())
+                        .send()
+                        .await
+                        .is_err()
+                );
+                // The release goes out from a task of its own: a retry may
+                // meet the record for a moment (409), never for the lease.
+                let started = std::time::Instant::now();
+                let mut status = StatusCode::CONFLICT;
+                while status == StatusCode::CONFLICT && started.elapsed() < Duration::from_secs(5) {
+                    status = post(&client, &base, Some(&key), &slow).await.status();
+                    if status == StatusCode::CONFLICT {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                assert_eq!(status, StatusCode::CREATED, "the abandoned request's record was released");
+            }
+
+            #[tokio::test]
+            async fn bodies_over_the_limits() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                // A request body over the limit: 413, the handler not run.
+                let key = unique("k");
+                let big = client
+                    .post(format!("{base}/payments"))
+                    .header("x-client", "alice")
+                    .header("idempotency-key", format!("\"{key}\""))
+                    .header("content-type", "application/json")
+                    .body(vec![b' '; 20 * 1024])
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+                assert_eq!(shop.runs(), 0);
+                // A response over the limit: passed through whole, not kept.
+                let key = unique("k");
+                let padded = PaymentRequest {
+                    amount_cents: 5,
+                    response_bytes: Some(100_000),
+                    chunks: Some(8),
+                    ..Default::default()
+                };
+                let first = post(&client, &base, Some(&key), &padded).await;
+                assert_eq!(first.status(), StatusCode::CREATED);
+                let payment: Payment = first.json().await.unwrap();
+                assert_eq!(payment.padding.len(), 100_000, "never cut short");
+                let second = post(&client, &base, Some(&key), &padded).await;
+                assert!(!replayed(&second), "not kept: the retry runs again");
+                assert_eq!(shop.runs(), 2);
+                // A streamed response within the limit: kept and replayed exactly.
+                let key = unique("k");
+                let streamed = PaymentRequest {
+                    amount_cents: 7,
+                    response_bytes: Some(1000),
+                    chunks: Some(5),
+                    ..Default::default()
+                };
+                let first = snapshot(post(&client, &base, Some(&key), &streamed).await).await;
+                let again = post(&client, &base, Some(&key), &streamed).await;
+                assert!(replayed(&again));
+                assert_eq!(snapshot(again).await, first);
+                assert_eq!(shop.runs(), 3);
+            }
+
+            #[tokio::test]
+            async fn unguarded_methods_pass_through() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let count = reqwest::get(format!("{base}/payments/count")).await.unwrap();
+                assert_eq!(count.status(), StatusCode::OK);
+                assert!(!replayed(&count));
+                assert_eq!(count.text().await.unwrap(), "0");
+                assert_eq!(shop.runs(), 0);
+            }
+        }
+    };
+}
+
+http_suite! {
+    mod memory;
+    store = Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn LeaseStore>);
+}
+
+http_suite! {
+    mod sqlite;
+    store = common::sqlite().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Arc<dyn LeaseStore>);
+}
+
+http_suite! {
+    mod postgres;
+    store = common::postgres().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Arc<dyn LeaseStore>);
+}
+
+http_suite! {
+    mod mysql;
+    store = common::mysql().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Arc<dyn LeaseStore>);
+}
+
+http_suite! {
+    mod redis;
+    store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-http")))) as Arc<dyn LeaseStore>);
+}

@@ -1,0 +1,506 @@
+//! An `Idempotency-Key` layer for HTTP services (feature `http`): a
+//! [`tower`](https://docs.rs/tower) layer over any service of `http` 1.x
+//! requests and responses, axum's routers included.
+//!
+//! It follows the IETF draft `draft-ietf-httpapi-idempotency-key-header`:
+//! a client sends `Idempotency-Key: "<key>"` with a request it may retry;
+//! the first request with that key runs the handler, and every retry gets
+//! the first response back, status, headers and body, marked
+//! `Idempotent-Replayed: true`. Built on the `lease` strategy, so the
+//! records live in any lease store (SQL, Redis, memory) and concurrent
+//! duplicates never both reach the handler.
+//!
+//! | request | answer |
+//! |---|---|
+//! | first with its key | the handler runs; a response worth keeping (2xx, and 4xx but 408/409/429, by default) is stored |
+//! | a retry after that | the stored response, exactly, with `Idempotent-Replayed: true`; the handler does not run |
+//! | a retry while the first still runs | `409 Conflict` with `Retry-After` |
+//! | the same key with another request (method, path, body) | `422 Unprocessable Content` |
+//! | no key where one is required, or a malformed key | `400 Bad Request` |
+//! | a body over the request limit | `413 Content Too Large`, the handler not run |
+//! | the handler fails (5xx by default), or its client goes away | nothing stored: a retry runs again |
+//! | a response over the response limit, or streamed with trailers | passed through as it comes, not stored: a retry runs again |
+//! | a method the layer does not guard (GET, PUT, DELETE by default) | passed through |
+//!
+//! Errors are `application/problem+json` (RFC 9457) and name the problem.
+//! Keys are scoped per tenant when a [tenant](IdempotencyLayer::tenant)
+//! function is given, so one client's key can never replay another's
+//! response.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, request};
+use http_body::Body as HttpBody;
+use http_body_util::BodyExt;
+use sha2::{Digest, Sha256};
+
+use crate::store::lease::LeaseStore;
+use crate::{Claim, Error, Guard};
+
+mod body;
+mod stored;
+
+pub use body::ResponseBody;
+use body::{Collected, collect_up_to};
+use stored::StoredResponse;
+
+/// The errors a body can carry.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The header a replayed response carries.
+pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+type TenantFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
+type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+type FingerprintFn = dyn Fn(&request::Parts, &[u8]) -> Vec<u8> + Send + Sync;
+
+/// What identifies "the same request" behind one key.
+#[derive(Clone)]
+enum Fingerprint {
+    /// Method, path and query, and body (the default).
+    Request,
+    /// Nothing: a key replays whatever request comes with it.
+    None,
+    /// The application's own.
+    Custom(Arc<FingerprintFn>),
+}
+
+struct Config {
+    store: Arc<dyn LeaseStore>,
+    scope: Cow<'static, str>,
+    header: HeaderName,
+    required: bool,
+    methods: Vec<Method>,
+    tenant: Option<Arc<TenantFn>>,
+    fingerprint: Fingerprint,
+    keep: Arc<StoreFn>,
+    max_request: usize,
+    max_response: usize,
+    lease: Duration,
+    retention: Duration,
+}
+
+/// The layer: wrap a service with it (`ServiceBuilder::layer`,
+/// `axum::Router::layer`).
+///
+/// ```no_run
+/// # fn demo(pool: sqlx::PgPool) {
+/// use std::time::Duration;
+/// use idem_runtime::http::IdempotencyLayer;
+///
+/// let layer = IdempotencyLayer::new(idem_runtime::lease::SqlStore::new(pool))
+///     .scope("payments.api")
+///     .required(true)
+///     .tenant(|request| {
+///         // The authenticated caller, as an earlier layer left it.
+///         request.headers.get("x-api-client").and_then(|v| v.to_str().ok()).map(str::to_owned)
+///     })
+///     .retention(Duration::from_secs(24 * 3600));
+/// # let _ = layer; }
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.config;
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &c.store.kind())
+            .field("scope", &c.scope)
+            .field("header", &c.header)
+            .field("required", &c.required)
+            .field("methods", &c.methods)
+            .field("tenant", &c.tenant.is_some())
+            .field("max_request", &c.max_request)
+            .field("max_response", &c.max_response)
+            .field("lease", &c.lease)
+            .field("retention", &c.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default statuses worth keeping: 2xx, and 4xx but 408 (timeout), 409
+/// (conflict) and 429 (too many requests), which say "try again".
+pub fn keeps_by_default(status: StatusCode) -> bool {
+    status.is_success()
+        || (status.is_client_error()
+            && !matches!(status, StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS))
+}
+
+impl IdempotencyLayer {
+    /// A layer keeping its records in `store` (a lease store: SQL where a
+    /// second run is unacceptable, Redis, or memory for one process), with
+    /// the defaults: scope `http`, header `Idempotency-Key`, the key
+    /// optional, `POST` and `PATCH` guarded, the fingerprint of method,
+    /// path and body, 2xx and most 4xx kept, 1 MiB limits, a 30 s lease
+    /// (renewed while the handler runs) and 24 h retention.
+    pub fn new(store: impl LeaseStore + 'static) -> IdempotencyLayer {
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                store: Arc::new(store),
+                scope: Cow::Borrowed("http"),
+                header: HeaderName::from_static("idempotency-key"),
+                required: false,
+                methods: vec![Method::POST, Method::PATCH],
+                tenant: None,
+                fingerprint: Fingerprint::Request,
+                keep: Arc::new(keeps_by_default),
+                max_request: 1 << 20,
+                max_response: 1 << 20,
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(24 * 3600),
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> IdempotencyLayer {
+        change(Arc::get_mut(&mut self.config).expect("a layer is configured before it is cloned"));
+        self
+    }
+
+    /// The records' scope: give each API (or version of one) its own.
+    pub fn scope(self, scope: impl Into<Cow<'static, str>>) -> IdempotencyLayer {
+        let scope = scope.into();
+        self.with(|c| c.scope = scope)
+    }
+
+    /// The key's header (default `Idempotency-Key`).
+    pub fn header(self, header: HeaderName) -> IdempotencyLayer {
+        self.with(|c| c.header = header)
+    }
+
+    /// Refuse a guarded request without a key (`400`), instead of passing
+    /// it through unguarded.
+    pub fn required(self, required: bool) -> IdempotencyLayer {
+        self.with(|c| c.required = required)
+    }
+
+    /// The methods guarded (default `POST` and `PATCH`: the others are
+    /// idempotent by definition); any other passes through.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> IdempotencyLayer {
+        let methods = methods.into_iter().collect();
+        self.with(|c| c.methods = methods)
+    }
+
+    /// Scope keys per tenant: `tenant` names who sent the request (an
+    /// authenticated user, an API client id). Two tenants' equal keys are
+    /// different records, so one can never replay the other's response. A
+    /// request it names no tenant for is refused (`401`): a key nobody
+    /// owns would be shared.
+    pub fn tenant(
+        self,
+        tenant: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> IdempotencyLayer {
+        let tenant: Arc<TenantFn> = Arc::new(tenant);
+        self.with(|c| c.tenant = Some(tenant))
+    }
+
+    /// What makes two requests "the same" behind one key: bytes hashed
+    /// into the record (the default: method, path and query, and body). A
+    /// retry must match; another request with the key is `422`.
+    pub fn fingerprint(
+        self,
+        fingerprint: impl Fn(&request::Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> IdempotencyLayer {
+        let fingerprint: Arc<FingerprintFn> = Arc::new(fingerprint);
+        self.with(|c| c.fingerprint = Fingerprint::Custom(fingerprint))
+    }
+
+    /// No fingerprint: a key replays its first response to whatever request
+    /// comes with it.
+    pub fn without_fingerprint(self) -> IdempotencyLayer {
+        self.with(|c| c.fingerprint = Fingerprint::None)
+    }
+
+    /// Which responses are kept and replayed (default [`keeps_by_default`]);
+    /// a response not kept leaves no record, so a retry runs again.
+    pub fn keep(self, keep: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> IdempotencyLayer {
+        let keep: Arc<StoreFn> = Arc::new(keep);
+        self.with(|c| c.keep = keep)
+    }
+
+    /// The largest request body read (default 1 MiB): a longer one is `413`.
+    pub fn max_request_body(self, bytes: usize) -> IdempotencyLayer {
+        self.with(|c| c.max_request = bytes)
+    }
+
+    /// The largest response body kept (default 1 MiB): a longer one passes
+    /// through as it comes, not stored.
+    pub fn max_response_body(self, bytes: usize) -> IdempotencyLayer {
+        self.with(|c| c.max_response = bytes)
+    }
+
+    /// How long a first request holds its key without news (default 30 s;
+    /// renewed while the handler runs).
+    pub fn lease(self, lease: Duration) -> IdempotencyLayer {
+        self.with(|c| c.lease = lease)
+    }
+
+    /// How long responses are kept (default 24 h).
+    pub fn retention(self, retention: Duration) -> IdempotencyLayer {
+        self.with(|c| c.retention = retention)
+    }
+}
+
+impl<S> tower_layer::Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency { inner, config: self.config.clone() }
+    }
+}
+
+/// The service [`IdempotencyLayer`] wraps around another.
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> std::fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency").field("scope", &self.config.scope).finish_non_exhaustive()
+    }
+}
+
+impl<S, B, RB> tower_service::Service<Request<B>> for Idempotency<S>
+where
+    S: tower_service::Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    B: HttpBody<Data = Bytes> + From<Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: HttpBody<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service that was polled ready serves this request; a clone
+        // takes its place for the next one.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(serve(self.config.clone(), inner, request))
+    }
+}
+
+/// One request through the layer.
+async fn serve<S, B, RB>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<B>,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: tower_service::Service<Request<B>, Response = Response<RB>>,
+    B: HttpBody<Data = Bytes> + From<Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: HttpBody<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    if !config.methods.contains(request.method()) {
+        return inner.call(request).await.map(passed);
+    }
+    let key = match key_of(&config, request.headers()) {
+        Ok(Some(key)) => key,
+        Ok(None) if !config.required => return inner.call(request).await.map(passed),
+        Ok(None) => {
+            return Ok(problem(StatusCode::BAD_REQUEST, &format!("this request needs an `{}` header", config.header)));
+        }
+        Err(why) => return Ok(problem(StatusCode::BAD_REQUEST, &why)),
+    };
+    let (parts, body) = request.into_parts();
+    let body = match http_body_util::Limited::new(body, config.max_request).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            let detail = format!(
+                "the request body is over {} bytes, the most kept for an idempotent request",
+                config.max_request
+            );
+            return Ok(problem(StatusCode::PAYLOAD_TOO_LARGE, &detail));
+        }
+        Err(e) => return Ok(problem(StatusCode::BAD_REQUEST, &format!("the request body could not be read: {e}"))),
+    };
+    let mut guard = Guard::new(config.scope.clone()).retention(config.retention);
+    if let Some(tenant) = &config.tenant {
+        match tenant(&parts) {
+            Some(tenant) => guard = guard.key(&tenant),
+            None => {
+                let detail = "an idempotency key belongs to a caller, and this request names none";
+                return Ok(problem(StatusCode::UNAUTHORIZED, detail));
+            }
+        }
+    }
+    guard = guard.key(&key);
+    if let Some(fingerprint) = fingerprint(&config.fingerprint, &parts, &body) {
+        guard = guard.fingerprint(&fingerprint);
+    }
+    let ticket = match guard.lease::<StoredResponse>(&*config.store, config.lease).await {
+        Ok(Claim::Replay(stored)) => return Ok(stored.into_response(true)),
+        Ok(Claim::Run(ticket)) => ticket.release_if_dropped(),
+        Err(e) => return Ok(refused(&e)),
+    };
+    let request = Request::from_parts(parts, B::from(body));
+    let ran = ticket
+        .run(async {
+            let response = inner.call(request).await.map_err(Failure::Inner)?;
+            keep(&config, response).await
+        })
+        .await;
+    match ran {
+        Ok(stored) => Ok(stored.into_response(false)),
+        Err(Failure::PassThrough(response)) => Ok(response),
+        Err(Failure::Inner(e)) => Err(e),
+        Err(Failure::Guard(e)) => Ok(refused(&e)),
+    }
+}
+
+/// Why a first request's response is not stored.
+enum Failure<E> {
+    /// Not worth keeping (a 5xx, too long, trailers): passed as it came.
+    PassThrough(Response<ResponseBody>),
+    /// The handler's service failed.
+    Inner(E),
+    /// The guard failed (the lease lost, the store down).
+    Guard(Error),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(e: Error) -> Self {
+        Failure::Guard(e)
+    }
+}
+
+/// The handler's response, stored if it is worth keeping and fits.
+async fn keep<RB, E>(config: &Config, response: Response<RB>) -> Result<StoredResponse, Failure<E>>
+where
+    RB: HttpBody<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    let (parts, body) = response.into_parts();
+    if !(config.keep)(parts.status) {
+        return Err(Failure::PassThrough(Response::from_parts(parts, ResponseBody::stream(body))));
+    }
+    match collect_up_to(body, config.max_response).await {
+        Collected::Whole(bytes) => Ok(StoredResponse::of(&parts, bytes)),
+        Collected::Partial(body) => Err(Failure::PassThrough(Response::from_parts(parts, body))),
+    }
+}
+
+/// The key from its header: a Structured Field string (`"..."`), or bare
+/// text for clients that send it so; 1 to 255 visible ASCII characters.
+/// `None` without the header; `Err` naming what is wrong.
+fn key_of(config: &Config, headers: &HeaderMap) -> Result<Option<String>, String> {
+    let mut values = headers.get_all(&config.header).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    let name = &config.header;
+    if values.next().is_some() {
+        return Err(format!("the request has more than one `{name}` header"));
+    }
+    let text = value.to_str().map_err(|_| format!("`{name}` holds bytes that are not visible ASCII"))?;
+    let key = match text.strip_prefix('"') {
+        Some(quoted) => {
+            quoted.strip_suffix('"').ok_or_else(|| format!("`{name}` opens a quoted string it does not close"))?
+        }
+        None => text,
+    };
+    if key.is_empty()
+        || key.len() > 255
+        || !key.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        || key.trim().is_empty()
+    {
+        return Err(format!("`{name}` must hold 1 to 255 visible ASCII characters, e.g. a UUID in quotes"));
+    }
+    if key.contains(['"', '\\']) {
+        return Err(format!("`{name}` holds a quote or a backslash; send the key as a plain quoted string"));
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// The request's fingerprint, as hex of its SHA-256.
+fn fingerprint(of: &Fingerprint, parts: &request::Parts, body: &[u8]) -> Option<String> {
+    let mut hash = Sha256::new();
+    match of {
+        Fingerprint::None => return None,
+        Fingerprint::Request => {
+            // Length-prefixed, so no two (method, target, body) triples
+            // hash the same text.
+            let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+            for part in [parts.method.as_str().as_bytes(), target.as_bytes(), body] {
+                hash.update((part.len() as u64).to_be_bytes());
+                hash.update(part);
+            }
+        }
+        Fingerprint::Custom(f) => hash.update(f(parts, body)),
+    }
+    Some(crate::key::hex(&hash.finalize()))
+}
+
+/// A guard's refusal as an HTTP answer.
+fn refused(e: &Error) -> Response<ResponseBody> {
+    match e {
+        Error::InProgress { retry_after, .. } => {
+            let mut response = problem(
+                StatusCode::CONFLICT,
+                "a request with this idempotency key is being processed; retry after it is done",
+            );
+            let seconds = retry_after.map_or(1, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1);
+            response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+            response
+        }
+        Error::KeyMismatch { .. } => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "this idempotency key was first used with another request; a retry must repeat the request, a new request needs a new key",
+        ),
+        Error::InvalidKey { reason, .. } => {
+            problem(StatusCode::BAD_REQUEST, &format!("invalid idempotency key: {reason}"))
+        }
+        e if e.is_retryable() => {
+            tracing::warn!(target: "idem", error = %e, "idempotency layer: the store failed");
+            let mut response =
+                problem(StatusCode::SERVICE_UNAVAILABLE, "the idempotency store is not available; retry later");
+            response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
+            response
+        }
+        e => {
+            tracing::error!(target: "idem", error = %e, "idempotency layer: the request could not be guarded");
+            problem(StatusCode::INTERNAL_SERVER_ERROR, "the request could not be guarded against repeats")
+        }
+    }
+}
+
+/// An `application/problem+json` answer (RFC 9457).
+fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response
+}
+
+/// A response passed through as the service gave it.
+fn passed<RB>(response: Response<RB>) -> Response<ResponseBody>
+where
+    RB: HttpBody<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    response.map(ResponseBody::stream)
+}
