@@ -116,6 +116,27 @@ macro_rules! http_suite {
             }
 
             #[tokio::test]
+            async fn a_retry_while_the_first_runs_is_409_with_retry_after() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let slow = PaymentRequest { amount_cents: 5, delay_ms: Some(800), ..Default::default() };
+                let first = {
+                    let (client, base, key, slow) = (client.clone(), base.clone(), key.clone(), slow.clone());
+                    tokio::spawn(async move { post(&client, &base, Some(&key), &slow).await.status() })
+                };
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let retry = post(&client, &base, Some(&key), &slow).await;
+                assert_eq!(retry.status(), StatusCode::CONFLICT);
+                let after: u64 = retry.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!((1..=30).contains(&after), "Retry-After: {after}");
+                let problem: serde_json::Value = retry.json().await.unwrap();
+                assert_eq!(problem["status"], 409);
+                assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+                assert_eq!(shop.runs(), 1);
+            }
+
+            #[tokio::test]
             async fn the_same_key_with_another_request_is_422_and_runs_nothing() {
                 let (base, shop) = server(store!(), |l| l).await;
                 let client = reqwest::Client::new();
