@@ -747,10 +747,28 @@ macro_rules! dedup_suite {
             #[tokio::test]
             async fn an_expired_record_no_longer_replays_and_purge_removes_only_expired_ones() {
                 let pool = pool!();
-                // Expired records other runs left in a shared database (a
-                // load generator's, say) go first, in big batches, so the
-                // two-record batches below have only this test's to do.
-                idem::purge_expired(&pool, PurgeOptions::default()).await.unwrap();
+                // Purges below are scoped to this test's records, so records
+                // other tests (or a load generator) left in the shared
+                // database are neither purged nor in the way; one of another
+                // scope, expired too, must survive them.
+                let only = |batch_size, max_batches| PurgeOptions {
+                    batch_size,
+                    max_batches,
+                    archive: true,
+                    scope: Some("tests.short_lived".to_owned()),
+                    ..Default::default()
+                };
+                idem::purge_expired(&pool, only(1000, None)).await.unwrap();
+                let other = unique("other");
+                let mut tx = pool.begin().await.unwrap();
+                let claim = idem::Guard::new("tests.purge.other").key(&other).retention(Duration::from_millis(500));
+                match claim.dedup::<u8, _>(&mut tx).await.unwrap() {
+                    idem::Claim::Run(ticket) => {
+                        assert_eq!(ticket.finish(&mut tx, Ok::<_, idem::Error>(1)).await.unwrap(), 1)
+                    }
+                    idem::Claim::Replay(_) => panic!("a fresh key"),
+                }
+                tx.commit().await.unwrap();
                 let runs = AtomicUsize::new(0);
                 let expired: Vec<String> = (0..5).map(|_| unique("expired")).collect();
                 let kept = unique("kept");
@@ -770,17 +788,9 @@ macro_rules! dedup_suite {
 
                 tokio::time::sleep(Duration::from_millis(1200)).await;
                 // With `archive`, completed records are copied before they go.
-                let one = idem::purge_expired(
-                    &pool,
-                    PurgeOptions { batch_size: 2, max_batches: Some(1), archive: true, ..Default::default() },
-                )
-                .await
-                .unwrap();
+                let one = idem::purge_expired(&pool, only(2, Some(1))).await.unwrap();
                 assert_eq!((one.deleted, one.batches), (2, 1), "max_batches bounds one run");
-                let rest =
-                    idem::purge_expired(&pool, PurgeOptions { batch_size: 2, archive: true, ..Default::default() })
-                        .await
-                        .unwrap();
+                let rest = idem::purge_expired(&pool, only(2, None)).await.unwrap();
                 assert!(rest.deleted >= 3 && rest.batches >= 2, "{rest:?}");
                 for key in &expired {
                     let found = idem::find_record(&pool, "tests.short_lived", &Key::new(key).unwrap()).await.unwrap();
@@ -795,6 +805,12 @@ macro_rules! dedup_suite {
                 }
                 let still = idem::find_record(&pool, "tests.grant_coupon", &Key::new(&kept).unwrap()).await.unwrap();
                 assert!(still.is_some(), "a live record was purged");
+                let key = Key::new(&other).unwrap();
+                let untouched = idem::find_record(&pool, "tests.purge.other", &key).await.unwrap();
+                assert!(untouched.is_some(), "an expired record of another scope was purged by a scoped purge");
+                let theirs = PurgeOptions { scope: Some("tests.purge.other".to_owned()), ..Default::default() };
+                assert!(idem::purge_expired(&pool, theirs).await.unwrap().deleted >= 1);
+                assert_eq!(idem::find_record(&pool, "tests.purge.other", &key).await.unwrap(), None);
             }
         }
     };

@@ -23,6 +23,11 @@
 //! | a method the layer does not guard (GET, PUT, DELETE by default) | passed through |
 //!
 //! Errors are `application/problem+json` (RFC 9457) and name the problem.
+//!
+//! The wrapped service's request body type must be buildable from bytes
+//! (`From<Bytes>`: axum's `Body`, `Full<Bytes>`): the layer reads the body
+//! (for the fingerprint and the size limit) and hands the service the
+//! same bytes. Behind hyper directly, map `Incoming` to such a body first.
 //! Keys are scoped per tenant when a [tenant](IdempotencyLayer::tenant)
 //! function is given, so one client's key can never replay another's
 //! response.

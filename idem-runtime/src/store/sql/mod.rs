@@ -285,6 +285,7 @@ pub trait SchemaSql: sqlx::Database + sealed::Sealed {
         conn: &mut Self::Connection,
         batch: u32,
         archive: bool,
+        scope: Option<&str>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// Create the record table if it is missing (safe to run concurrently).
@@ -484,7 +485,7 @@ pub async fn migrate<DB: SqlBackend>(pool: &sqlx::Pool<DB>) -> Result<(), Error>
 }
 
 /// Options for [`purge_expired`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct PurgeOptions {
     /// Records deleted per statement. Each batch is its own short statement,
     /// so no lock is held across batches. Default 1,000.
@@ -498,11 +499,15 @@ pub struct PurgeOptions {
     /// deleting them, in the same statement or transaction: for
     /// reconciliation (which first answers were given, when). Default off.
     pub archive: bool,
+    /// Only the records of this scope (as the guard names it); `None`, the
+    /// default, purges every scope. For a service that shares its database
+    /// with others and purges only its own records.
+    pub scope: Option<String>,
 }
 
 impl Default for PurgeOptions {
     fn default() -> Self {
-        PurgeOptions { batch_size: 1000, max_batches: None, pause: Duration::ZERO, archive: false }
+        PurgeOptions { batch_size: 1000, max_batches: None, pause: Duration::ZERO, archive: false, scope: None }
     }
 }
 
@@ -522,13 +527,14 @@ pub struct PurgeReport {
 /// not yet purged but expired are already ignored by guards.
 pub async fn purge_expired<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: PurgeOptions) -> Result<PurgeReport, Error> {
     let batch = options.batch_size.max(1);
+    let scope = options.scope.as_deref().map(crate::key::stored_scope);
     let mut report = PurgeReport::default();
     let mut conn = pool.acquire().await?;
     loop {
         if options.max_batches.is_some_and(|m| report.batches >= m) {
             break;
         }
-        let n = DB::purge_batch(&mut conn, batch, options.archive).await.map_err(classify::<DB>)?;
+        let n = DB::purge_batch(&mut conn, batch, options.archive, scope.as_deref()).await.map_err(classify::<DB>)?;
         if n == 0 {
             break;
         }

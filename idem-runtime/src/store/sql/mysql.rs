@@ -345,38 +345,46 @@ impl LeaseSql for MySql {
 }
 
 impl SchemaSql for MySql {
-    async fn purge_batch(conn: &mut MySqlConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
-        const EXPIRED: &str = "expires_at <= CAST(? AS DATETIME(6)) ORDER BY expires_at, scope, idem_key LIMIT ?";
+    async fn purge_batch(
+        conn: &mut MySqlConnection,
+        batch: u32,
+        archive: bool,
+        scope: Option<&str>,
+    ) -> Result<u64, sqlx::Error> {
+        let only = if scope.is_some() { " AND scope = ?" } else { "" };
         if !archive {
-            let gone = sqlx::query(
-                "DELETE FROM idem_records WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?",
-            )
-            .bind(batch)
-            .execute(conn)
-            .await?;
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM idem_records WHERE expires_at <= UTC_TIMESTAMP(6){only} ORDER BY expires_at LIMIT ?"
+            )));
+            if let Some(scope) = scope {
+                query = query.bind(scope);
+            }
+            let gone = query.bind(batch).execute(conn).await?;
             return Ok(gone.rows_affected());
         }
+        let expired =
+            format!("expires_at <= CAST(? AS DATETIME(6)){only} ORDER BY expires_at, scope, idem_key LIMIT ?");
         // One short transaction: the same rows (one cut-off, one order) are
         // copied, then deleted; the copy's shared locks keep them in place.
         use sqlx::Connection;
         let mut tx = conn.begin().await?;
         let cut: String = sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)").fetch_one(&mut *tx).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        let mut copy = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
              lease_until, created_at, updated_at, expires_at, archived_at) \
              SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
-             expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM idem_records WHERE {EXPIRED}) AS expired \
+             expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM idem_records WHERE {expired}) AS expired \
              WHERE status = 'DONE'"
         )))
-        .bind(&cut)
-        .bind(batch)
-        .execute(&mut *tx)
-        .await?;
-        let gone = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {EXPIRED}")))
-            .bind(&cut)
-            .bind(batch)
-            .execute(&mut *tx)
-            .await?;
+        .bind(&cut);
+        let mut delete =
+            sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {expired}"))).bind(&cut);
+        if let Some(scope) = scope {
+            copy = copy.bind(scope);
+            delete = delete.bind(scope);
+        }
+        copy.bind(batch).execute(&mut *tx).await?;
+        let gone = delete.bind(batch).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(gone.rows_affected())
     }

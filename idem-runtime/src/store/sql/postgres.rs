@@ -268,7 +268,12 @@ impl LeaseSql for Postgres {
 }
 
 impl SchemaSql for Postgres {
-    async fn purge_batch(conn: &mut PgConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
+    async fn purge_batch(
+        conn: &mut PgConnection,
+        batch: u32,
+        archive: bool,
+        scope: Option<&str>,
+    ) -> Result<u64, sqlx::Error> {
         // SKIP LOCKED: a purge never waits behind (or blocks) a live transaction
         // that is replaying one of these records. With `archive`, the deleted
         // completed records go to the archive in the same statement.
@@ -282,10 +287,15 @@ impl SchemaSql for Postgres {
         };
         let sql = format!(
             "WITH gone AS (DELETE FROM idem_records WHERE (scope, idem_key) IN (\
-                SELECT scope, idem_key FROM idem_records WHERE expires_at <= now() \
-                LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING *){keep} SELECT count(*) FROM gone"
+                SELECT scope, idem_key FROM idem_records WHERE expires_at <= now(){only} \
+                LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING *){keep} SELECT count(*) FROM gone",
+            only = if scope.is_some() { " AND scope = $2" } else { "" }
         );
-        let gone: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch)).fetch_one(conn).await?;
+        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch));
+        if let Some(scope) = scope {
+            query = query.bind(scope);
+        }
+        let gone: i64 = query.fetch_one(conn).await?;
         Ok(u64::try_from(gone).unwrap_or(0))
     }
 

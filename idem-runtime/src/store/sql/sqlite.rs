@@ -309,31 +309,42 @@ impl LeaseSql for Sqlite {
 }
 
 impl SchemaSql for Sqlite {
-    async fn purge_batch(conn: &mut SqliteConnection, batch: u32, archive: bool) -> Result<u64, sqlx::Error> {
+    async fn purge_batch(
+        conn: &mut SqliteConnection,
+        batch: u32,
+        archive: bool,
+        scope: Option<&str>,
+    ) -> Result<u64, sqlx::Error> {
         // One cut-off for both statements; the transaction holds the write
         // lock from its first statement, so the two see the same rows.
-        const EXPIRED: &str =
-            "rowid IN (SELECT rowid FROM idem_records WHERE expires_at <= ?1 ORDER BY rowid LIMIT ?2)";
+        let expired = format!(
+            "rowid IN (SELECT rowid FROM idem_records WHERE expires_at <= ?1{} ORDER BY rowid LIMIT ?2)",
+            if scope.is_some() { " AND scope = ?3" } else { "" }
+        );
         use sqlx::Connection;
         let mut tx = conn.begin().await?;
         let cut: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *tx).await?;
         if archive {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
+            let mut copy = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT OR IGNORE INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, \
                  fence, lease_until, created_at, updated_at, expires_at, archived_at) \
                  SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, \
-                 updated_at, expires_at, ?1 FROM idem_records WHERE {EXPIRED} AND status = 'DONE'"
+                 updated_at, expires_at, ?1 FROM idem_records WHERE {expired} AND status = 'DONE'"
             )))
             .bind(cut)
-            .bind(i64::from(batch))
-            .execute(&mut *tx)
-            .await?;
+            .bind(i64::from(batch));
+            if let Some(scope) = scope {
+                copy = copy.bind(scope);
+            }
+            copy.execute(&mut *tx).await?;
         }
-        let gone = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {EXPIRED}")))
+        let mut delete = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {expired}")))
             .bind(cut)
-            .bind(i64::from(batch))
-            .execute(&mut *tx)
-            .await?;
+            .bind(i64::from(batch));
+        if let Some(scope) = scope {
+            delete = delete.bind(scope);
+        }
+        let gone = delete.execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(gone.rows_affected())
     }
