@@ -136,13 +136,22 @@
 //! # Ok(coupon) }
 //! ```
 //!
-//! ## Telling a first run from a replay
+//! ## Telling a first run from a replay, and watching guards
 //!
-//! [`observe`] returns whether the guard inside a future ran or replayed
-//! ([`Outcome`]), e.g. to set an `Idempotent-Replayed: true` header. The
-//! outcome is task-local: wrap the guarded call itself, inside any
-//! `tokio::spawn`. Every guard also emits a `tracing` event (target `idem`)
-//! with the scope, a short hash of the key and the outcome.
+//! [`observe`] returns what the guard inside a future did ([`Outcome`]):
+//! ran, replayed, or refused (a call still in progress, a key reused with
+//! another payload, a rejected token or state change), e.g. to set an
+//! `Idempotent-Replayed: true` header. The outcome is task-local: wrap the
+//! guarded call itself, inside any `tokio::spawn`.
+//!
+//! `tracing` (target `idem`): a DEBUG span around each claim (`idem.claim`,
+//! `idem.lock`), each body a lease or lock guard runs (`idem.run`) and each
+//! completion (`idem.complete`), and a DEBUG event per call with the scope,
+//! strategy, store, a short hash of the key and the outcome; WARN and
+//! ERROR for what needs a person (a lease taken over or lost, an illegal
+//! state change, a store down). With the `metrics` feature, counters and
+//! histograms go to the [`metrics`](https://docs.rs/metrics) facade: see
+//! [`metrics`].
 //!
 //! ## Errors
 //!
@@ -212,7 +221,7 @@ pub mod sql {
     pub use idem_runtime::sql::*;
 }
 
-pub use idem_runtime::{MemoryStore, error, key, record};
+pub use idem_runtime::{MemoryStore, error, key, metrics, record};
 
 /// The `Idempotency-Key` layer for HTTP services (feature `http`).
 #[cfg(feature = "http")]

@@ -199,14 +199,15 @@ impl<'s> Guard<'s> {
 
     /// [`prepare`](Self::prepare) for a strategy that claims before its body
     /// (all but `dedup`): `claim_after` does not apply.
-    pub(crate) fn prepare_claim_before(self) -> Result<Prepared, Error> {
-        let mut p = self.prepare()?;
+    pub(crate) fn prepare_claim_before(self, strategy: &'static str, store: &'static str) -> Result<Prepared, Error> {
+        let mut p = self.prepare(strategy, store)?;
         p.claim_after = false;
         Ok(p)
     }
 
-    /// Validate scope, key, fingerprint and retention.
-    pub(crate) fn prepare(self) -> Result<Prepared, Error> {
+    /// Validate scope, key, fingerprint and retention, for `strategy` on
+    /// `store` (both for logs and metrics).
+    pub(crate) fn prepare(self, strategy: &'static str, store: &'static str) -> Result<Prepared, Error> {
         check_scope(&self.scope)?;
         let (key, entity) = self.key.finish_with_entity(&self.scope)?;
         let fingerprint = match self.fingerprint {
@@ -222,6 +223,9 @@ impl<'s> Guard<'s> {
         let retention = crate::error::check_ttl("retention", self.retention)?;
         let stored_scope = crate::key::stored_scope(&self.scope).into_owned();
         Ok(Prepared {
+            started: std::time::Instant::now(),
+            strategy,
+            store,
             scope: self.scope,
             stored_scope,
             retention,
@@ -262,6 +266,11 @@ fn check_scope(scope: &str) -> Result<(), Error> {
 /// A validated call: key, fingerprint, and the scope as stored.
 #[derive(Debug)]
 pub(crate) struct Prepared {
+    /// When the guard started (for the claim's latency).
+    pub started: std::time::Instant,
+    /// Which strategy and store, for logs and metrics.
+    pub strategy: &'static str,
+    pub store: &'static str,
     /// The scope as given, for messages and logs.
     pub scope: Cow<'static, str>,
     /// The scope as records store it (long ones hashed).
@@ -275,7 +284,26 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
+    pub fn labels(&self) -> crate::metrics::Labels<'_> {
+        crate::metrics::Labels { scope: &self.scope, strategy: self.strategy, store: self.store }
+    }
+
+    /// Tell `observe`, the logs and the metrics what this call did.
+    pub fn report(&self, outcome: crate::Outcome) {
+        if !matches!(outcome, crate::Outcome::Executed) {
+            // Decided without running the body: the claim was the whole guard.
+            crate::metrics::claim(self.labels(), self.started.elapsed());
+        }
+        crate::record::report(self.labels(), &self.key, outcome);
+    }
+
+    /// The claim decided that the body runs.
+    pub fn claimed(&self) {
+        crate::metrics::claim(self.labels(), self.started.elapsed());
+    }
+
     pub fn mismatch(&self) -> Error {
+        self.report(crate::Outcome::Mismatched);
         Error::KeyMismatch { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
@@ -284,6 +312,7 @@ impl Prepared {
     }
 
     pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {
+        self.report(crate::Outcome::InProgress);
         Error::InProgress { scope: self.scope.to_string(), key_hash: self.key.hash(), retry_after }
     }
 

@@ -32,6 +32,7 @@ pub mod http;
 pub mod key;
 pub mod lease;
 pub mod lock;
+pub mod metrics;
 pub mod precheck;
 pub mod record;
 pub mod state;

@@ -3,6 +3,8 @@
 use std::cell::Cell;
 use std::future::Future;
 
+use crate::metrics::Labels;
+
 /// Lifecycle of a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordStatus {
@@ -78,15 +80,24 @@ pub enum Outcome {
     /// `ERROR` event) or a spent token ([`crate::Error::TokenRejected`]).
     /// Counted apart from repeats.
     Rejected,
+    /// Another call with this key was still running: the call was told to
+    /// retry later ([`crate::Error::InProgress`]).
+    InProgress,
+    /// The key came with another payload than its first call's
+    /// ([`crate::Error::KeyMismatch`]).
+    Mismatched,
 }
 
 impl Outcome {
-    /// `executed`, `replayed` or `rejected`, as in the tracing events.
+    /// `executed`, `replayed`, `rejected`, `in_progress` or `mismatched`,
+    /// as in the tracing events and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Executed => "executed",
             Outcome::Replayed => "replayed",
             Outcome::Rejected => "rejected",
+            Outcome::InProgress => "in_progress",
+            Outcome::Mismatched => "mismatched",
         }
     }
 }
@@ -95,7 +106,9 @@ tokio::task_local! {
     static OBSERVED: Cell<Option<Outcome>>;
 }
 
-/// Run `fut` and report whether the last guard inside it ran or replayed.
+/// Run `fut` and report what the last guard inside it did: ran, replayed,
+/// or refused (a rejected token or state change, a call still in progress,
+/// a key reused with another payload).
 ///
 /// The guarded function keeps its signature, so the answer comes alongside:
 ///
@@ -108,7 +121,7 @@ tokio::task_local! {
 /// ```
 ///
 /// Use it to set an `Idempotent-Replayed: true` response header or to count
-/// replays. Every guard also emits a `tracing` event (target `idem`) with the
+/// replays. Every guard also emits a DEBUG `tracing` event (target `idem`) with the
 /// scope, a short key hash and the outcome.
 pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
     OBSERVED
@@ -130,10 +143,13 @@ pub(crate) fn reported() -> bool {
     OBSERVED.try_with(|c| c.get().is_some()).unwrap_or(false)
 }
 
-pub(crate) fn report(scope: &str, key: &crate::Key, outcome: Outcome) {
+pub(crate) fn report(labels: Labels<'_>, key: &crate::Key, outcome: Outcome) {
     let _ = OBSERVED.try_with(|c| c.set(Some(outcome)));
-    // The key hash is only computed when someone listens.
-    if tracing::enabled!(target: "idem", tracing::Level::INFO) {
-        tracing::info!(target: "idem", scope, key = key.hash(), outcome = outcome.as_str(), "idempotent call {}", outcome.as_str());
+    crate::metrics::call(labels, outcome);
+    // Per call, so at DEBUG: a busy service logs nothing by default. The key
+    // hash is only computed when someone listens.
+    if tracing::enabled!(target: "idem", tracing::Level::DEBUG) {
+        tracing::debug!(target: "idem", scope = labels.scope, strategy = labels.strategy, store = labels.store,
+            key = key.hash(), outcome = outcome.as_str(), "idempotent call {}", outcome.as_str());
     }
 }

@@ -29,12 +29,13 @@ impl Guard<'_> {
     /// [`Error::NoTransaction`] (`tx` is no transaction), database errors
     /// (never taken for a duplicate). With [`Guard::precheck`], a key seen
     /// before whose record is complete replays from a plain read.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "dedup"))]
     pub async fn dedup<T: Replayable, C: TxContext + ?Sized>(
         self,
         tx: &mut C,
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let precheck = self.precheck_store();
-        let p = self.prepare()?;
+        let p = self.prepare("dedup", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
         if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {

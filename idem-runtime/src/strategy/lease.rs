@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
 use crate::precheck::{Sight, confirmed as precheck_confirmed, look};
-use crate::record::{Outcome, report};
+use crate::record::Outcome;
 use crate::store::new_owner;
 use crate::strategy::record::{replayed, stored_response};
 use crate::strategy::renew::{bounded, under_renewal};
@@ -56,13 +56,14 @@ impl Guard<'_> {
     /// (`retry_after`: the lease left), [`Error::KeyMismatch`], store
     /// errors. With [`Guard::precheck`] a seen key is read before it is
     /// claimed (on SQL stores a plain read instead of the claiming upsert).
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "lease"))]
     pub async fn lease<'s, T: Replayable>(
         self,
         store: &'s dyn LeaseStore,
         lease: Duration,
     ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
         let precheck = self.precheck_store();
-        let p = self.prepare_claim_before()?;
+        let p = self.prepare_claim_before("lease", store.kind())?;
         let lease = crate::error::check_ttl("lease", lease)?;
         let owner = new_owner();
         let req = LeaseRequest {
@@ -94,9 +95,11 @@ impl Guard<'_> {
         match claim {
             LeaseClaim::Acquired { fence, reclaimed } => {
                 if reclaimed {
+                    crate::metrics::lease_taken_over(&p.scope, store.kind());
                     tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence, store = store.kind(),
                         "reclaimed a record whose lease had passed (its worker stopped mid-work)");
                 }
+                p.claimed();
                 Ok(Claim::Run(LeaseTicket {
                     prepared: p,
                     store,
@@ -132,6 +135,7 @@ impl LeaseTicket<'_> {
     /// which then goes on). If a renewal
     /// finds the lease taken over, the body is stopped (dropped): another
     /// worker owns the key now, and this one's completion would be refused.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.run", skip_all, fields(scope = %self.prepared.scope, strategy = "lease", fence = self.fence))]
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
     where
         T: Replayable,
@@ -186,10 +190,13 @@ impl LeaseTicket<'_> {
         // the same holder is harmless on every store): a record left
         // PROCESSING would make the next caller run the body again.
         let mut attempt = 0;
+        let started = std::time::Instant::now();
         loop {
-            match self.store.complete(&held, &json).await {
+            let completed = self.store.complete(&held, &json).await;
+            crate::metrics::complete(p.labels(), started.elapsed());
+            match completed {
                 Ok(true) => {
-                    report(&p.scope, &p.key, Outcome::Executed);
+                    p.report(Outcome::Executed);
                     return Ok(value);
                 }
                 Ok(false) => return Err(self.lost().into()),
@@ -215,6 +222,7 @@ impl LeaseTicket<'_> {
 
     fn lost(&self) -> Error {
         let p = &self.prepared;
+        crate::metrics::lease_lost(&p.scope, self.store.kind());
         tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence = self.fence,
             store = self.store.kind(), "lease lost: another worker took the record over, the store lost it, or it could not be renewed in time");
         Error::LeaseLost { scope: p.scope.to_string(), key_hash: p.key.hash() }

@@ -51,6 +51,7 @@ impl Guard<'_> {
     /// stops repeats. The lock is released when the body returns, before
     /// the caller commits; a concurrent repeat arriving in between meets
     /// the record (or the row) and waits on it as under `dedup` alone.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.lock", skip_all, fields(scope = %self.scope(), strategy = "lock"))]
     pub async fn lock<'s>(
         &self,
         store: &'s dyn LockStore,
@@ -64,6 +65,7 @@ impl Guard<'_> {
     /// `lock` alone (`concurrency_only = true`): mutual exclusion on the key
     /// and nothing else. Released, the lock lets the same request run again:
     /// it stops concurrency, not repetition.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.lock", skip_all, fields(scope = %self.scope(), strategy = "lock"))]
     pub async fn lock_only<'s>(
         self,
         store: &'s dyn LockStore,
@@ -88,7 +90,7 @@ async fn lock<'s>(
     let fence = acquire_as(store, &stored, &key, &owner, ttl, wait).await.map_err(|e| match e {
         // Named by the guard's scope as written, not as stored.
         Error::LockBusy { retry_after, .. } => {
-            tracing::info!(target: "idem", scope = %scope, key = %key.hash(), "lock busy: another call with this key is running");
+            tracing::debug!(target: "idem", scope = %scope, key = %key.hash(), "lock busy: another call with this key is running");
             Error::LockBusy { name: format!("{scope} (key {})", key.hash()), retry_after }
         }
         other => other,
@@ -108,6 +110,7 @@ impl LockTicket<'_> {
     /// stopped with it; work it spawned, or requests it already sent, may
     /// still land after the next holder starts: that is what the fencing
     /// token is for.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.run", skip_all, fields(scope = %self.scope, strategy = "lock", fence = self.fence))]
     pub async fn run<T, E, F>(mut self, body: F) -> Result<T, E>
     where
         E: GuardError,
@@ -147,7 +150,8 @@ impl LockTicket<'_> {
         // A guard nested in the body (a dedup call inside a `lock` alone)
         // knows better whether the work ran or replayed.
         if self.alone && result.is_ok() && !reported() {
-            report(&self.scope, &self.key, Outcome::Executed);
+            let labels = crate::metrics::Labels { scope: &self.scope, strategy: "lock", store: self.store.kind() };
+            report(labels, &self.key, Outcome::Executed);
         }
         result
     }
@@ -159,6 +163,7 @@ impl LockTicket<'_> {
     }
 
     fn lost(&self) -> Error {
+        crate::metrics::lock_lost(&self.scope, self.store.kind());
         tracing::error!(target: "idem", scope = %self.scope, key = %self.key.hash(), fence = self.fence,
             store = self.store.kind(), "lock lost while the body ran: another caller may hold it now");
         Error::LockLost { scope: self.scope.to_string(), key_hash: self.key.hash() }
@@ -172,7 +177,7 @@ impl LockTicket<'_> {
 impl Drop for LockTicket<'_> {
     fn drop(&mut self) {
         if self.armed {
-            tracing::info!(target: "idem", scope = %self.scope, key = %self.key.hash(), fence = self.fence,
+            tracing::debug!(target: "idem", scope = %self.scope, key = %self.key.hash(), fence = self.fence,
                 "a held lock was dropped before it was released; releasing it");
             self.store.release_detached(&self.stored_scope, self.key.as_str(), &self.owner);
         }

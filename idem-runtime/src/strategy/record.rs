@@ -4,7 +4,7 @@
 
 use crate::guard::Prepared;
 use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
-use crate::record::{Outcome, RecordStatus, report};
+use crate::record::{Outcome, RecordStatus};
 use crate::store::sql::{
     Cas, ClaimResult, ExistingRecord, NewRecord, SqlBackend, classify, classify_state, in_transaction,
 };
@@ -123,7 +123,7 @@ pub(crate) fn replayed<T: Replayable>(p: &Prepared, json: &str) -> Result<T, Err
         action: "replayed",
         source,
     })?;
-    report(&p.scope, &p.key, Outcome::Replayed);
+    p.report(Outcome::Replayed);
     Ok(value)
 }
 

@@ -34,12 +34,13 @@ impl Guard<'_> {
     ///
     /// Errors: [`Error::IllegalTransition`] (the entity is in another state:
     /// also an `ERROR` event), [`Error::NotFound`] (no such entity).
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "state"))]
     pub async fn state<T: SilentRepeat, C: TxContext + ?Sized>(
         self,
         tx: &mut C,
         transition: &'static Transition,
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
-        let p = self.prepare_claim_before()?;
+        let p = self.prepare_claim_before("state", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
         check_key(transition, &p)?;
@@ -55,13 +56,14 @@ impl Guard<'_> {
     /// from the record, even after the entity moved on; with the record
     /// gone (past its retention) and the entity at the target, it is a
     /// silent repeat. [`Guard::precheck`] applies before both.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "dedup+state"))]
     pub async fn dedup_state<T: Replayable + SilentRepeat, C: TxContext + ?Sized>(
         self,
         tx: &mut C,
         transition: &'static Transition,
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let precheck = self.precheck_store();
-        let p = self.prepare_claim_before()?;
+        let p = self.prepare_claim_before("dedup+state", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
         check_key(transition, &p)?;

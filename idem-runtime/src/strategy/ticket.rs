@@ -5,7 +5,7 @@
 use std::marker::PhantomData;
 
 use crate::guard::{GuardError, Prepared};
-use crate::record::{Outcome, report};
+use crate::record::Outcome;
 use crate::store::sql::{InsertDone, SqlBackend, TxContext, classify};
 use crate::strategy::record::{discard, judge, new_record, stored_response};
 use crate::strategy::transition::{Moved, revert};
@@ -32,6 +32,7 @@ pub struct Ticket<DB: SqlBackend> {
 
 impl<DB: SqlBackend> Ticket<DB> {
     pub(crate) fn new(prepared: Prepared, record: bool, moved: Option<Moved>) -> Ticket<DB> {
+        prepared.claimed();
         Ticket { prepared, record, moved, db: PhantomData }
     }
 }
@@ -48,6 +49,7 @@ impl<DB: SqlBackend> Ticket<DB> {
     /// value written as `null`) or that is too large for the store fails
     /// here with [`Error::Response`] and its record is removed: roll the
     /// transaction back, or the body's writes commit without a record.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.complete", skip_all, fields(scope = %self.prepared.scope, strategy = self.prepared.strategy))]
     pub async fn complete<T: Replayable, E, C: TxContext<Db = DB> + ?Sized>(
         self,
         tx: &mut C,
@@ -84,7 +86,7 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
     };
     if !record {
         // `state`: the transition is the whole guard; nothing to store.
-        report(&p.scope, &p.key, Outcome::Executed);
+        p.report(Outcome::Executed);
         return Ok(Ok(value));
     }
     let json = match stored_response(&value, DB::MAX_RESPONSE) {
@@ -96,12 +98,17 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
             return Err(Error::Response { scope: p.scope.to_string(), action: "stored", source });
         }
     };
+    let started = std::time::Instant::now();
     if p.claim_after {
-        return complete_after::<T, E, DB>(conn, &p, value, &json).await;
+        let done = complete_after::<T, E, DB>(conn, &p, value, &json).await;
+        crate::metrics::complete(p.labels(), started.elapsed());
+        return done;
     }
-    match DB::complete(conn, &p.stored_scope, p.key.as_str(), &json).await {
+    let completed = DB::complete(conn, &p.stored_scope, p.key.as_str(), &json).await;
+    crate::metrics::complete(p.labels(), started.elapsed());
+    match completed {
         Ok(1) => {
-            report(&p.scope, &p.key, Outcome::Executed);
+            p.report(Outcome::Executed);
             Ok(Ok(value))
         }
         Ok(_) => Err(Error::Database(sqlx::Error::Protocol(format!(
@@ -124,7 +131,7 @@ async fn complete_after<T: Replayable, E, DB: SqlBackend>(
 ) -> Result<Result<T, E>, Error> {
     match DB::insert_done(conn, &new_record(p), json).await.map_err(classify::<DB>)? {
         InsertDone::Written => {
-            report(&p.scope, &p.key, Outcome::Executed);
+            p.report(Outcome::Executed);
             Ok(Ok(value))
         }
         InsertDone::Conflict => replay_after_restart::<T, E, DB>(conn, p).await?.ok_or_else(|| vanished(p)),

@@ -32,15 +32,18 @@ impl Guard<'_> {
     /// [`Error::TokenRejected`] ("please do not submit twice"). A token is
     /// spent whatever the body returns. A store that cannot be reached
     /// fails the call, unless [`Guard::on_store_error`] allows it.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "token"))]
     pub async fn token<T>(self, store: &dyn TokenStore, token: Option<&str>) -> Result<Claim<T, TokenTicket>, Error> {
         let Some(token) = token.filter(|t| well_formed(t)) else {
             // No usable token to key on: report under an empty key.
-            report(self.scope(), &crate::Key::from_stored(String::new()), Outcome::Rejected);
+            let labels = crate::metrics::Labels { scope: self.scope(), strategy: "token", store: store.kind() };
+            report(labels, &crate::Key::from_stored(String::new()), Outcome::Rejected);
             return Err(Error::TokenRejected);
         };
         let on_store_error = self.store_error_policy();
-        let p = self.key(token).prepare_claim_before()?;
+        let p = self.key(token).prepare_claim_before("token", store.kind())?;
         spend(store, &p, token, on_store_error).await?;
+        p.claimed();
         Ok(Claim::Run(TokenTicket { prepared: p }))
     }
 
@@ -52,6 +55,7 @@ impl Guard<'_> {
     /// be spent is removed again ([`Error::TokenRejected`]).
     /// [`Guard::precheck`] applies before the claim (a seen, completed key
     /// replays without touching its token).
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "token+dedup"))]
     pub async fn token_dedup<T: Replayable, C: TxContext + ?Sized>(
         self,
         tx: &mut C,
@@ -59,7 +63,7 @@ impl Guard<'_> {
         token: Option<&str>,
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let (precheck, on_store_error) = (self.precheck_store(), self.store_error_policy());
-        let p = self.prepare_claim_before()?;
+        let p = self.prepare_claim_before("token+dedup", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
         let conn = tx.connection();
         require_transaction::<C::Db>(conn, &p)?;
         if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
@@ -70,7 +74,7 @@ impl Guard<'_> {
                 let spent = match token.filter(|t| well_formed(t)) {
                     Some(token) => spend(store, &p, token, on_store_error).await,
                     None => {
-                        report(&p.scope, &p.key, Outcome::Rejected);
+                        p.report(Outcome::Rejected);
                         Err(Error::TokenRejected)
                     }
                 };
@@ -92,7 +96,7 @@ async fn spend(store: &dyn TokenStore, p: &Prepared, token: &str, on_store_error
     match store.consume(&p.stored_scope, token).await {
         Ok(true) => Ok(()),
         Ok(false) => {
-            report(&p.scope, &p.key, Outcome::Rejected);
+            p.report(Outcome::Rejected);
             Err(Error::TokenRejected)
         }
         // No token store configured is a mistake to fix, never "allowed".
@@ -110,10 +114,11 @@ async fn spend(store: &dyn TokenStore, p: &Prepared, token: &str, on_store_error
 
 impl TokenTicket {
     /// Run the body; the token is spent whatever it returns.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.run", skip_all, fields(scope = %self.prepared.scope, strategy = "token"))]
     pub async fn run<T, E: GuardError, F: Future<Output = Result<T, E>>>(self, body: F) -> Result<T, E> {
         let result = body.await;
         if result.is_ok() {
-            report(&self.prepared.scope, &self.prepared.key, Outcome::Executed);
+            self.prepared.report(Outcome::Executed);
         }
         result
     }

@@ -3,7 +3,7 @@
 
 use crate::Error;
 use crate::guard::Prepared;
-use crate::record::{Outcome, report};
+use crate::record::Outcome;
 use crate::state::{SilentRepeat, StateCode, StoredState, Transition};
 use crate::store::sql::{Cas, ReadMode, SqlBackend, classify_state};
 use crate::strategy::record::MAX_ATTEMPTS;
@@ -25,7 +25,7 @@ pub(crate) enum Step {
 }
 
 pub(crate) fn silent_repeat<T: SilentRepeat>(p: &Prepared) -> T {
-    report(&p.scope, &p.key, Outcome::Replayed);
+    p.report(Outcome::Replayed);
     T::silent_repeat()
 }
 
@@ -141,7 +141,8 @@ fn decide(p: &Prepared, t: &Transition, ignore_case: bool, current: Option<Store
         None => format!("{current} (no variant of {} is stored so)", states.name),
     };
     let (from, to) = (t.qualified_from(), t.qualified(to));
-    report(&p.scope, &p.key, Outcome::Rejected);
+    p.report(Outcome::Rejected);
+    crate::metrics::illegal_transition(&p.scope, p.store);
     tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), %from, %to, %current,
         "illegal state transition refused");
     Err(Error::IllegalTransition { scope: p.scope.to_string(), key_hash: p.key.hash(), from, to, current })
