@@ -101,30 +101,27 @@ macro_rules! lease_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn a_dropped_call_asked_to_release_frees_its_record_at_once() {
+            async fn a_dropped_call_keeps_its_record_until_its_lease_passes() {
+                // What a dropped body started may still be landing: a retry
+                // let in at once could do it twice. The record waits for its
+                // lease; then a retry takes it over, fenced.
                 let store: Store = store!();
                 let id = unique("dropped");
-                let lease = Duration::from_secs(60);
-                // Without the option, a dropped call's record waits for its lease.
+                let lease = Duration::from_millis(600);
                 let claim = idem::Guard::new("tests.lease.dropped").key(&id).lease::<u32>(&*store, lease).await;
                 let Ok(idem::Claim::Run(ticket)) = claim else { panic!("first call") };
-                let run = ticket.release_if_dropped().run(async {
-                    tokio::time::sleep(Duration::from_secs(30)).await; // a client that goes away
+                let run = ticket.run(async {
+                    tokio::time::sleep(Duration::from_secs(30)).await; // a caller that goes away
                     Ok::<u32, idem::Error>(1)
                 });
                 let _ = tokio::time::timeout(Duration::from_millis(50), run).await;
-                // The release is sent from a task of its own: give it a moment.
-                let mut claimed = None;
-                for _ in 0..100 {
-                    match idem::Guard::new("tests.lease.dropped").key(&id).lease::<u32>(&*store, lease).await {
-                        Err(idem::Error::InProgress { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
-                        other => {
-                            claimed = Some(other);
-                            break;
-                        }
-                    }
-                }
-                assert!(matches!(claimed, Some(Ok(idem::Claim::Run(_)))), "the record was released: {claimed:?}");
+                let retry = idem::Guard::new("tests.lease.dropped").key(&id).lease::<u32>(&*store, lease).await;
+                assert!(matches!(retry, Err(idem::Error::InProgress { .. })), "the lease still holds: {retry:?}");
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                let retry = idem::Guard::new("tests.lease.dropped").key(&id).lease::<u32>(&*store, lease).await;
+                let Ok(idem::Claim::Run(ticket)) = retry else { panic!("taken over after the lease: {retry:?}") };
+                let reclaimed = ticket.run(async { Ok::<_, idem::Error>(idem::lease::current().map(|l| l.reclaimed)) }).await;
+                assert_eq!(reclaimed.unwrap(), Some(true));
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -8,10 +8,11 @@
 //! once at start-up:
 //!
 //! ```no_run
+//! # extern crate idem_runtime as idem;
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = redis::Client::open("redis://127.0.0.1/")?;
-//! let redis = idem_runtime::RedisStore::new(redis::aio::ConnectionManager::new(client).await?, "idem:");
-//! idem_runtime::Stores::builder().all(redis).install()?;
+//! let redis = idem::RedisStore::new(redis::aio::ConnectionManager::new(client).await?, "idem:");
+//! idem::Stores::builder().all(redis).install()?;
 //! # Ok(()) }
 //! ```
 //!
@@ -71,10 +72,11 @@ impl Stores {
     /// A configuration with no store yet.
     ///
     /// ```
-    /// # fn demo() -> Result<(), idem_runtime::Error> {
+    /// # extern crate idem_runtime as idem;
+    /// # fn demo() -> Result<(), idem::Error> {
     /// use std::sync::Arc;
-    /// let memory = Arc::new(idem_runtime::MemoryStore::new());
-    /// let stores = idem_runtime::Stores::builder().lease(memory.clone()).token(memory).build();
+    /// let memory = Arc::new(idem::MemoryStore::new());
+    /// let stores = idem::Stores::builder().lease(memory.clone()).token(memory).build();
     /// assert!(stores.lock().is_err()); // no lock store: a lock guard using these fails
     /// # Ok(()) }
     /// ```
@@ -299,9 +301,6 @@ impl LeaseStore for Stores {
     }
     fn max_response(&self) -> usize {
         self.lease_or_missing().max_response()
-    }
-    fn release_detached(&self, held: &HeldLease<'_>) {
-        self.lease_or_missing().release_detached(held)
     }
 }
 

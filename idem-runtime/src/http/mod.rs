@@ -18,7 +18,8 @@
 //! | the same key with another request (method, path, body) | `422 Unprocessable Content` |
 //! | no key where one is required, or a malformed key | `400 Bad Request` |
 //! | a body over the request limit | `413 Content Too Large`, the handler not run |
-//! | the handler fails (5xx by default), or its client goes away | nothing stored: a retry runs again |
+//! | the handler fails (5xx by default; 401, 403, 407, 408, 409, 429), or panics | nothing stored: a retry runs again |
+//! | its client goes away while the handler runs | the handler runs to its end (on a task of its own) and its response is kept: the retry gets it |
 //! | a response over the response limit, or streamed with trailers | passed through as it comes, not stored: a retry runs again |
 //! | a method the layer does not guard (GET, PUT, DELETE by default) | passed through |
 //!
@@ -30,7 +31,20 @@
 //! same bytes. Behind hyper directly, map `Incoming` to such a body first.
 //! Keys are scoped per tenant when a [tenant](IdempotencyLayer::tenant)
 //! function is given, so one client's key can never replay another's
-//! response.
+//! response. **Without one, keys are shared by every caller**: anyone who
+//! sends a key another client used gets that client's response (its
+//! `Set-Cookie`, its payment). Give a tenant function on any API with more
+//! than one caller; the layer logs a warning once when it has none.
+//!
+//! A response is read whole (up to [`max_response_body`](IdempotencyLayer::max_response_body))
+//! before it is stored and sent: a streaming endpoint (server-sent events,
+//! a long download) sends nothing until its end or the limit. Don't put
+//! such endpoints behind the layer (guard the request that starts the work
+//! instead).
+//!
+//! A JSON request body (`application/json`, `+json` types) is fingerprinted
+//! as canonical JSON: a retry serialized again, keys in another order,
+//! matches; any other body is compared byte for byte.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -89,17 +103,20 @@ struct Config {
     max_response: usize,
     lease: Duration,
     retention: Duration,
+    /// Whether the warning about keys shared by every caller was logged.
+    warned_shared: std::sync::atomic::AtomicBool,
 }
 
 /// The layer: wrap a service with it (`ServiceBuilder::layer`,
 /// `axum::Router::layer`).
 ///
 /// ```no_run
+/// # extern crate idem_runtime as idem;
 /// # fn demo(pool: sqlx::PgPool) {
 /// use std::time::Duration;
-/// use idem_runtime::http::IdempotencyLayer;
+/// use idem::http::IdempotencyLayer;
 ///
-/// let layer = IdempotencyLayer::new(idem_runtime::lease::SqlStore::new(pool))
+/// let layer = IdempotencyLayer::new(idem::lease::SqlStore::new(pool))
 ///     .scope("payments.api")
 ///     .required(true)
 ///     .tenant(|request| {
@@ -132,12 +149,23 @@ impl std::fmt::Debug for IdempotencyLayer {
     }
 }
 
-/// The default statuses worth keeping: 2xx, and 4xx but 408 (timeout), 409
-/// (conflict) and 429 (too many requests), which say "try again".
+/// The default statuses worth keeping: 2xx, and 4xx but those that say
+/// "try again" or "not you, not now": 401 and 407 (the caller was not
+/// authenticated: a retry with credentials must run), 403 (permissions can
+/// be granted), 408 (timeout), 409 (conflict) and 429 (too many requests).
+/// Never 5xx: the handler failed, a retry runs again.
 pub fn keeps_by_default(status: StatusCode) -> bool {
     status.is_success()
         || (status.is_client_error()
-            && !matches!(status, StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS))
+            && !matches!(
+                status,
+                StatusCode::UNAUTHORIZED
+                    | StatusCode::FORBIDDEN
+                    | StatusCode::PROXY_AUTHENTICATION_REQUIRED
+                    | StatusCode::REQUEST_TIMEOUT
+                    | StatusCode::CONFLICT
+                    | StatusCode::TOO_MANY_REQUESTS
+            ))
 }
 
 impl IdempotencyLayer {
@@ -162,6 +190,7 @@ impl IdempotencyLayer {
                 max_response: 1 << 20,
                 lease: Duration::from_secs(30),
                 retention: Duration::from_secs(24 * 3600),
+                warned_shared: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -198,8 +227,8 @@ impl IdempotencyLayer {
     /// Scope keys per tenant: `tenant` names who sent the request (an
     /// authenticated user, an API client id). Two tenants' equal keys are
     /// different records, so one can never replay the other's response. A
-    /// request it names no tenant for is refused (`401`): a key nobody
-    /// owns would be shared.
+    /// request it names no tenant for (`None`, or an empty name) is refused
+    /// (`401`): a key nobody owns would be shared.
     pub fn tenant(
         self,
         tenant: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
@@ -280,7 +309,7 @@ impl<S, B, RB> tower_service::Service<Request<B>> for Idempotency<S>
 where
     S: tower_service::Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send,
-    S::Error: Send,
+    S::Error: Send + 'static,
     B: HttpBody<Data = Bytes> + From<Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
     RB: HttpBody<Data = Bytes> + Send + 'static,
@@ -310,7 +339,9 @@ async fn serve<S, B, RB>(
     request: Request<B>,
 ) -> Result<Response<ResponseBody>, S::Error>
 where
-    S: tower_service::Service<Request<B>, Response = Response<RB>>,
+    S: tower_service::Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
     B: HttpBody<Data = Bytes> + From<Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
     RB: HttpBody<Data = Bytes> + Send + 'static,
@@ -339,26 +370,68 @@ where
         }
         Err(e) => return Ok(problem(StatusCode::BAD_REQUEST, &format!("the request body could not be read: {e}"))),
     };
-    let mut guard = Guard::new(config.scope.clone()).retention(config.retention);
-    if let Some(tenant) = &config.tenant {
-        match tenant(&parts) {
-            Some(tenant) => guard = guard.key(&tenant),
-            None => {
+    let tenant = match &config.tenant {
+        None => {
+            if !config.warned_shared.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(target: "idem", scope = %config.scope,
+                    "idempotency layer without a tenant function: keys are shared by every caller, so one \
+                     client's key replays another's response; set IdempotencyLayer::tenant on APIs with more than one caller");
+            }
+            None
+        }
+        Some(tenant) => match tenant(&parts) {
+            Some(tenant) if !tenant.is_empty() => Some(tenant),
+            _ => {
                 let detail = "an idempotency key belongs to a caller, and this request names none";
                 return Ok(problem(StatusCode::UNAUTHORIZED, detail));
             }
+        },
+    };
+    let fingerprint = fingerprint(&config.fingerprint, &parts, &body);
+    let request = Request::from_parts(parts, B::from(body));
+    // From here the request runs to its end on a task of its own, whether
+    // or not its client waits: a handler dropped half-way (the client went
+    // away) could leave a payment sent and no answer stored, and its retry
+    // would send it again.
+    let task = tokio::spawn(guarded(config, inner, request, tenant, key, fingerprint));
+    match task.await {
+        Ok(answer) => answer,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => {
+            tracing::error!(target: "idem", error = %e, "idempotency layer: the request's task was cancelled");
+            Ok(problem(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; retry later"))
         }
     }
+}
+
+/// Claim the key, then run the handler under the lease and store its
+/// response, or answer the repeat.
+async fn guarded<S, B, RB>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<B>,
+    tenant: Option<String>,
+    key: String,
+    fingerprint: Option<String>,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: tower_service::Service<Request<B>, Response = Response<RB>>,
+    RB: HttpBody<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    let mut guard = Guard::new(config.scope.clone()).retention(config.retention);
+    if let Some(tenant) = &tenant {
+        guard = guard.key(tenant);
+    }
     guard = guard.key(&key);
-    if let Some(fingerprint) = fingerprint(&config.fingerprint, &parts, &body) {
-        guard = guard.fingerprint(&fingerprint);
+    if let Some(fingerprint) = &fingerprint {
+        guard = guard.fingerprint(fingerprint);
     }
     let ticket = match guard.lease::<StoredResponse>(&*config.store, config.lease).await {
         Ok(Claim::Replay(stored)) => return Ok(stored.into_response(true)),
-        Ok(Claim::Run(ticket)) => ticket.release_if_dropped(),
+        Ok(Claim::Run(ticket)) => ticket,
         Err(e) => return Ok(refused(&e)),
     };
-    let request = Request::from_parts(parts, B::from(body));
     let ran = ticket
         .run(async {
             let response = inner.call(request).await.map_err(Failure::Inner)?;
@@ -397,11 +470,18 @@ where
 {
     let (parts, body) = response.into_parts();
     if !(config.keep)(parts.status) {
+        tracing::debug!(target: "idem", scope = %config.scope, status = %parts.status,
+            "idempotency layer: a response not kept (by its status); a retry runs again");
         return Err(Failure::PassThrough(Response::from_parts(parts, ResponseBody::stream(body))));
     }
     match collect_up_to(body, config.max_response).await {
         Collected::Whole(bytes) => Ok(StoredResponse::of(&parts, bytes)),
-        Collected::Partial(body) => Err(Failure::PassThrough(Response::from_parts(parts, body))),
+        Collected::Partial(body) => {
+            tracing::warn!(target: "idem", scope = %config.scope, status = %parts.status, max = config.max_response,
+                "idempotency layer: a response over the limit, with trailers or failing mid-body passed through \
+                 unstored; a retry runs the handler again");
+            Err(Failure::PassThrough(Response::from_parts(parts, body)))
+        }
     }
 }
 
@@ -444,6 +524,11 @@ fn fingerprint(of: &Fingerprint, parts: &request::Parts, body: &[u8]) -> Option<
             // Length-prefixed, so no two (method, target, body) triples
             // hash the same text.
             let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+            // A JSON body is compared as JSON: a client that serializes
+            // its retry again (keys in another order, other spacing) sends
+            // the same request.
+            let canonical = is_json(&parts.headers).then(|| canonical_json(body)).flatten();
+            let body = canonical.as_deref().unwrap_or(body);
             for part in [parts.method.as_str().as_bytes(), target.as_bytes(), body] {
                 hash.update((part.len() as u64).to_be_bytes());
                 hash.update(part);
@@ -454,16 +539,45 @@ fn fingerprint(of: &Fingerprint, parts: &request::Parts, body: &[u8]) -> Option<
     Some(crate::key::hex(&hash.finalize()))
 }
 
+/// Whether the request says its body is JSON (`application/json`, or a
+/// `+json` type such as `application/merge-patch+json`).
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// `body` as canonical JSON (object keys sorted at every level, no
+/// whitespace), or `None` if it does not parse.
+fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
+    fn sorted(value: serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::Object(map) => {
+                let mut entries: Vec<_> = map.into_iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+            }
+            serde_json::Value::Array(items) => serde_json::Value::Array(items.into_iter().map(sorted).collect()),
+            other => other,
+        }
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    serde_json::to_vec(&sorted(value)).ok()
+}
+
 /// A guard's refusal as an HTTP answer.
 fn refused(e: &Error) -> Response<ResponseBody> {
     match e {
-        Error::InProgress { retry_after, .. } => {
+        Error::InProgress { .. } => {
             let mut response = problem(
                 StatusCode::CONFLICT,
                 "a request with this idempotency key is being processed; retry after it is done",
             );
-            let seconds = retry_after.map_or(1, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1);
-            response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+            // Not the lease left (30 s by default): a first request
+            // usually ends long before its lease, so ask again in a second.
+            response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(1u64));
             response
         }
         Error::KeyMismatch { .. } => problem(

@@ -107,65 +107,6 @@ pub trait LeaseStore: Send + Sync {
     fn max_response(&self) -> usize {
         usize::MAX
     }
-    /// Release without waiting for the answer, when a holder is dropped
-    /// and asked to free its record ([`LeaseTicket::release_if_dropped`](crate::LeaseTicket::release_if_dropped)):
-    /// nothing can be awaited in a drop. The default does nothing (the
-    /// record waits for its lease to pass); the memory store releases at
-    /// once, the Redis and SQL stores from a spawned task.
-    fn release_detached(&self, held: &HeldLease<'_>) {
-        let _ = held;
-    }
-}
-
-/// A [`HeldLease`] that owns its text, for a release sent from a task of
-/// its own.
-pub(crate) struct HeldOwned {
-    scope: String,
-    key: String,
-    owner: String,
-    fingerprint: Option<String>,
-    fence: i64,
-    lease: Duration,
-    retention: Duration,
-}
-
-impl HeldOwned {
-    pub(crate) fn of(held: &HeldLease<'_>) -> HeldOwned {
-        HeldOwned {
-            scope: held.scope.to_owned(),
-            key: held.key.to_owned(),
-            owner: held.owner.to_owned(),
-            fingerprint: held.fingerprint.map(str::to_owned),
-            fence: held.fence,
-            lease: held.lease,
-            retention: held.retention,
-        }
-    }
-
-    pub(crate) fn held(&self) -> HeldLease<'_> {
-        HeldLease {
-            scope: &self.scope,
-            key: &self.key,
-            owner: &self.owner,
-            fingerprint: self.fingerprint.as_deref(),
-            fence: self.fence,
-            lease: self.lease,
-            retention: self.retention,
-        }
-    }
-}
-
-/// Send `store`'s release of `held` from a task of its own, if a Tokio
-/// runtime is there to run it (else the record waits for its lease).
-pub(crate) fn spawn_release<S: LeaseStore + 'static>(store: S, held: &HeldLease<'_>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-    let held = HeldOwned::of(held);
-    runtime.spawn(async move {
-        if let Err(e) = store.release(&held.held()).await {
-            tracing::warn!(target: "idem", error = %e,
-                "could not release a lease record whose holder was dropped; it waits for its lease to pass");
-        }
-    });
 }
 
 impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
@@ -190,9 +131,6 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     fn max_response(&self) -> usize {
         (**self).max_response()
     }
-    fn release_detached(&self, held: &HeldLease<'_>) {
-        (**self).release_detached(held)
-    }
 }
 
 impl<S: LeaseStore + ?Sized> LeaseStore for &S {
@@ -216,8 +154,5 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     }
     fn max_response(&self) -> usize {
         (**self).max_response()
-    }
-    fn release_detached(&self, held: &HeldLease<'_>) {
-        (**self).release_detached(held)
     }
 }

@@ -19,13 +19,14 @@ type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
 /// [`Routed::hashed`], or keep routed keys short).
 ///
 /// ```no_run
-/// # async fn demo(eu: sqlx::PgPool, us: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
-/// use idem_runtime::lease::{Routed, SqlStore};
+/// # extern crate idem_runtime as idem;
+/// # async fn demo(eu: sqlx::PgPool, us: sqlx::PgPool) -> Result<(), idem::Error> {
+/// use idem::lease::{Routed, SqlStore};
 /// // Orders "EU-..." live in the EU database, the rest in the US one.
 /// let store = Routed::new(vec![SqlStore::new(eu), SqlStore::new(us)], |_scope, key| {
 ///     if key.starts_with("EU-") { 0 } else { 1 }
 /// });
-/// idem_runtime::Stores::builder().lease(store).install()?;
+/// idem::Stores::builder().lease(store).install()?;
 /// # Ok(()) }
 /// ```
 ///
@@ -131,11 +132,5 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
 
     fn max_response(&self) -> usize {
         self.shards.iter().map(LeaseStore::max_response).min().unwrap_or(usize::MAX)
-    }
-
-    fn release_detached(&self, held: &HeldLease<'_>) {
-        if let Ok(shard) = self.shard(held.scope, held.key) {
-            shard.release_detached(held);
-        }
     }
 }

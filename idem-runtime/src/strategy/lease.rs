@@ -15,7 +15,11 @@ use crate::{Claim, Error, Replayable};
 /// The lease a first call holds while its body runs: see [`LeaseTicket::run`].
 /// A ticket dropped without `run` (or with its `run` future dropped
 /// mid-body) leaves its record `PROCESSING` until the lease passes; then
-/// the next call takes it over (unless [`release_if_dropped`](Self::release_if_dropped)).
+/// the next call takes it over. It is not released at once: what the
+/// dropped body already started may still be landing, and a retry let in
+/// now could do it a second time. A caller whose work must finish though
+/// its own caller goes away (an HTTP handler whose client disconnects) runs
+/// it on a task of its own, as [`crate::http`] does.
 #[must_use = "a held lease must run the body and settle the record"]
 pub struct LeaseTicket<'s> {
     prepared: Prepared,
@@ -24,7 +28,6 @@ pub struct LeaseTicket<'s> {
     fence: i64,
     reclaimed: bool,
     lease: Duration,
-    release_if_dropped: bool,
 }
 
 impl std::fmt::Debug for LeaseTicket<'_> {
@@ -100,15 +103,7 @@ impl Guard<'_> {
                         "reclaimed a record whose lease had passed (its worker stopped mid-work)");
                 }
                 p.claimed();
-                Ok(Claim::Run(LeaseTicket {
-                    prepared: p,
-                    store,
-                    owner,
-                    fence,
-                    reclaimed,
-                    lease,
-                    release_if_dropped: false,
-                }))
+                Ok(Claim::Run(LeaseTicket { prepared: p, store, owner, fence, reclaimed, lease }))
             }
             LeaseClaim::Done { response } => replayed(&p, &response).map(Claim::Replay),
             LeaseClaim::Busy { retry_after } => Err(p.in_progress(Some(retry_after))),
@@ -118,18 +113,6 @@ impl Guard<'_> {
 }
 
 impl LeaseTicket<'_> {
-    /// If this call is dropped before its answer is stored (its `run`
-    /// future dropped: a client went away, a timeout fired), remove the
-    /// record at once instead of leaving it `PROCESSING` until the lease
-    /// passes, so that a retry runs again without waiting. For callers
-    /// whose dropped work is as good as failed (an HTTP request whose
-    /// client disconnected); a retry may then run while what the dropped
-    /// body already sent is still landing (fence those writes).
-    pub fn release_if_dropped(mut self) -> Self {
-        self.release_if_dropped = true;
-        self
-    }
-
     /// Run the body under the lease, renewing it every third of its length;
     /// then store the `Ok` value, or remove the record on `Err` (or a panic,
     /// which then goes on). If a renewal
@@ -152,14 +135,10 @@ impl LeaseTicket<'_> {
             lease: self.lease,
             retention: p.retention,
         };
-        let mut dropped = ReleaseOnDrop { store: self.store, held: &held, armed: self.release_if_dropped };
         let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
         let body = catching(CURRENT.scope(info, body));
         let renew = || self.store.extend(&held);
         let ran = under_renewal(body, self.lease, renew, "lease", &p.scope).await;
-        // The body is over: from here this call removes or completes the
-        // record itself.
-        dropped.armed = false;
         let Some(result) = ran else {
             return Err(self.lost().into());
         };
@@ -179,8 +158,8 @@ impl LeaseTicket<'_> {
                 return Err(e);
             }
         };
-        let json = match stored_response(&value, self.store.max_response()) {
-            Ok(json) => json,
+        let (json, value) = match stored_response(&value, self.store.max_response()) {
+            Ok(stored) => stored,
             Err(source) => {
                 let _ = bounded(self.lease, self.store.kind(), self.store.release(&held)).await;
                 return Err(Error::Response { scope: p.scope.to_string(), action: "stored", source }.into());
@@ -241,20 +220,4 @@ async fn catching<F: Future>(body: F) -> Result<F::Output, Box<dyn std::any::Any
         }
     })
     .await
-}
-
-/// Removes the record of a `run` future dropped before its body finished,
-/// when the ticket was asked to ([`LeaseTicket::release_if_dropped`]).
-struct ReleaseOnDrop<'t> {
-    store: &'t dyn LeaseStore,
-    held: &'t HeldLease<'t>,
-    armed: bool,
-}
-
-impl Drop for ReleaseOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.store.release_detached(self.held);
-        }
-    }
 }

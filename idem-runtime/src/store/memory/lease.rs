@@ -91,10 +91,6 @@ impl LeaseStore for MemoryStore {
         "memory"
     }
 
-    fn release_detached(&self, held: &HeldLease<'_>) {
-        self.if_held(held, |_, _| true);
-    }
-
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         let claimed = self.claim_now(req);
         Box::pin(std::future::ready(Ok(claimed)))

@@ -484,10 +484,6 @@ where
         "redis"
     }
 
-    fn release_detached(&self, held: &HeldLease<'_>) {
-        crate::store::lease::spawn_release(self.clone(), held);
-    }
-
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         Box::pin(async move {
             let fingerprint = req.fingerprint.map(fingerprint64);

@@ -10,9 +10,10 @@ use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 /// deadline and expiry use the database's clock.
 ///
 /// ```no_run
-/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
-/// idem_runtime::migrate(&pool).await?;
-/// idem_runtime::Stores::builder().lease(idem_runtime::lease::SqlStore::new(pool)).install()?;
+/// # extern crate idem_runtime as idem;
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem::Error> {
+/// idem::migrate(&pool).await?;
+/// idem::Stores::builder().lease(idem::lease::SqlStore::new(pool)).install()?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
@@ -99,10 +100,6 @@ where
 
     fn max_response(&self) -> usize {
         DB::MAX_RESPONSE
-    }
-
-    fn release_detached(&self, held: &HeldLease<'_>) {
-        crate::store::lease::spawn_release(self.clone(), held);
     }
 
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
