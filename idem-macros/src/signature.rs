@@ -114,8 +114,29 @@ pub fn check_tx(func: &ItemFn, marked: &[(Ident, Span)], spec: &Spec, errors: &m
         Tx::Record => "writes its record in your transaction",
         Tx::Status => "moves the entity's status in your transaction",
         Tx::RecordAndStatus => "writes its record and moves the entity's status in your transaction",
-        Tx::Outside { instead } => {
-            if let Some((ident, _)) = marked.first() {
+        Tx::Outside { instead, refuses_tx } => {
+            let mut refused = Vec::new();
+            if let Some(why) = refuses_tx {
+                let tx_params = func.sig.inputs.iter().filter_map(|input| match input {
+                    FnArg::Typed(pt) if names_transaction(&pt.ty) => Some(pt),
+                    _ => None,
+                });
+                for pt in tx_params {
+                    if let Pat::Ident(pi) = &*pt.pat {
+                        refused.push(pi.ident.clone());
+                    }
+                    let ty = &*pt.ty;
+                    errors.on(
+                        ty,
+                        format!("strategy `{}` takes no transaction: {why}", spec.name),
+                        format!(
+                            "use {instead}, whose record commits with your transaction; or begin and commit the transaction inside the body"
+                        ),
+                    );
+                }
+            }
+            // A marked transaction refused above needs no second error.
+            if let Some((ident, _)) = marked.first().filter(|(ident, _)| !refused.contains(ident)) {
                 let what = format!(
                     "`#[idem(tx)]` has no effect with strategy `{}`: it writes nothing in your transaction",
                     spec.name

@@ -33,9 +33,12 @@ pub enum Tx {
     Status,
     RecordAndStatus,
     /// Nothing: it keeps its state in a store of its own. `instead` names
-    /// the strategies that write in the transaction.
+    /// the strategies that write in the transaction; `refuses_tx`, when
+    /// set, says why a transaction parameter is an error (its record would
+    /// say done for work the caller may still roll back).
     Outside {
         instead: &'static str,
+        refuses_tx: Option<&'static str>,
     },
 }
 
@@ -132,7 +135,7 @@ pub static STRATEGIES: &[Spec] = &[
     },
     Spec {
         name: "token", strategy: Strategy::Token,
-        tx: Tx::Outside { instead: "`token+dedup`" }, record: Record::None { instead: "`token+dedup`" },
+        tx: Tx::Outside { instead: "`token+dedup`", refuses_tx: None }, record: Record::None { instead: "`token+dedup`" },
         key: Refused, transition: Refused,
         store: Some("token"), token_param: Required, scope: Required, sources: FORMS,
         lease: Refused, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Optional,
@@ -166,7 +169,10 @@ pub static STRATEGIES: &[Spec] = &[
     },
     Spec {
         name: "lease", strategy: Strategy::Lease,
-        tx: Tx::Outside { instead: "`dedup`" }, record: Record::Kept, key: Required, transition: Refused,
+        tx: Tx::Outside {
+            instead: "`dedup`",
+            refuses_tx: Some("its record is committed on its own, apart from your transaction: if the transaction rolls back, the record still says done and every retry replays an answer whose writes never happened"),
+        }, record: Record::Kept, key: Required, transition: Refused,
         store: Some("lease"), token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Optional, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Refused,
         precheck: Precheck::Fits,
@@ -174,7 +180,7 @@ pub static STRATEGIES: &[Spec] = &[
     },
     Spec {
         name: "lock", strategy: Strategy::Lock,
-        tx: Tx::Outside { instead: "`lock+dedup` or `lock+state`" },
+        tx: Tx::Outside { instead: "`lock+dedup` or `lock+state`", refuses_tx: None },
         record: Record::None { instead: "`lock+dedup`" }, key: Required, transition: Refused,
         store: Some("lock"), token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Refused, ttl: Required, wait: Optional, concurrency_only: Required, on_store_error: Refused,
