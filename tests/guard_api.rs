@@ -222,3 +222,39 @@ async fn dedup_by_hand_on_postgres() {
         assert_eq!(n, 5);
     }
 }
+
+/// An answer with a field JSON does not carry.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Receipt {
+    id: u64,
+    #[serde(skip)]
+    cached: Option<String>,
+}
+
+#[tokio::test]
+async fn the_first_call_gets_what_every_repeat_gets() {
+    // A `#[serde(skip)]` field is not stored: the first call gets it at its
+    // default too, not a richer value than its repeats.
+    let pool = common::sqlite().await.unwrap();
+    let key = unique("skip");
+    let answer = || Receipt { id: 7, cached: Some("in memory only".into()) };
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let mut tx = pool.begin().await.unwrap();
+        let reply = match Guard::new("tests.api.skip").key(&key).dedup(&mut tx).await.unwrap() {
+            Claim::Replay(reply) => reply,
+            Claim::Run(ticket) => ticket.complete(&mut tx, Ok::<_, Error>(answer())).await.unwrap().unwrap(),
+        };
+        tx.commit().await.unwrap();
+        replies.push(reply);
+    }
+    let store = idem::MemoryStore::new();
+    for _ in 0..2 {
+        let reply = match Guard::new("tests.api.skip").key(&key).lease(&store, Duration::from_secs(5)).await.unwrap() {
+            Claim::Replay(reply) => reply,
+            Claim::Run(ticket) => ticket.run(async { Ok::<_, Error>(answer()) }).await.unwrap(),
+        };
+        replies.push(reply);
+    }
+    assert!(replies.iter().all(|r| *r == Receipt { id: 7, cached: None }), "{replies:?}");
+}

@@ -181,7 +181,7 @@ pub enum Error {
 
     /// The guarded function's `Ok` value could not be stored, or a stored one no
     /// longer decodes into the function's type (it changed since the first call).
-    #[error("response of scope `{scope}` could not be {action}: {source}")]
+    #[error("response of scope `{scope}` could not be {action}: {source}{}", response_hint(.action))]
     Response {
         /// Scope of the guard.
         scope: String,
@@ -296,3 +296,13 @@ pub(crate) fn check_ttl(what: &'static str, duration: Duration) -> Result<Durati
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What to check when a stored answer does not decode.
+fn response_hint(action: &str) -> &'static str {
+    if action == "replayed" {
+        " (the stored answer does not decode into this function's `Ok` type: did the type change since the \
+         first call, or do two guards with different types share this scope? Give each its own `scope`)"
+    } else {
+        ""
+    }
+}

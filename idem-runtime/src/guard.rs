@@ -4,15 +4,16 @@
 //! generic over its work, an HTTP layer, a consumer loop) calls them itself.
 //!
 //! ```no_run
-//! use idem_runtime::{Claim, Guard};
+//! # extern crate idem_runtime as idem;
+//! use idem::{Claim, Guard};
 //!
-//! # async fn demo(pool: sqlx::SqlitePool, trade_no: &str) -> Result<u64, idem_runtime::Error> {
+//! # async fn demo(pool: sqlx::SqlitePool, trade_no: &str) -> Result<u64, idem::Error> {
 //! let mut tx = pool.begin().await?;
 //! let coupon = match Guard::new("payments.on_pay").key(trade_no).dedup::<u64, _>(&mut tx).await? {
 //!     Claim::Replay(coupon) => coupon, // a repeat: the first call's answer
 //!     Claim::Run(ticket) => {
 //!         // The first call: do the work in the same transaction...
-//!         let done: Result<u64, idem_runtime::Error> = Ok(7);
+//!         let done: Result<u64, idem::Error> = Ok(7);
 //!         // ...then store the answer (or, on `Err`, remove the record).
 //!         ticket.complete(&mut tx, done).await??
 //!     }

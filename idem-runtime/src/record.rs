@@ -113,8 +113,9 @@ tokio::task_local! {
 /// The guarded function keeps its signature, so the answer comes alongside:
 ///
 /// ```
+/// # extern crate idem_runtime as idem;
 /// # async fn demo() {
-/// let (result, outcome) = idem_runtime::observe(async { 42 }).await;
+/// let (result, outcome) = idem::observe(async { 42 }).await;
 /// assert_eq!(result, 42);
 /// assert_eq!(outcome, None); // no guard ran inside
 /// # }

@@ -251,7 +251,8 @@ impl<T> SilentRepeat for Option<T> {
 /// and check it at compile time:
 ///
 /// ```
-/// # use idem_runtime::state::{StateCode, StateTable, StateMachine, Transition};
+/// # extern crate idem_runtime as idem;
+/// # use idem::state::{StateCode, StateTable, StateMachine, Transition};
 /// # enum OrderStatus {}
 /// # impl StateMachine for OrderStatus { const STATES: StateTable = StateTable { name: "OrderStatus",
 /// #     table: "orders", key_columns: &["order_no"], status_column: "status", variants: &["WaitPay", "Paid"],

@@ -76,10 +76,11 @@ impl<S: LockStore + ?Sized> HeldLock<'_, S> {
 /// [`Error::InvalidKey`].
 ///
 /// ```
-/// # async fn demo() -> Result<(), idem_runtime::Error> {
+/// # extern crate idem_runtime as idem;
+/// # async fn demo() -> Result<(), idem::Error> {
 /// use std::time::Duration;
-/// let store = idem_runtime::MemoryStore::new();
-/// let held = idem_runtime::lock::acquire(&store, "stock", &42, Duration::from_secs(5), Duration::ZERO).await?;
+/// let store = idem::MemoryStore::new();
+/// let held = idem::lock::acquire(&store, "stock", &42, Duration::from_secs(5), Duration::ZERO).await?;
 /// let fence = held.fence(); // pass it along with every write the lock protects
 /// # let _ = fence;
 /// assert!(held.release().await?);

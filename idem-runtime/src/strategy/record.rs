@@ -97,8 +97,10 @@ pub(crate) fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Re
 /// `Some` that would come back as `None`: a value JSON cannot carry
 /// (`f64::NAN` becomes `null`, `Some(())` is written like `None`) fails the
 /// first call, which rolls back, instead of failing or changing every repeat
-/// later.
-pub(crate) fn stored_response<T: Replayable>(value: &T, max: usize) -> Result<String, serde_json::Error> {
+/// later. With it, the value decoded back: what the first call returns, so
+/// that it gets what every repeat will (a `#[serde(skip)]` field at its
+/// default, a map in the order JSON gives it), not a richer value.
+pub(crate) fn stored_response<T: Replayable>(value: &T, max: usize) -> Result<(String, T), serde_json::Error> {
     use serde::ser::Error as _;
     let json = serde_json::to_string(value)?;
     if json.len() > max {
@@ -113,7 +115,7 @@ pub(crate) fn stored_response<T: Replayable>(value: &T, max: usize) -> Result<St
     if json.contains("null") {
         crate::exact::check(value, &back).map_err(serde_json::Error::custom)?;
     }
-    Ok(json)
+    Ok((json, back))
 }
 
 /// Decode a stored first answer for a repeat, and report the replay.

@@ -89,8 +89,8 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
         p.report(Outcome::Executed);
         return Ok(Ok(value));
     }
-    let json = match stored_response(&value, DB::MAX_RESPONSE) {
-        Ok(json) => json,
+    let (json, value) = match stored_response(&value, DB::MAX_RESPONSE) {
+        Ok(stored) => stored,
         Err(source) => {
             if !p.claim_after {
                 undo::<DB>(conn, &p, record, moved.as_ref()).await;

@@ -16,10 +16,11 @@ pub use crate::store::token::TokenStore;
 /// under a millisecond or over 100 years is [`Error::InvalidDuration`].
 ///
 /// ```
-/// # async fn demo() -> Result<(), idem_runtime::Error> {
+/// # extern crate idem_runtime as idem;
+/// # async fn demo() -> Result<(), idem::Error> {
 /// use std::time::Duration;
-/// let store = idem_runtime::MemoryStore::new();
-/// let token = idem_runtime::token::issue(&store, "orders.create", Duration::from_secs(600)).await?;
+/// let store = idem::MemoryStore::new();
+/// let token = idem::token::issue(&store, "orders.create", Duration::from_secs(600)).await?;
 /// assert_eq!(token.len(), 32);
 /// # Ok(()) }
 /// ```

@@ -73,11 +73,12 @@ pub struct RedisStats {
 /// no scope or key, whatever it holds, can name another record's key.
 ///
 /// ```no_run
+/// # extern crate idem_runtime as idem;
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
 /// let conn = redis::aio::ConnectionManager::new(client).await?;
-/// let store = idem_runtime::RedisStore::new(conn, "idem:");
-/// idem_runtime::Stores::builder().all(store).install()?;
+/// let store = idem::RedisStore::new(conn, "idem:");
+/// idem::Stores::builder().all(store).install()?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
