@@ -1,5 +1,5 @@
 //! `strategy = "lease"` against the memory store, SQLite, PostgreSQL,
-//! MySQL/MariaDB and Redis. One suite, stamped out per store.
+//! MySQL/MariaDB, Redis and Redis Cluster. One suite, stamped out per store.
 
 mod common;
 
@@ -437,6 +437,13 @@ lease_suite! {
 lease_suite! {
     mod redis;
     store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
+}
+
+// Redis Cluster (`IDEM_REDIS_CLUSTER_URLS`), through a `ClusterConnection`:
+// every script call goes to the master of its key's slot.
+lease_suite! {
+    mod redis_cluster;
+    store = common::redis_cluster().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
 }
 
 // The whole suite through a router over two real databases: each key's

@@ -1,6 +1,6 @@
 //! `precheck = "redis"` in front of `dedup` and `lease`: the marker is a
-//! hint, the record decides. Against a real Redis (and memory), with
-//! SQLite and PostgreSQL records.
+//! hint, the record decides. Against a real Redis, Redis Cluster (and
+//! memory), with SQLite and PostgreSQL records.
 
 mod common;
 
@@ -70,30 +70,56 @@ fn install_markers() {
     }
 }
 
-/// Markers in Redis under a prefix of their own, so a test can flush them.
-async fn redis_marks() -> Option<(idem::RedisStore, redis::aio::ConnectionManager, String)> {
-    let conn = common::redis().await?;
-    let prefix = format!("{}:", unique("idem-precheck"));
-    Some((idem::RedisStore::new(conn.clone(), prefix.clone()), conn, prefix))
+/// A connection to Redis, standalone or Cluster, to flush markers with.
+#[derive(Clone)]
+enum Conn {
+    Single(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
-async fn flush(conn: &redis::aio::ConnectionManager, prefix: &str) {
-    let mut c = conn.clone();
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut c).await.unwrap();
-    for k in keys {
-        let _: () = redis::cmd("DEL").arg(k).query_async(&mut c).await.unwrap();
+/// Markers in Redis under a prefix of their own, so a test can flush them.
+async fn redis_marks() -> Option<(idem::RedisStore, Conn, String)> {
+    let conn = common::redis().await?;
+    let prefix = format!("{}:", unique("idem-precheck"));
+    Some((idem::RedisStore::new(conn.clone(), prefix.clone()), Conn::Single(conn), prefix))
+}
+
+/// The same on the Redis Cluster: each marker on the master of its key's slot.
+async fn cluster_marks() -> Option<(idem::RedisStore<redis::cluster_async::ClusterConnection>, Conn, String)> {
+    let conn = common::redis_cluster().await?;
+    let prefix = format!("{}:", unique("idem-precheck"));
+    Some((idem::RedisStore::new(conn.clone(), prefix.clone()), Conn::Cluster(conn), prefix))
+}
+
+/// Delete every marker under `prefix` (on a cluster, `KEYS` asks every
+/// master and each `DEL` goes to its key's).
+async fn flush(conn: &Conn, prefix: &str) {
+    async fn on<C: redis::aio::ConnectionLike>(c: &mut C, prefix: &str) -> usize {
+        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(c).await.unwrap();
+        for k in &keys {
+            let _: () = redis::cmd("DEL").arg(k).query_async(c).await.unwrap();
+        }
+        keys.len()
     }
+    let flushed = match conn.clone() {
+        Conn::Single(mut c) => on(&mut c, prefix).await,
+        Conn::Cluster(mut c) => on(&mut c, prefix).await,
+    };
+    assert!(flushed > 0, "markers were written under {prefix}");
 }
 
 macro_rules! dedup_suite {
     (mod $m:ident; pool = $pool:expr;) => {
+        dedup_suite! { mod $m; pool = $pool; marks = redis_marks(); }
+    };
+    (mod $m:ident; pool = $pool:expr; marks = $marks:expr;) => {
         mod $m {
             use super::*;
 
             #[tokio::test]
             async fn a_seen_key_replays_from_the_record_and_a_flush_costs_nothing_but_speed() {
                 let Some(pool) = $pool else { return };
-                let Some((marks, conn, prefix)) = redis_marks().await else { return };
+                let Some((marks, conn, prefix)) = $marks.await else { return };
                 let (id, runs) = (unique("msg"), AtomicUsize::new(0));
                 let before = idem::precheck::counters();
                 assert!(matches!(call(&pool, &marks, &id, 5, &runs, true).await, (Ok(5), Some(Outcome::Executed))));
@@ -114,7 +140,7 @@ macro_rules! dedup_suite {
             #[tokio::test]
             async fn a_marker_whose_record_rolled_back_runs_again() {
                 let Some(pool) = $pool else { return };
-                let Some((marks, _, _)) = redis_marks().await else { return };
+                let Some((marks, _, _)) = $marks.await else { return };
                 let (id, runs) = (unique("msg"), AtomicUsize::new(0));
                 // The first delivery crashes before commit: marker written, record gone.
                 assert!(matches!(call(&pool, &marks, &id, 5, &runs, false).await, (Ok(5), _)));
@@ -178,6 +204,13 @@ dedup_suite! {
 dedup_suite! {
     mod mysql;
     pool = common::mysql().await;
+}
+
+// Markers on the Redis Cluster, records in SQLite.
+dedup_suite! {
+    mod sqlite_cluster_marks;
+    pool = common::sqlite().await;
+    marks = cluster_marks();
 }
 
 #[tokio::test]

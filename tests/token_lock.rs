@@ -446,6 +446,11 @@ suite! {
     store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Shared);
 }
 
+suite! {
+    mod redis_cluster;
+    store = common::redis_cluster().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Shared);
+}
+
 /// Redis only: the lock's key is visible, so the test can take it from
 /// under a running body the way an expiry during a long stall would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -29,7 +29,7 @@ pub struct Ack {
     scope = "loadgen.lease",
     store = "store"
 )]
-async fn guarded(store: &dyn LeaseStore, key: &str, id: u64) -> Result<Ack, AppError> {
+pub(crate) async fn guarded(store: &dyn LeaseStore, key: &str, id: u64) -> Result<Ack, AppError> {
     Ok(Ack { id })
 }
 
@@ -96,7 +96,7 @@ async fn completed_keys(store: &Arc<dyn LeaseStore>, prefix: &str, n: u64) -> Re
 }
 
 /// One measurement of idem's first runs and replays.
-async fn idem_pair(
+pub(crate) async fn idem_pair(
     store: &Arc<dyn LeaseStore>,
     clients: usize,
     length: Duration,

@@ -39,6 +39,7 @@
 // The demo shop the examples use (stores, tables, business statements),
 // shared rather than copied so the benchmarks measure the examples' own
 // transactions; what only the benchmarks need lives in this package.
+mod cluster_bench;
 #[path = "../../examples/common/mod.rs"]
 mod common;
 mod lease_bench;
@@ -105,6 +106,14 @@ struct Args {
     /// `lease`, `token`, `lock` and `mq` only: keep their records, tokens, locks or markers in this Redis.
     #[arg(long)]
     redis_url: Option<String>,
+    /// `lease` only: also on this Redis Cluster (seed nodes, comma separated), side by side with
+    /// `--redis-url` (one node), e.g. `redis://127.0.0.1:7000,redis://127.0.0.1:7001`.
+    #[arg(long, value_delimiter = ',')]
+    redis_cluster_urls: Vec<String>,
+    /// `lease` with `--redis-cluster-urls` (the local cluster of `.ci/redis-cluster`): kill the master
+    /// of the calls' slots `--rounds` times and measure how long until a call succeeds again.
+    #[arg(long)]
+    failover: bool,
     /// `token` and `lock` on Redis: the redis-rs connection under the store.
     #[arg(long, value_enum, default_value = "multiplexed")]
     redis_connection: token_bench::Connection,
@@ -615,6 +624,16 @@ async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     if args.scenario == Scenario::Lease {
         let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
+        if args.failover {
+            if args.redis_cluster_urls.is_empty() {
+                return Err("--failover needs --redis-cluster-urls".into());
+            }
+            return cluster_bench::failover(&args.redis_cluster_urls, args.clients, args.rounds).await;
+        }
+        if !args.redis_cluster_urls.is_empty() {
+            let url = redis.ok_or("--redis-cluster-urls needs --redis-url (the one node to compare with)")?;
+            return cluster_bench::run(url, &args.redis_cluster_urls, args.clients, args.seconds, args.rounds).await;
+        }
         if let Some(out) = &args.callgrind_out {
             let url = redis.ok_or("--callgrind-out needs --redis-url (the Redis under callgrind)")?;
             return lease_bench::run_instructions(url, out, args.calls, args.clients).await;

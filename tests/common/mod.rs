@@ -175,6 +175,40 @@ pub async fn redis() -> Option<redis::aio::ConnectionManager> {
     reach("Redis", &url, connected).await
 }
 
+pub const DEFAULT_REDIS_CLUSTER_URLS: &str = "redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002";
+
+/// The seed nodes of the Redis Cluster: `IDEM_REDIS_CLUSTER_URLS`, comma
+/// separated (default: the local cluster of `.ci/redis-cluster`).
+pub fn redis_cluster_urls() -> Vec<String> {
+    let urls = std::env::var("IDEM_REDIS_CLUSTER_URLS").unwrap_or_else(|_| DEFAULT_REDIS_CLUSTER_URLS.to_owned());
+    urls.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_owned).collect()
+}
+
+/// A cluster client on `urls`, its waits bounded: 2 s to connect to a
+/// node, and each request (with its retries and redirections) 5 s at most.
+pub fn redis_cluster_client(urls: &[String]) -> redis::RedisResult<redis::cluster::ClusterClient> {
+    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+        .connection_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(5))
+        .build()
+}
+
+/// A connection to the Redis Cluster at `IDEM_REDIS_CLUSTER_URLS`, or
+/// `None` (skip; a failure with `IDEM_REQUIRE_SERVICES=1`). A cluster that
+/// answers but is not serving every slot counts as unreachable.
+pub async fn redis_cluster() -> Option<redis::cluster_async::ClusterConnection> {
+    let urls = redis_cluster_urls();
+    let connected = async {
+        let mut conn = redis_cluster_client(&urls)?.get_async_connection().await?;
+        let info: String = redis::cmd("CLUSTER").arg("INFO").query_async(&mut conn).await?;
+        if !info.contains("cluster_state:ok") {
+            return Err(redis::RedisError::from((redis::ErrorKind::Client, "cluster_state is not ok")));
+        }
+        Ok::<_, redis::RedisError>(conn)
+    };
+    reach("Redis Cluster", &urls.join(","), connected).await
+}
+
 /// A real Redis client pointed at a port where no server listens: a store
 /// that is down. `None` when Redis tests are skipped altogether.
 pub async fn unreachable_redis() -> Option<idem::RedisStore> {

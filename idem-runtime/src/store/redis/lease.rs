@@ -22,9 +22,7 @@ use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
 
-use redis::Script;
-
-use super::{RedisStore, Shared, store_error, store_message, unexpected, worth_retrying};
+use super::{Lua, RedisStore, Shared, store_error, store_message, unexpected};
 use crate::Error;
 use crate::store::keyspace::Keyspace;
 use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
@@ -69,7 +67,7 @@ use crate::store::{BoxFuture, RecordKind, millis};
 // by hand, or a claim repeated by its owner, with another lease, retention
 // or fingerprint); else it was taken over, released or completed.
 
-static OPS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
+static OPS: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lease.lua")));
 
 /// A record's fingerprint field when the call has none (`.` x 64).
 const NO_FINGERPRINT: &str = "................................................................";
@@ -338,8 +336,8 @@ fn items(reply: redis::Value, n: usize) -> Result<Vec<redis::Value>, redis::Valu
     }
 }
 
-/// `EVALSHA` of the script over `ops`, loading it first if the server
-/// does not have it; a dropped connection is tried once more (every
+/// `EVALSHA` of the script over `ops` (`EVAL` of its source on a node
+/// that does not have it); a dropped connection is tried once more (every
 /// operation is safe to repeat: a claim finds its own record, though a
 /// repeated take-over then reports a plain claim, not `reclaimed`; the
 /// others are conditional on owner and fence).
@@ -348,30 +346,18 @@ async fn eval<'o, C: redis::aio::ConnectionLike + Send>(
     ops: impl Iterator<Item = &'o Op> + Clone,
     n: usize,
 ) -> redis::RedisResult<redis::Value> {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(OPS.get_hash()).arg(n);
-    for op in ops.clone() {
-        cmd.arg(op.part(0));
-    }
-    for op in ops {
-        for i in 1..op.parts {
-            cmd.arg(op.part(i));
+    OPS.eval_retrying(conn, |cmd| {
+        cmd.arg(n);
+        for op in ops.clone() {
+            cmd.arg(op.part(0));
         }
-    }
-    let (mut retried, mut loaded) = (false, false);
-    loop {
-        match cmd.query_async(conn).await {
-            Err(e) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                OPS.prepare_invoke().load_async(conn).await?;
-                loaded = true;
+        for op in ops.clone() {
+            for i in 1..op.parts {
+                cmd.arg(op.part(i));
             }
-            Err(e) if !retried && worth_retrying(&e) => {
-                tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");
-                retried = true;
-            }
-            other => return other,
         }
-    }
+    })
+    .await
 }
 
 /// An item's reply, or the error the script caught for it.

@@ -14,9 +14,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
-
-use super::{RedisStore, int, store_error, unexpected};
+use super::{Lua, RedisStore, int, store_error, unexpected};
 use crate::Error;
 use crate::store::lock::{LockAttempt, LockStore};
 use crate::store::{BoxFuture, RecordKind, millis};
@@ -29,9 +27,9 @@ const FENCE_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 #[doc(hidden)]
 pub const ACQUIRE_SCRIPT: &str = include_str!("lock_acquire.lua");
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SCRIPT));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lock_release.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lock_extend.lua")));
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(ACQUIRE_SCRIPT));
+static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lock_release.lua")));
+static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lock_extend.lua")));
 
 impl<C> LockStore for RedisStore<C>
 where
@@ -49,18 +47,20 @@ where
         ttl: Duration,
     ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
         Box::pin(async move {
-            let mut invocation = ACQUIRE.key(self.key(RecordKind::Lock, scope, key));
-            invocation
-                .key(self.key(RecordKind::Fence, scope, key))
-                .arg(owner)
-                .arg(millis(ttl).max(1))
-                .arg(millis(FENCE_KEEP));
-            // Not retried after a dropped connection: if the first attempt
-            // took the lock, a second would find it busy (held by this very
-            // owner) and the lock would then sit until its TTL. The caller
-            // gets a store error and retries as a new owner.
+            let (lock, fence) = (self.key(RecordKind::Lock, scope, key), self.key(RecordKind::Fence, scope, key));
+            let (ttl, keep) = (millis(ttl).max(1), millis(FENCE_KEEP));
+            // Safe to repeat (a cluster client resends a command whose
+            // connection dropped): an attempt that finds the lock held by
+            // this very owner is granted again, with the fence it got. Not
+            // retried here all the same: the caller gets a store error and
+            // retries as a new owner, and the lock frees itself at its TTL.
             let mut conn = self.connection();
-            let reply = invocation.invoke_async(&mut conn).await.map_err(store_error)?;
+            let reply = ACQUIRE
+                .eval(&mut conn, |c| {
+                    c.arg(2).arg(&lock).arg(&fence).arg(owner).arg(ttl).arg(keep);
+                })
+                .await
+                .map_err(store_error)?;
             let redis::Value::Array(items) = &reply else { return Err(unexpected(&reply)) };
             let (Some(kind), Some(n)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
                 return Err(unexpected(&reply));
@@ -77,13 +77,15 @@ where
 
     fn release<'a>(&'a self, scope: &'a str, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut invocation = RELEASE.key(self.key(RecordKind::Lock, scope, key));
-            invocation.arg(owner);
+            let lock = self.key(RecordKind::Lock, scope, key);
             // Not retried after a dropped connection: if the first attempt
             // deleted the lock, a second would find it gone and report it
             // lost. A release that did not happen frees itself at the TTL.
             let mut conn = self.connection();
-            let reply = invocation.invoke_async(&mut conn).await.map_err(store_error)?;
+            let reply = RELEASE.eval(&mut conn, |c| {
+                c.arg(1).arg(&lock).arg(owner);
+            });
+            let reply = reply.await.map_err(store_error)?;
             Ok(matches!(reply, redis::Value::Int(1)))
         })
     }
@@ -109,9 +111,12 @@ where
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut invocation = EXTEND.key(self.key(RecordKind::Lock, scope, key));
-            invocation.arg(owner).arg(millis(ttl).max(1));
-            Ok(matches!(self.call(invocation).await?, redis::Value::Int(1)))
+            let (lock, ttl) = (self.key(RecordKind::Lock, scope, key), millis(ttl).max(1));
+            let mut conn = self.connection();
+            let reply = EXTEND.eval_retrying(&mut conn, |c| {
+                c.arg(1).arg(&lock).arg(owner).arg(ttl);
+            });
+            Ok(matches!(reply.await.map_err(store_error)?, redis::Value::Int(1)))
         })
     }
 }

@@ -67,6 +67,13 @@ pub struct RedisStats {
 /// proxy in front of a cluster); [`batching(false)`](Self::batching) turns
 /// it off by hand.
 ///
+/// **Scripts.** Each runs by `EVALSHA`; a server or cluster node that does
+/// not have it (restarted, a replica just promoted, `SCRIPT FLUSH`) is sent
+/// its source (`EVAL`) instead, so nothing depends on every node being up
+/// to load scripts. Every step is safe to repeat (as a cluster client does
+/// after a dropped connection), except spending a token, which a repeat
+/// finds spent.
+///
 /// **Keys.** Every record is at `<prefix>{<key>}<kind>:<scope>` (see
 /// [`RedisStore::key`]): the business key is the hash tag, so one key's
 /// lease record, marker, lock and fencing counter share a Cluster slot, and
@@ -149,14 +156,6 @@ where
     pub fn key(&self, kind: RecordKind, scope: &str, key: &str) -> String {
         self.names.name(kind, scope, key)
     }
-
-    /// One script call. A connection that dropped (the server restarted) is
-    /// tried once more: a `ConnectionManager` reconnects in between, and
-    /// every script is safe to repeat (a claim finds its own record, the
-    /// others are conditional on owner and fence).
-    pub(crate) async fn call(&self, invocation: redis::ScriptInvocation<'_>) -> Result<redis::Value, Error> {
-        call(&mut self.conn.clone(), invocation).await
-    }
 }
 
 /// Whether a failed call is worth sending once more: the connection
@@ -168,24 +167,56 @@ pub(crate) fn worth_retrying(e: &redis::RedisError) -> bool {
     (e.is_connection_dropped() || e.is_io_error()) && !e.is_connection_refusal()
 }
 
-/// One script call; a dropped connection is tried once more.
-async fn call<C: redis::aio::ConnectionLike + Send>(
-    conn: &mut C,
-    invocation: redis::ScriptInvocation<'_>,
-) -> Result<redis::Value, Error> {
-    call_raw(conn, invocation).await.map_err(store_error)
+/// A Lua script with its source. It runs by `EVALSHA`; a node that does
+/// not have it (`NOSCRIPT`: restarted, a replica just promoted, its cache
+/// flushed) gets `EVAL` of the source instead, on that same node, which
+/// caches it there. Not `SCRIPT LOAD`: a cluster client sends that to every
+/// node, so it fails while any one of them is down, failover or not.
+pub(crate) struct Lua {
+    script: redis::Script,
+    source: &'static str,
 }
 
-async fn call_raw<C: redis::aio::ConnectionLike + Send>(
-    conn: &mut C,
-    invocation: redis::ScriptInvocation<'_>,
-) -> redis::RedisResult<redis::Value> {
-    match invocation.invoke_async(conn).await {
-        Err(e) if worth_retrying(&e) => {
-            tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");
-            invocation.invoke_async(conn).await
+impl Lua {
+    pub(crate) fn new(source: &'static str) -> Lua {
+        Lua { script: redis::Script::new(source), source }
+    }
+
+    /// `EVALSHA` of the script, `fill` adding the number of keys, the keys
+    /// and the arguments; `EVAL` of its source if the node lacks it.
+    pub(crate) async fn eval<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        fill: impl Fn(&mut redis::Cmd),
+    ) -> redis::RedisResult<redis::Value> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash());
+        fill(&mut cmd);
+        match cmd.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(self.source);
+                fill(&mut cmd);
+                cmd.query_async(conn).await
+            }
+            other => other,
         }
-        other => other,
+    }
+
+    /// As [`eval`](Self::eval); a dropped connection is tried once more
+    /// (for scripts that are safe to repeat).
+    pub(crate) async fn eval_retrying<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        fill: impl Fn(&mut redis::Cmd),
+    ) -> redis::RedisResult<redis::Value> {
+        match self.eval(conn, &fill).await {
+            Err(e) if worth_retrying(&e) => {
+                tracing::warn!(target: "idem", error = %e, "redis connection dropped; trying the script once more");
+                self.eval(conn, &fill).await
+            }
+            other => other,
+        }
     }
 }
 
