@@ -221,7 +221,7 @@ pub mod sql {
     pub use idem_runtime::sql::*;
 }
 
-pub use idem_runtime::{MemoryStore, error, key, metrics, record};
+pub use idem_runtime::{MemoryStore, admin, error, key, metrics, record};
 
 /// The `Idempotency-Key` layer for HTTP services (feature `http`).
 #[cfg(feature = "http")]

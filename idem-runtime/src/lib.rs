@@ -38,6 +38,7 @@ pub mod record;
 pub mod state;
 pub mod store;
 pub use store::sql;
+pub use store::sql::admin;
 mod stores;
 mod strategy;
 pub mod token;

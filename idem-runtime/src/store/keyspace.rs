@@ -57,7 +57,7 @@ impl RecordKind {
         }
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "redis"))]
     fn from_word(word: &str) -> Option<RecordKind> {
         RecordKind::ALL.into_iter().find(|k| k.word() == word)
     }
@@ -114,7 +114,7 @@ fn escape(text: &str, out: &mut String) {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "redis"))]
 fn unescape(text: &str) -> Option<String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -138,13 +138,28 @@ fn unescape(text: &str) -> Option<String> {
 /// key; `None` for anything that is not such a name (a record of the
 /// earlier layout, another prefix's record, another application's key).
 pub(crate) fn parse(prefix: &str, name: &str) -> Option<(RecordKind, String, String)> {
-    let space = Keyspace::new(prefix);
-    let rest = name.strip_prefix(space.prefix.as_str())?.strip_prefix('{')?;
-    let close = rest.find('}')?;
-    let key = unescape(&rest[..close])?;
-    let (word, scope) = rest[close + 1..].split_once(':')?;
-    let kind = RecordKind::from_word(word)?;
-    Some((kind, scope.to_owned(), key))
+    Keyspace::new(prefix).read(name)
+}
+
+#[cfg(any(test, feature = "redis"))]
+impl Keyspace {
+    /// Read a name of this keyspace back into its kind, scope and key (both
+    /// as stored); `None` for anything that is not such a name (a record of
+    /// the earlier layout, another prefix's record, another application's
+    /// key).
+    pub(crate) fn read(&self, name: &str) -> Option<(RecordKind, String, String)> {
+        let rest = name.strip_prefix(self.prefix.as_str())?.strip_prefix('{')?;
+        let close = rest.find('}')?;
+        let key = unescape(&rest[..close])?;
+        let (word, scope) = rest[close + 1..].split_once(':')?;
+        let kind = RecordKind::from_word(word)?;
+        Some((kind, scope.to_owned(), key))
+    }
+
+    /// The prefix as names start with it (`%`, `{`, `}` escaped).
+    pub(crate) fn escaped_prefix(&self) -> &str {
+        &self.prefix
+    }
 }
 
 #[cfg(test)]

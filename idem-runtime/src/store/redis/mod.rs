@@ -11,6 +11,7 @@ use super::RecordKind;
 use super::keyspace::Keyspace;
 use crate::Error;
 
+mod admin;
 mod lease;
 mod lock;
 mod precheck;

@@ -29,6 +29,7 @@ macro_rules! bind_keys {
     }};
 }
 
+pub mod admin;
 mod lease;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -117,7 +118,7 @@ pub enum ReadMode {
     message = "idem cannot keep dedup records in `{Self}`",
     note = "supported databases: sqlx::Postgres, sqlx::MySql (MySQL and MariaDB) and sqlx::Sqlite, each behind the idem feature of the same name"
 )]
-pub trait SqlBackend: sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaSql {
+pub trait SqlBackend: sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaSql + admin::AdminSql {
     /// The schema, as shipped in `idem-runtime/migrations/<NAME>/`.
     const SCHEMA: &'static str;
     /// `postgres`, `mysql` or `sqlite`.
@@ -277,15 +278,16 @@ pub trait LeaseSql: sqlx::Database + sealed::Sealed {
 /// The schema and its upkeep: migrations and purging. Sealed: implemented for the supported databases only.
 #[doc(hidden)]
 pub trait SchemaSql: sqlx::Database + sealed::Sealed {
-    /// Delete at most `batch` expired records in one short statement (with
-    /// `archive`, copying the completed ones into `idem_records_archive` in
-    /// the same statement or transaction).
+    /// Delete at most `batch` records the filter selects (expired, or with
+    /// `older_than` also older completed ones) in one short statement (with
+    /// `archive`, copying the completed ones into the archive table in the
+    /// same statement or transaction).
     #[doc(hidden)]
     fn purge_batch(
         conn: &mut Self::Connection,
         batch: u32,
         archive: bool,
-        scope: Option<&str>,
+        filter: &admin::PurgeFilter<'_>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// Create the record table if it is missing (safe to run concurrently).
@@ -503,11 +505,29 @@ pub struct PurgeOptions {
     /// default, purges every scope. For a service that shares its database
     /// with others and purges only its own records.
     pub scope: Option<String>,
+    /// Also delete records written (or last taken over) longer ago than
+    /// this, whatever their retention, except `PROCESSING` ones: a live
+    /// lease is never cut short, and a stuck record is left to
+    /// [`admin::release`] (or its retention), where an operator sees it
+    /// first. `None`, the default, deletes only records past their
+    /// retention. For clearing out records written with a long retention
+    /// (a retention shortened since, a backlog after a purge job stopped).
+    /// Judged by `created_at`, which has no index: each batch scans the
+    /// table, so give it a larger `batch_size` on big tables, and run it by
+    /// hand rather than on a schedule.
+    pub older_than: Option<Duration>,
 }
 
 impl Default for PurgeOptions {
     fn default() -> Self {
-        PurgeOptions { batch_size: 1000, max_batches: None, pause: Duration::ZERO, archive: false, scope: None }
+        PurgeOptions {
+            batch_size: 1000,
+            max_batches: None,
+            pause: Duration::ZERO,
+            archive: false,
+            scope: None,
+            older_than: None,
+        }
     }
 }
 
@@ -520,7 +540,9 @@ pub struct PurgeReport {
     pub batches: u32,
 }
 
-/// Delete records whose retention has passed, in bounded batches.
+/// Delete records whose retention has passed, in bounded batches (with
+/// [`PurgeOptions::older_than`], also older records that are not
+/// `PROCESSING`; [`admin::purge_preview`] counts them first).
 ///
 /// Expiry is judged by the database's clock. Schedule it (a cron job or a
 /// `tokio::time::interval` task) at least once per retention period; records
@@ -528,13 +550,14 @@ pub struct PurgeReport {
 pub async fn purge_expired<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: PurgeOptions) -> Result<PurgeReport, Error> {
     let batch = options.batch_size.max(1);
     let scope = options.scope.as_deref().map(crate::key::stored_scope);
+    let filter = admin::purge_filter(scope.as_deref(), &options)?;
     let mut report = PurgeReport::default();
     let mut conn = pool.acquire().await?;
     loop {
         if options.max_batches.is_some_and(|m| report.batches >= m) {
             break;
         }
-        let n = DB::purge_batch(&mut conn, batch, options.archive, scope.as_deref()).await.map_err(classify::<DB>)?;
+        let n = DB::purge_batch(&mut conn, batch, options.archive, &filter).await.map_err(classify::<DB>)?;
         if n == 0 {
             break;
         }

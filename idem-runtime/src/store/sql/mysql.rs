@@ -10,6 +10,7 @@
 use sqlx::MySql;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 
+use super::admin::{AdminSql, PurgeFilter, Record, RecordId, state_sql, stuck_sql};
 use super::{
     Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
     SchemaSql, SqlBackend, StateSql,
@@ -102,6 +103,57 @@ const HELD: &str = "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND s
 // owner and fence stay on the completed row, so the repeat matches it.
 const HELD_OR_DONE: &str =
     "scope = ? AND idem_key = ? AND owner = ? AND fence = ? AND status IN ('PROCESSING', 'DONE')";
+
+/// The condition of a purge's records, with `now` the clock (a function, or
+/// a placeholder for a cut-off read first); bind its placeholders with
+/// `bind_purgeable!`: the cut-off (if `now` is one), then with `older_than`
+/// the cut-off again and the age, then the scope (with one).
+fn purgeable(f: &PurgeFilter<'_>, now: &str) -> String {
+    let mut cond = format!("expires_at <= {now}");
+    if f.older_than.is_some() {
+        cond = format!("({cond} OR (status <> 'PROCESSING' AND created_at <= {now} - INTERVAL ? MICROSECOND))");
+    }
+    if f.scope.is_some() {
+        cond.push_str(" AND scope = ?");
+    }
+    cond
+}
+
+macro_rules! bind_purgeable {
+    ($q:expr, $f:expr, $cut:expr) => {{
+        let (mut q, cut) = ($q, $cut);
+        if let Some(cut) = cut {
+            q = q.bind(cut);
+        }
+        if let Some(older) = $f.older_than {
+            if let Some(cut) = cut {
+                q = q.bind(cut);
+            }
+            q = q.bind(super::retention_us(older));
+        }
+        if let Some(scope) = $f.scope {
+            q = q.bind(scope);
+        }
+        q
+    }};
+}
+
+/// The clock as epoch milliseconds, and a `DATETIME(6)` column as such.
+const NOW_MS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000";
+
+/// The admin reads' columns (see `admin::decode_admin`).
+fn admin_columns() -> String {
+    let ms = |col: &str| format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {col}) DIV 1000");
+    format!(
+        "CONVERT(scope USING utf8mb4), CONVERT(idem_key USING utf8mb4), status, fingerprint, response, owner, fence, \
+         {}, {}, {}, {}, {NOW_MS}, {}",
+        ms("lease_until"),
+        ms("created_at"),
+        ms("updated_at"),
+        ms("expires_at"),
+        state_sql("UTC_TIMESTAMP(6)")
+    )
+}
 
 impl super::sealed::Sealed for MySql {}
 
@@ -349,42 +401,33 @@ impl SchemaSql for MySql {
         conn: &mut MySqlConnection,
         batch: u32,
         archive: bool,
-        scope: Option<&str>,
+        f: &PurgeFilter<'_>,
     ) -> Result<u64, sqlx::Error> {
-        let only = if scope.is_some() { " AND scope = ?" } else { "" };
+        let t = f.table;
         if !archive {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM idem_records WHERE expires_at <= UTC_TIMESTAMP(6){only} ORDER BY expires_at LIMIT ?"
-            )));
-            if let Some(scope) = scope {
-                query = query.bind(scope);
-            }
-            let gone = query.bind(batch).execute(conn).await?;
+            let cond = purgeable(f, "UTC_TIMESTAMP(6)");
+            let query =
+                sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {cond} ORDER BY expires_at LIMIT ?")));
+            let gone = bind_purgeable!(query, f, None::<&String>).bind(batch).execute(conn).await?;
             return Ok(gone.rows_affected());
         }
-        let expired =
-            format!("expires_at <= CAST(? AS DATETIME(6)){only} ORDER BY expires_at, scope, idem_key LIMIT ?");
+        let chosen = format!("{} ORDER BY expires_at, scope, idem_key LIMIT ?", purgeable(f, "CAST(? AS DATETIME(6))"));
         // One short transaction: the same rows (one cut-off, one order) are
         // copied, then deleted; the copy's shared locks keep them in place.
         use sqlx::Connection;
         let mut tx = conn.begin().await?;
         let cut: String = sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)").fetch_one(&mut *tx).await?;
-        let mut copy = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
+        let copy = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {archive} (scope, idem_key, status, fingerprint, response, owner, fence, \
              lease_until, created_at, updated_at, expires_at, archived_at) \
              SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
-             expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM idem_records WHERE {expired}) AS expired \
-             WHERE status = 'DONE'"
-        )))
-        .bind(&cut);
-        let mut delete =
-            sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {expired}"))).bind(&cut);
-        if let Some(scope) = scope {
-            copy = copy.bind(scope);
-            delete = delete.bind(scope);
-        }
-        copy.bind(batch).execute(&mut *tx).await?;
-        let gone = delete.bind(batch).execute(&mut *tx).await?;
+             expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM {t} WHERE {chosen}) AS expired \
+             WHERE status = 'DONE'",
+            archive = f.archive_table
+        )));
+        let delete = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {chosen}")));
+        bind_purgeable!(copy, f, Some(&cut)).bind(batch).execute(&mut *tx).await?;
+        let gone = bind_purgeable!(delete, f, Some(&cut)).bind(batch).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(gone.rows_affected())
     }
@@ -399,5 +442,70 @@ impl SchemaSql for MySql {
     fn is_missing_table(err: &sqlx::Error) -> bool {
         // 42S02 / ER_NO_SUCH_TABLE (1146)
         err.as_database_error().and_then(|e| e.code()).is_some_and(|c| c == "42S02" || c == "1146")
+    }
+}
+
+impl AdminSql for MySql {
+    async fn admin_fetch(
+        conn: &mut MySqlConnection,
+        table: &str,
+        id: &RecordId,
+    ) -> Result<Option<Record>, sqlx::Error> {
+        let sql = format!("SELECT {} FROM {table} WHERE scope = ? AND idem_key = ?", admin_columns());
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
+        row.map(|row| super::admin::decode_admin(&row)).transpose()
+    }
+
+    async fn admin_stuck(
+        conn: &mut MySqlConnection,
+        table: &str,
+        scope: Option<&str>,
+        after: Option<&RecordId>,
+        limit: u32,
+    ) -> Result<Vec<Record>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {} FROM {table} WHERE {} AND (? IS NULL OR scope = ?) \
+             AND (? IS NULL OR scope > ? OR (scope = ? AND idem_key > ?)) ORDER BY scope, idem_key LIMIT ?",
+            admin_columns(),
+            stuck_sql("UTC_TIMESTAMP(6)")
+        );
+        let (after_scope, after_key) = (after.map(RecordId::scope), after.map(RecordId::key));
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(scope)
+            .bind(after_scope)
+            .bind(after_scope)
+            .bind(after_scope)
+            .bind(after_key)
+            .bind(limit)
+            .fetch_all(conn)
+            .await?;
+        rows.iter().map(super::admin::decode_admin).collect()
+    }
+
+    async fn admin_release(
+        conn: &mut MySqlConnection,
+        table: &str,
+        id: &RecordId,
+        fence: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "DELETE FROM {table} WHERE scope = ? AND idem_key = ? AND fence = ? AND {}",
+            stuck_sql("UTC_TIMESTAMP(6)")
+        );
+        let gone =
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn purge_count(conn: &mut MySqlConnection, f: &PurgeFilter<'_>) -> Result<(u64, u64), sqlx::Error> {
+        let sql = format!(
+            "SELECT COUNT(*), CAST(COALESCE(SUM(status = 'DONE'), 0) AS SIGNED) FROM {} WHERE {}",
+            f.table,
+            purgeable(f, "UTC_TIMESTAMP(6)")
+        );
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql));
+        let (all, done) = bind_purgeable!(query, f, None::<&String>).fetch_one(conn).await?;
+        Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }
 }

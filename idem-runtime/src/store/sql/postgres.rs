@@ -6,6 +6,7 @@
 use sqlx::Postgres;
 use sqlx::postgres::PgConnection;
 
+use super::admin::{AdminSql, PurgeFilter, Record, RecordId, state_sql, stuck_sql};
 use super::{
     Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
     SchemaSql, SqlBackend, StateSql,
@@ -89,6 +90,47 @@ const HELD_OR_DONE: &str =
     "scope = $1 AND idem_key = $2 AND owner = $3 AND fence = $4 AND status IN ('PROCESSING', 'DONE')";
 
 type LeaseClaimRow = (bool, i64, bool, Option<String>, Option<String>, Option<String>, Option<i64>);
+
+/// The condition of a purge's records, its placeholders numbered from
+/// `first`: the cut-off (with `older_than`), then the scope (with one); bind
+/// them with `bind_purgeable!`.
+fn purgeable(f: &PurgeFilter<'_>, first: usize) -> String {
+    let mut n = first;
+    let mut cond = "expires_at <= now()".to_owned();
+    if f.older_than.is_some() {
+        cond = format!("({cond} OR (status <> 'PROCESSING' AND created_at <= now() - ${n}::interval))");
+        n += 1;
+    }
+    if f.scope.is_some() {
+        cond.push_str(&format!(" AND scope = ${n}"));
+    }
+    cond
+}
+
+macro_rules! bind_purgeable {
+    ($q:expr, $f:expr) => {{
+        let mut q = $q;
+        if let Some(older) = $f.older_than {
+            q = q.bind(older);
+        }
+        if let Some(scope) = $f.scope {
+            q = q.bind(scope);
+        }
+        q
+    }};
+}
+
+/// The admin reads' columns (see `admin::decode_admin`), on the statement's
+/// clock (`now()`: an autocommit statement's start).
+fn admin_columns() -> String {
+    format!(
+        "scope, idem_key, status, fingerprint, response, owner, fence, \
+         (extract(epoch FROM lease_until) * 1000)::int8, (extract(epoch FROM created_at) * 1000)::int8, \
+         (extract(epoch FROM updated_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8, \
+         (extract(epoch FROM now()) * 1000)::int8, {}",
+        state_sql("now()")
+    )
+}
 
 impl super::sealed::Sealed for Postgres {}
 
@@ -272,30 +314,31 @@ impl SchemaSql for Postgres {
         conn: &mut PgConnection,
         batch: u32,
         archive: bool,
-        scope: Option<&str>,
+        f: &PurgeFilter<'_>,
     ) -> Result<u64, sqlx::Error> {
         // SKIP LOCKED: a purge never waits behind (or blocks) a live transaction
         // that is replaying one of these records. With `archive`, the deleted
         // completed records go to the archive in the same statement.
         let keep = if archive {
-            ", kept AS (INSERT INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, fence, \
-               lease_until, created_at, updated_at, expires_at, archived_at) \
-               SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
-               expires_at, now() FROM gone WHERE status = 'DONE' ON CONFLICT DO NOTHING)"
+            format!(
+                ", kept AS (INSERT INTO {archive} (scope, idem_key, status, fingerprint, response, owner, fence, \
+                 lease_until, created_at, updated_at, expires_at, archived_at) \
+                 SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, \
+                 updated_at, expires_at, now() FROM gone WHERE status = 'DONE' ON CONFLICT DO NOTHING)",
+                archive = f.archive_table
+            )
         } else {
-            ""
+            String::new()
         };
         let sql = format!(
-            "WITH gone AS (DELETE FROM idem_records WHERE (scope, idem_key) IN (\
-                SELECT scope, idem_key FROM idem_records WHERE expires_at <= now(){only} \
+            "WITH gone AS (DELETE FROM {t} WHERE (scope, idem_key) IN (\
+                SELECT scope, idem_key FROM {t} WHERE {purgeable} \
                 LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING *){keep} SELECT count(*) FROM gone",
-            only = if scope.is_some() { " AND scope = $2" } else { "" }
+            t = f.table,
+            purgeable = purgeable(f, 2),
         );
-        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch));
-        if let Some(scope) = scope {
-            query = query.bind(scope);
-        }
-        let gone: i64 = query.fetch_one(conn).await?;
+        let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch));
+        let gone: i64 = bind_purgeable!(query, f).fetch_one(conn).await?;
         Ok(u64::try_from(gone).unwrap_or(0))
     }
 
@@ -313,5 +356,60 @@ impl SchemaSql for Postgres {
     fn is_missing_table(err: &sqlx::Error) -> bool {
         // 42P01: undefined_table
         err.as_database_error().and_then(|e| e.code()).is_some_and(|c| c == "42P01")
+    }
+}
+
+impl AdminSql for Postgres {
+    async fn admin_fetch(conn: &mut PgConnection, table: &str, id: &RecordId) -> Result<Option<Record>, sqlx::Error> {
+        let sql = format!("SELECT {} FROM {table} WHERE scope = $1 AND idem_key = $2", admin_columns());
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
+        row.map(|row| super::admin::decode_admin(&row)).transpose()
+    }
+
+    async fn admin_stuck(
+        conn: &mut PgConnection,
+        table: &str,
+        scope: Option<&str>,
+        after: Option<&RecordId>,
+        limit: u32,
+    ) -> Result<Vec<Record>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {} FROM {table} WHERE {} AND ($1::text IS NULL OR scope = $1) \
+             AND ($2::text IS NULL OR (scope, idem_key) > ($2, $3)) ORDER BY scope, idem_key LIMIT $4",
+            admin_columns(),
+            stuck_sql("now()")
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(after.map(RecordId::scope))
+            .bind(after.map(RecordId::key))
+            .bind(i64::from(limit))
+            .fetch_all(conn)
+            .await?;
+        rows.iter().map(super::admin::decode_admin).collect()
+    }
+
+    async fn admin_release(
+        conn: &mut PgConnection,
+        table: &str,
+        id: &RecordId,
+        fence: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql =
+            format!("DELETE FROM {table} WHERE scope = $1 AND idem_key = $2 AND fence = $3 AND {}", stuck_sql("now()"));
+        let gone =
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn purge_count(conn: &mut PgConnection, f: &PurgeFilter<'_>) -> Result<(u64, u64), sqlx::Error> {
+        let sql = format!(
+            "SELECT count(*), coalesce(sum(CASE WHEN status = 'DONE' THEN 1 ELSE 0 END), 0)::int8 FROM {} WHERE {}",
+            f.table,
+            purgeable(f, 1)
+        );
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql));
+        let (all, done) = bind_purgeable!(query, f).fetch_one(conn).await?;
+        Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }
 }

@@ -13,6 +13,7 @@
 use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 
+use super::admin::{AdminSql, PurgeFilter, Record, RecordId, state_sql, stuck_sql};
 use super::{
     Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
     SchemaSql, SqlBackend, StateSql,
@@ -104,6 +105,45 @@ const HELD: &str = "scope = ?1 AND idem_key = ?2 AND owner = ?3 AND fence = ?4 A
 // owner and fence stay on the completed row, so the repeat matches it.
 const HELD_OR_DONE: &str =
     "scope = ?1 AND idem_key = ?2 AND owner = ?3 AND fence = ?4 AND status IN ('PROCESSING', 'DONE')";
+
+/// The condition of a purge's records: `?1` the cut-off (epoch ms), then,
+/// numbered from `next`, the age in milliseconds (with `older_than`) and
+/// the scope (with one), bound in that order by `bind_purgeable!`.
+fn purgeable(f: &PurgeFilter<'_>, next: usize) -> String {
+    let mut n = next;
+    let mut cond = "expires_at <= ?1".to_owned();
+    if f.older_than.is_some() {
+        cond = format!("({cond} OR (status <> 'PROCESSING' AND created_at <= ?1 - ?{n}))");
+        n += 1;
+    }
+    if f.scope.is_some() {
+        cond.push_str(&format!(" AND scope = ?{n}"));
+    }
+    cond
+}
+
+macro_rules! bind_purgeable {
+    ($q:expr, $f:expr) => {{
+        let mut q = $q;
+        if let Some(older) = $f.older_than {
+            q = q.bind(crate::store::millis(older));
+        }
+        if let Some(scope) = $f.scope {
+            q = q.bind(scope);
+        }
+        q
+    }};
+}
+
+/// The admin reads' columns (see `admin::decode_admin`).
+fn admin_columns() -> String {
+    format!(
+        "scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
+         expires_at, {}, {}",
+        now_ms!(),
+        state_sql(now_ms!())
+    )
+}
 
 impl super::sealed::Sealed for Sqlite {}
 
@@ -313,38 +353,31 @@ impl SchemaSql for Sqlite {
         conn: &mut SqliteConnection,
         batch: u32,
         archive: bool,
-        scope: Option<&str>,
+        f: &PurgeFilter<'_>,
     ) -> Result<u64, sqlx::Error> {
         // One cut-off for both statements; the transaction holds the write
         // lock from its first statement, so the two see the same rows.
-        let expired = format!(
-            "rowid IN (SELECT rowid FROM idem_records WHERE expires_at <= ?1{} ORDER BY rowid LIMIT ?2)",
-            if scope.is_some() { " AND scope = ?3" } else { "" }
-        );
+        let t = f.table;
+        let chosen = format!("rowid IN (SELECT rowid FROM {t} WHERE {} ORDER BY rowid LIMIT ?2)", purgeable(f, 3));
         use sqlx::Connection;
         let mut tx = conn.begin().await?;
         let cut: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *tx).await?;
         if archive {
-            let mut copy = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT OR IGNORE INTO idem_records_archive (scope, idem_key, status, fingerprint, response, owner, \
+            let copy = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT OR IGNORE INTO {archive} (scope, idem_key, status, fingerprint, response, owner, \
                  fence, lease_until, created_at, updated_at, expires_at, archived_at) \
                  SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, \
-                 updated_at, expires_at, ?1 FROM idem_records WHERE {expired} AND status = 'DONE'"
+                 updated_at, expires_at, ?1 FROM {t} WHERE {chosen} AND status = 'DONE'",
+                archive = f.archive_table
             )))
             .bind(cut)
             .bind(i64::from(batch));
-            if let Some(scope) = scope {
-                copy = copy.bind(scope);
-            }
-            copy.execute(&mut *tx).await?;
+            bind_purgeable!(copy, f).execute(&mut *tx).await?;
         }
-        let mut delete = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM idem_records WHERE {expired}")))
+        let delete = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {chosen}")))
             .bind(cut)
             .bind(i64::from(batch));
-        if let Some(scope) = scope {
-            delete = delete.bind(scope);
-        }
-        let gone = delete.execute(&mut *tx).await?;
+        let gone = bind_purgeable!(delete, f).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(gone.rows_affected())
     }
@@ -356,5 +389,64 @@ impl SchemaSql for Sqlite {
 
     fn is_missing_table(err: &sqlx::Error) -> bool {
         err.as_database_error().is_some_and(|e| e.message().contains("no such table"))
+    }
+}
+
+impl AdminSql for Sqlite {
+    async fn admin_fetch(
+        conn: &mut SqliteConnection,
+        table: &str,
+        id: &RecordId,
+    ) -> Result<Option<Record>, sqlx::Error> {
+        let sql = format!("SELECT {} FROM {table} WHERE scope = ?1 AND idem_key = ?2", admin_columns());
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
+        row.map(|row| super::admin::decode_admin(&row)).transpose()
+    }
+
+    async fn admin_stuck(
+        conn: &mut SqliteConnection,
+        table: &str,
+        scope: Option<&str>,
+        after: Option<&RecordId>,
+        limit: u32,
+    ) -> Result<Vec<Record>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {} FROM {table} WHERE {} AND (?1 IS NULL OR scope = ?1) \
+             AND (?2 IS NULL OR scope > ?2 OR (scope = ?2 AND idem_key > ?3)) ORDER BY scope, idem_key LIMIT ?4",
+            admin_columns(),
+            stuck_sql(now_ms!())
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(after.map(RecordId::scope))
+            .bind(after.map(RecordId::key))
+            .bind(i64::from(limit))
+            .fetch_all(conn)
+            .await?;
+        rows.iter().map(super::admin::decode_admin).collect()
+    }
+
+    async fn admin_release(
+        conn: &mut SqliteConnection,
+        table: &str,
+        id: &RecordId,
+        fence: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "DELETE FROM {table} WHERE scope = ?1 AND idem_key = ?2 AND fence = ?3 AND {}",
+            stuck_sql(now_ms!())
+        );
+        let gone =
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
+        Ok(gone.rows_affected())
+    }
+
+    async fn purge_count(conn: &mut SqliteConnection, f: &PurgeFilter<'_>) -> Result<(u64, u64), sqlx::Error> {
+        let sql =
+            format!("SELECT count(*), coalesce(sum(status = 'DONE'), 0) FROM {} WHERE {}", f.table, purgeable(f, 2));
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *conn).await?;
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql)).bind(now);
+        let (all, done) = bind_purgeable!(query, f).fetch_one(conn).await?;
+        Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }
 }

@@ -1,0 +1,437 @@
+//! Operating idem's records: look one up, list the stuck ones, release one,
+//! and see what a purge would delete. What the `idem` command-line tool
+//! (the `idem-cli` package) does, as functions a program can call.
+//!
+//! The SQL functions work on PostgreSQL, MySQL/MariaDB and SQLite, on the
+//! record table ([`RECORD_TABLE`]); the lease records
+//! in Redis have their counterparts on [`RedisStore`](crate::RedisStore)
+//! (`inspect_lease`, `stuck_leases`, `release_lease`). Purging is
+//! [`purge_expired`](crate::purge_expired), with
+//! [`PurgeOptions::older_than`](crate::PurgeOptions::older_than) for
+//! records older than a cut-off whatever their retention;
+//! [`purge_preview`] counts what it would delete.
+//!
+//! # Which records are stuck
+//!
+//! A record is judged by the store's clock ([`RecordState`]):
+//!
+//! - **lease passed** ([`RecordState::LeasePassed`]): a `lease` record
+//!   still `PROCESSING` whose lease deadline has passed: its worker died or
+//!   its call was dropped mid-body. The next call of the key takes it over
+//!   by itself (fence + 1), so nothing waits on it; listed because the
+//!   work it started may or may not have happened;
+//! - **unfinished** ([`RecordState::Unfinished`]): a `PROCESSING` record
+//!   with no lease, a dedup record committed without its answer (the
+//!   guarded call was cancelled or panicked and the caller committed its
+//!   transaction anyway). Every repeat gets
+//!   [`Error::Unfinished`] until the record is
+//!   deleted or its retention passes: reconcile the business state by
+//!   hand, then [`release`] it. (A dedup record of a transaction still
+//!   open is not visible to these reads, so it is never listed.)
+//!
+//! Not stuck: a `PROCESSING` record whose lease is live (its worker is
+//! running: [`RecordState::Running`]), a `DONE` record, and any record past
+//! its retention ([`RecordState::Expired`]: guards ignore it and take the
+//! key over, and a purge deletes it).
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
+//! use idem_runtime::admin::{self, RecordId, Release, StuckQuery};
+//! for record in admin::stuck(&pool, &StuckQuery { scope: Some("bank.transfer".into()), ..Default::default() }).await? {
+//!     println!("{} {} {:?} fence {}", record.scope, record.key, record.state, record.fence);
+//!     // After checking with the bank that the transfer did not happen:
+//!     match admin::release(&pool, &record.id(), record.fence).await? {
+//!         Release::Released(_) => println!("released: the next call runs again"),
+//!         other => println!("left alone: {other:?}"),
+//!     }
+//! }
+//! let id = RecordId::new("bank.transfer", &idem_runtime::Key::new("T-1001")?);
+//! if let Some(record) = admin::inspect(&pool, &id).await? {
+//!     println!("{:?}", record.state);
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+
+use super::{PurgeOptions, RECORD_TABLE, SqlBackend, classify};
+use crate::record::RecordStatus;
+use crate::{Error, Key};
+
+/// Which record: a scope and a key, as the record stores them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RecordId {
+    scope: String,
+    key: String,
+}
+
+impl RecordId {
+    /// The record a guard of `scope` (as the guard names it: its
+    /// `scope = "..."`, or `module_path::fn_name`) keeps for `key` (built as
+    /// the guard builds it: [`Key::new`] for a one-part business key).
+    /// Long scopes are hashed as the guards hash them.
+    pub fn new(scope: &str, key: &Key) -> RecordId {
+        RecordId { scope: crate::key::stored_scope(scope).into_owned(), key: key.as_str().to_owned() }
+    }
+
+    /// A record named as the store holds it: a scope and a key exactly as
+    /// [`Record::scope`] and [`Record::key`] show them (a hashed
+    /// `\sha256:...` one included), e.g. from [`stuck`]'s list.
+    pub fn stored(scope: impl Into<String>, key: impl Into<String>) -> RecordId {
+        RecordId { scope: scope.into(), key: key.into() }
+    }
+
+    /// The scope as stored.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The key as stored.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// What a record means now, by the store's clock. See the [module](self)
+/// docs for which states are stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// `PROCESSING` with a live lease: a worker runs the call.
+    Running,
+    /// `PROCESSING` with its lease passed: the worker died or was dropped
+    /// (stuck; the next call takes it over).
+    LeasePassed,
+    /// `PROCESSING` with no lease: a dedup record committed without its
+    /// answer (stuck; repeats get [`Error::Unfinished`]).
+    Unfinished,
+    /// `DONE`: repeats replay its response.
+    Done,
+    /// `FAILED` (reserved by the schema; no guard writes it today).
+    Failed,
+    /// Past its retention (SQL only: Redis drops such a record itself):
+    /// guards ignore it, a purge deletes it.
+    Expired,
+}
+
+impl RecordState {
+    /// `running`, `lease_passed`, `unfinished`, `done`, `failed` or `expired`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::Running => "running",
+            RecordState::LeasePassed => "lease_passed",
+            RecordState::Unfinished => "unfinished",
+            RecordState::Done => "done",
+            RecordState::Failed => "failed",
+            RecordState::Expired => "expired",
+        }
+    }
+
+    /// True for the states [`release`] acts on: [`LeasePassed`](Self::LeasePassed)
+    /// and [`Unfinished`](Self::Unfinished).
+    pub fn is_stuck(self) -> bool {
+        matches!(self, RecordState::LeasePassed | RecordState::Unfinished)
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<RecordState> {
+        Some(match s {
+            "running" => RecordState::Running,
+            "lease_passed" => RecordState::LeasePassed,
+            "unfinished" => RecordState::Unfinished,
+            "done" => RecordState::Done,
+            "failed" => RecordState::Failed,
+            "expired" => RecordState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// A record as an operator sees it, read with the store's clock.
+///
+/// Timestamps are milliseconds since the Unix epoch on the store's clock;
+/// `now_ms` is that clock when the record was read (so `now_ms -
+/// created_at_ms` is its age, `lease_until_ms - now_ms` the lease left).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Record {
+    /// The scope as stored (long ones hashed, see [`RecordId::new`]).
+    pub scope: String,
+    /// The key as stored ([`Key::as_str`]: parts joined and escaped, long
+    /// keys hashed).
+    pub key: String,
+    /// The stored status.
+    pub status: RecordStatus,
+    /// What the record means now.
+    pub state: RecordState,
+    /// Hex SHA-256 of the first call's payload, when its guard declared one.
+    pub fingerprint: Option<String>,
+    /// JSON of the first call's answer, once done.
+    pub response: Option<String>,
+    /// The worker holding (or that last held) the lease.
+    pub owner: Option<String>,
+    /// Fencing token: a lease record's changes with every take-over; 0 for
+    /// a dedup record.
+    pub fence: i64,
+    /// End of the lease (lease records while `PROCESSING`).
+    pub lease_until_ms: Option<i64>,
+    /// When the record was written or last taken over (SQL only).
+    pub created_at_ms: Option<i64>,
+    /// Last change (SQL only).
+    pub updated_at_ms: Option<i64>,
+    /// When its retention ends (SQL), or its key's TTL runs out (Redis).
+    pub expires_at_ms: Option<i64>,
+    /// The store's clock when the record was read.
+    pub now_ms: i64,
+}
+
+impl Record {
+    /// Which record this is, to [`release`] it or read it again.
+    pub fn id(&self) -> RecordId {
+        RecordId::stored(self.scope.clone(), self.key.clone())
+    }
+
+    /// How long ago it was written or last taken over (SQL records).
+    pub fn age_ms(&self) -> Option<i64> {
+        self.created_at_ms.map(|c| self.now_ms - c)
+    }
+
+    /// Milliseconds left on its lease (negative once passed).
+    pub fn lease_left_ms(&self) -> Option<i64> {
+        self.lease_until_ms.map(|l| l - self.now_ms)
+    }
+}
+
+/// What [`stuck`] lists: one page of stuck records, in (scope, key) order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StuckQuery {
+    /// Only this scope (as the guard names it; hashed like the guards do);
+    /// `None`, the default, lists every scope.
+    pub scope: Option<String>,
+    /// Most records in the page (at least 1). Default 100.
+    pub limit: u32,
+    /// The page after this record (the last of the previous page); `None`
+    /// starts at the beginning.
+    pub after: Option<RecordId>,
+}
+
+impl Default for StuckQuery {
+    fn default() -> Self {
+        StuckQuery { scope: None, limit: 100, after: None }
+    }
+}
+
+/// What [`release`] (and `RedisStore::release_lease`) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Release {
+    /// The record was stuck with the fence the caller gave, and is gone:
+    /// the next call of the key runs its body. The record as it was.
+    Released(Record),
+    /// No such record.
+    NotFound,
+    /// The record is not stuck (running, done, failed or expired): left
+    /// alone. The record as it is.
+    NotStuck(Record),
+    /// The record has another fence than the caller gave: a worker took it
+    /// over since the caller looked. Left alone; look again.
+    FenceChanged(Record),
+}
+
+/// What [`purge_preview`] counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgePreview {
+    /// Records a purge with these options would delete now.
+    pub deleted: u64,
+    /// Of these, the ones it would copy into the archive (the `DONE` ones,
+    /// with [`PurgeOptions::archive`]; else 0).
+    pub archived: u64,
+}
+
+/// Which records a purge deletes: on `table`, past their retention, or
+/// (with `older_than`) created before the cut-off and not `PROCESSING`;
+/// optionally one scope (as stored).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct PurgeFilter<'a> {
+    pub table: &'a str,
+    /// Where `archive` copies completed records.
+    pub archive_table: &'a str,
+    pub scope: Option<&'a str>,
+    pub older_than: Option<std::time::Duration>,
+}
+
+/// The statements of the admin functions. Sealed: implemented for the
+/// supported databases only. `table` is a plain identifier, written into the
+/// SQL as it is (never user input); scopes and keys are always bound.
+#[doc(hidden)]
+pub trait AdminSql: sqlx::Database + super::sealed::Sealed {
+    /// One record with the clock and its state.
+    #[doc(hidden)]
+    fn admin_fetch(
+        conn: &mut Self::Connection,
+        table: &str,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send;
+
+    /// A page of stuck records, in (scope, key) order.
+    #[doc(hidden)]
+    fn admin_stuck(
+        conn: &mut Self::Connection,
+        table: &str,
+        scope: Option<&str>,
+        after: Option<&RecordId>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Record>, sqlx::Error>> + Send;
+
+    /// Delete the record only if it is stuck with this fence; rows deleted.
+    #[doc(hidden)]
+    fn admin_release(
+        conn: &mut Self::Connection,
+        table: &str,
+        id: &RecordId,
+        fence: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// The records a purge would delete now, and the `DONE` ones among them.
+    #[doc(hidden)]
+    fn purge_count(
+        conn: &mut Self::Connection,
+        filter: &PurgeFilter<'_>,
+    ) -> impl Future<Output = Result<(u64, u64), sqlx::Error>> + Send;
+}
+
+/// The state of a record as SQL computes it, with `now` the statement's
+/// clock in the table's time type: the one definition the reads and the
+/// release's compare-and-delete share (see [`stuck_sql`]).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn state_sql(now: &str) -> String {
+    format!(
+        "CASE WHEN expires_at <= {now} THEN 'expired' WHEN status = 'DONE' THEN 'done' \
+         WHEN status = 'FAILED' THEN 'failed' WHEN lease_until IS NULL THEN 'unfinished' \
+         WHEN lease_until <= {now} THEN 'lease_passed' ELSE 'running' END"
+    )
+}
+
+/// The condition of a stuck record: the states `unfinished` and
+/// `lease_passed` of [`state_sql`].
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn stuck_sql(now: &str) -> String {
+    format!("status = 'PROCESSING' AND expires_at > {now} AND (lease_until IS NULL OR lease_until <= {now})")
+}
+
+/// Decode the admin reads' columns, in that order: scope, key, status,
+/// fingerprint, response, owner, fence, lease_until, created_at, updated_at,
+/// expires_at, now (timestamps as epoch milliseconds), state.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_admin<R>(row: &R) -> Result<Record, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let status: String = row.try_get(2)?;
+    let state: String = row.try_get(12)?;
+    let bad = |what: &str, value: &str| sqlx::Error::ColumnDecode {
+        index: what.into(),
+        source: format!("unknown record {what} {value:?}").into(),
+    };
+    Ok(Record {
+        scope: row.try_get(0)?,
+        key: row.try_get(1)?,
+        status: RecordStatus::parse(&status).ok_or_else(|| bad("status", &status))?,
+        state: RecordState::parse(&state).ok_or_else(|| bad("state", &state))?,
+        fingerprint: row.try_get(3)?,
+        response: row.try_get(4)?,
+        owner: row.try_get(5)?,
+        fence: row.try_get(6)?,
+        lease_until_ms: row.try_get(7)?,
+        created_at_ms: Some(row.try_get(8)?),
+        updated_at_ms: Some(row.try_get(9)?),
+        expires_at_ms: Some(row.try_get(10)?),
+        now_ms: row.try_get(11)?,
+    })
+}
+
+/// Read one record with its state, by the database's clock.
+///
+/// Like [`find_record`](crate::find_record), plus the clock and what the
+/// record means now ([`Record::state`]).
+pub async fn inspect<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId) -> Result<Option<Record>, Error> {
+    let mut conn = pool.acquire().await?;
+    DB::admin_fetch(&mut conn, RECORD_TABLE, id).await.map_err(classify::<DB>)
+}
+
+/// One page of stuck records (see the [module](self) docs): `PROCESSING`
+/// records whose lease has passed, and unfinished dedup records, not past
+/// their retention; in (scope, key) order, at most `query.limit`. For the
+/// next page, set `query.after` to the last record's [`Record::id`].
+///
+/// Each page is one statement; it reads the whole table's `PROCESSING`
+/// rows (there is no index on status), which a table of live traffic keeps
+/// few.
+pub async fn stuck<DB: SqlBackend>(pool: &sqlx::Pool<DB>, query: &StuckQuery) -> Result<Vec<Record>, Error> {
+    let mut conn = pool.acquire().await?;
+    let scope = query.scope.as_deref().map(crate::key::stored_scope);
+    DB::admin_stuck(&mut conn, RECORD_TABLE, scope.as_deref(), query.after.as_ref(), query.limit.max(1))
+        .await
+        .map_err(classify::<DB>)
+}
+
+/// Delete one stuck record so the next call of its key runs again, only if
+/// it is still stuck and still has the fence `fence` the caller saw (from
+/// [`inspect`] or [`stuck`]): one compare-and-delete statement, so a record
+/// a worker took over meanwhile (another fence), one that completed, or
+/// one whose worker came back and renewed its lease, is left alone.
+///
+/// A `DONE` record is never released (a purge deletes records). For an
+/// unfinished dedup record, first reconcile what its call did: after the
+/// release a repeat runs the body again.
+pub async fn release<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId, fence: i64) -> Result<Release, Error> {
+    let mut conn = pool.acquire().await?;
+    let Some(seen) = fetch::<DB>(&mut conn, id).await? else {
+        return Ok(Release::NotFound);
+    };
+    if seen.fence != fence {
+        return Ok(Release::FenceChanged(seen));
+    }
+    if !seen.state.is_stuck() {
+        return Ok(Release::NotStuck(seen));
+    }
+    if DB::admin_release(&mut conn, RECORD_TABLE, id, fence).await.map_err(classify::<DB>)? == 1 {
+        return Ok(Release::Released(seen));
+    }
+    // Changed between the read and the delete: say how.
+    Ok(match fetch::<DB>(&mut conn, id).await? {
+        None => Release::NotFound,
+        Some(now) if now.fence != fence => Release::FenceChanged(now),
+        Some(now) => Release::NotStuck(now),
+    })
+}
+
+async fn fetch<DB: SqlBackend>(conn: &mut DB::Connection, id: &RecordId) -> Result<Option<Record>, Error> {
+    DB::admin_fetch(conn, RECORD_TABLE, id).await.map_err(classify::<DB>)
+}
+
+/// Count what [`purge_expired`](crate::purge_expired) with `options` would
+/// delete now (and archive), without deleting anything: a dry run. The
+/// count is of this moment; records expire meanwhile.
+pub async fn purge_preview<DB: SqlBackend>(
+    pool: &sqlx::Pool<DB>,
+    options: &PurgeOptions,
+) -> Result<PurgePreview, Error> {
+    let scope = options.scope.as_deref().map(crate::key::stored_scope);
+    let filter = purge_filter(scope.as_deref(), options)?;
+    let mut conn = pool.acquire().await?;
+    let (deleted, done) = DB::purge_count(&mut conn, &filter).await.map_err(classify::<DB>)?;
+    Ok(PurgePreview { deleted, archived: if options.archive { done } else { 0 } })
+}
+
+/// The filter of a purge with `options` on the record table.
+pub(crate) fn purge_filter<'a>(scope: Option<&'a str>, options: &PurgeOptions) -> Result<PurgeFilter<'a>, Error> {
+    let older_than = options.older_than.map(|d| crate::error::check_ttl("older_than", d)).transpose()?;
+    Ok(PurgeFilter { table: RECORD_TABLE, archive_table: ARCHIVE_TABLE, scope, older_than })
+}
+
+/// The archive of the record table.
+pub(crate) const ARCHIVE_TABLE: &str = "idem_records_archive";
