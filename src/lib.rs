@@ -175,8 +175,9 @@ pub use idem_macros::StateMachine;
 
 pub use idem_runtime::{
     Claim, DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, Guard, GuardError, IdempotencyKey, Key, LeaseTicket,
-    LockTicket, Outcome, PurgeOptions, PurgeReport, RecordStatus, Replayable, Result, SilentRepeat, SqlBackend,
-    StateMachine, Stores, StoresBuilder, Ticket, TokenTicket, TxContext, find_record, migrate, observe, purge_expired,
+    LockTicket, Outcome, PurgeOptions, PurgeReport, RecordStatus, RecordTable, Replayable, Result, SilentRepeat,
+    SqlBackend, StateMachine, Stores, StoresBuilder, Ticket, TokenTicket, TxContext, find_record, migrate, migrator,
+    observe, purge_expired, record_table, set_record_table,
 };
 
 /// Lease records: `strategy = "lease"`.

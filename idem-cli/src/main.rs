@@ -53,6 +53,11 @@ struct Cli {
     )]
     redis_prefix: String,
 
+    /// The record table, if the application names another than
+    /// `idem_records` (`idem::set_record_table`): `name` or `schema.name`.
+    #[arg(long, env = "IDEM_RECORD_TABLE", global = true, value_name = "TABLE", default_value = "idem_records")]
+    table: String,
+
     /// Print one JSON document on stdout instead of text (messages still go
     /// to stderr).
     #[arg(long, global = true)]
@@ -246,6 +251,7 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
             "no store given: pass --database-url URL and/or --redis-url URL (or set IDEM_DATABASE_URL / IDEM_REDIS_URL)",
         ));
     }
+    idem_runtime::set_record_table(&cli.table).map_err(|e| Failure::usage(e.to_string()))?;
     let create = matches!(cli.command, Command::Migrate);
     let redis_url = if wants_sql_only { None } else { cli.redis_url.as_deref() };
     let stores = Stores::connect(cli.database_url.as_deref(), redis_url, &cli.redis_prefix, create).await?;

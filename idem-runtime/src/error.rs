@@ -207,6 +207,17 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// A record table name that is not a plain `name` or `schema.name`, or
+    /// another name than the one this process already uses
+    /// ([`set_record_table`](crate::sql::table::set_record_table)).
+    #[error("invalid record table `{table}`: {reason}")]
+    InvalidTable {
+        /// The name given.
+        table: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// A lease store other than a SQL database (Redis) failed: unreachable,
     /// timed out, or answered something unexpected. Never a duplicate.
     #[error("{store} store error: {source}")]

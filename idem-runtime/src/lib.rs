@@ -47,7 +47,8 @@ pub use error::{Error, Result};
 pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
 pub use key::{Fingerprint, IdempotencyKey, Key};
 pub use record::{DedupRecord, Outcome, RecordStatus, observe};
-pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, purge_expired};
+pub use sql::table::{RecordTable, record_table, set_record_table};
+pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, migrator, purge_expired};
 pub use state::{SilentRepeat, StateMachine};
 pub use store::MemoryStore;
 #[cfg(feature = "redis")]

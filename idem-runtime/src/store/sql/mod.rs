@@ -37,12 +37,14 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+pub mod table;
 
 pub use lease::SqlStore;
 #[doc(hidden)]
 pub use lease::{LeaseAction, LeaseRow};
 
-/// Name of the record table on every backend.
+/// The default name of the record table on every backend (see
+/// [`set_record_table`](table::set_record_table) for another).
 pub const RECORD_TABLE: &str = "idem_records";
 
 /// What a claim statement found.
@@ -123,6 +125,10 @@ pub trait SqlBackend: sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaS
     const SCHEMA: &'static str;
     /// `postgres`, `mysql` or `sqlite`.
     const BACKEND: &'static str;
+    /// The migrations of [`SCHEMA`](Self::SCHEMA), one per file: version,
+    /// description, text (written for `idem_records`).
+    #[doc(hidden)]
+    const MIGRATIONS: &'static [(i64, &'static str, &'static str)];
 
     /// Whether `=` on the state table's text columns ignores case (MySQL's
     /// default collations), so a status stored `Pending` matches `PENDING`.
@@ -484,6 +490,36 @@ pub async fn migrate<DB: SqlBackend>(pool: &sqlx::Pool<DB>) -> Result<(), Error>
     let mut conn = pool.acquire().await?;
     DB::migrate(&mut conn).await?;
     Ok(())
+}
+
+/// idem's migrations as a versioned [`sqlx::migrate::Migrator`], for
+/// applications that run their migrations with sqlx's tooling instead of
+/// calling [`migrate`]: `idem::migrator::<Postgres>().run(&pool).await?`.
+///
+/// Written for this process's record table ([`set_record_table`](table::set_record_table);
+/// set it first). Its history is kept in `_idem_migrations`, not in your
+/// `_sqlx_migrations`, so its versions (1, 2, ...) never collide with yours.
+/// Every migration is idempotent (`IF NOT EXISTS`): a database set up by
+/// [`migrate`] before takes it as applied.
+pub fn migrator<DB: SqlBackend>() -> sqlx::migrate::Migrator {
+    use sqlx::SqlSafeStr as _;
+    let table = table::record_table();
+    let migrations = DB::MIGRATIONS
+        .iter()
+        .map(|(version, description, text)| {
+            let sql = sqlx::AssertSqlSafe(table::migration(text, table)).into_sql_str();
+            sqlx::migrate::Migration::new(
+                *version,
+                (*description).into(),
+                sqlx::migrate::MigrationType::Simple,
+                sql,
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = sqlx::migrate::Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name("_idem_migrations");
+    migrator
 }
 
 /// Options for [`purge_expired`].

@@ -164,6 +164,11 @@ impl SqlBackend for MySql {
         include_str!("../../../migrations/mysql/0002_idem_records_archive.sql")
     );
 
+    const MIGRATIONS: &'static [(i64, &'static str, &'static str)] = &[
+        (1, "idem_records", include_str!("../../../migrations/mysql/0001_idem_records.sql")),
+        (2, "idem_records_archive", include_str!("../../../migrations/mysql/0002_idem_records_archive.sql")),
+    ];
+
     /// `MEDIUMTEXT` holds 16 MiB less one byte; the statement carrying it
     /// must also fit MySQL's and MariaDB's default `max_allowed_packet`
     /// (16 MiB on MariaDB), hence 64 KiB less.
@@ -175,8 +180,13 @@ impl SqlBackend for MySql {
 impl RecordSql for MySql {
     async fn claim(conn: &mut MySqlConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let micros = super::retention_us(r.retention);
-        let inserted =
-            sqlx::query(CLAIM).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(micros).execute(&mut *conn).await;
+        let inserted = sqlx::query(super::table::sql(CLAIM))
+            .bind(r.scope)
+            .bind(r.key)
+            .bind(r.fingerprint)
+            .bind(micros)
+            .execute(&mut *conn)
+            .await;
         match inserted {
             Ok(_) => Ok(ClaimResult::Claimed),
             Err(e) if is_duplicate_key(&e) => Ok(ClaimResult::Conflict),
@@ -189,20 +199,22 @@ impl RecordSql for MySql {
         scope: &str,
         key: &str,
     ) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let row: Option<MySqlRow> = sqlx::query(READ_PLAIN).bind(scope).bind(key).fetch_optional(conn).await?;
+        let row: Option<MySqlRow> =
+            sqlx::query(super::table::sql(READ_PLAIN)).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_existing(&row)).transpose()
     }
 
     async fn read(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let row: Option<MySqlRow> = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
+        let row: Option<MySqlRow> =
+            sqlx::query(super::table::sql(READ)).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_existing(&row)).transpose()
     }
 
     async fn complete(conn: &mut MySqlConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(
+        let done = sqlx::query(super::table::sql(
             "UPDATE idem_records SET status = 'DONE', response = ?, updated_at = UTC_TIMESTAMP(6) \
              WHERE scope = ? AND idem_key = ?",
-        )
+        ))
         .bind(response)
         .bind(scope)
         .bind(key)
@@ -217,7 +229,7 @@ impl RecordSql for MySql {
         response: &str,
     ) -> Result<InsertDone, sqlx::Error> {
         let micros = super::retention_us(r.retention);
-        let inserted = sqlx::query(INSERT_DONE)
+        let inserted = sqlx::query(super::table::sql(INSERT_DONE))
             .bind(r.scope)
             .bind(r.key)
             .bind(r.fingerprint)
@@ -234,7 +246,7 @@ impl RecordSql for MySql {
                 // shared, and InnoDB would resolve that as a deadlock.
                 let existing = Self::read(conn, r.scope, r.key).await?;
                 if existing.as_ref().is_some_and(|e| e.expired) {
-                    let taken = sqlx::query(TAKE_OVER)
+                    let taken = sqlx::query(super::table::sql(TAKE_OVER))
                         .bind(r.fingerprint)
                         .bind(response)
                         .bind(micros)
@@ -259,7 +271,7 @@ impl RecordSql for MySql {
     }
 
     async fn discard(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
-        let gone = sqlx::query("DELETE FROM idem_records WHERE scope = ? AND idem_key = ?")
+        let gone = sqlx::query(super::table::sql("DELETE FROM idem_records WHERE scope = ? AND idem_key = ?"))
             .bind(scope)
             .bind(key)
             .execute(conn)
@@ -268,17 +280,18 @@ impl RecordSql for MySql {
     }
 
     async fn discard_expired(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
-        let gone =
-            sqlx::query("DELETE FROM idem_records WHERE scope = ? AND idem_key = ? AND expires_at <= UTC_TIMESTAMP(6)")
-                .bind(scope)
-                .bind(key)
-                .execute(conn)
-                .await?;
+        let gone = sqlx::query(super::table::sql(
+            "DELETE FROM idem_records WHERE scope = ? AND idem_key = ? AND expires_at <= UTC_TIMESTAMP(6)",
+        ))
+        .bind(scope)
+        .bind(key)
+        .execute(conn)
+        .await?;
         Ok(gone.rows_affected())
     }
 
     async fn fetch(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<Option<DedupRecord>, sqlx::Error> {
-        let row = sqlx::query(FETCH).bind(scope).bind(key).fetch_optional(conn).await?;
+        let row = sqlx::query(super::table::sql(FETCH)).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_record(&row)).transpose()
     }
 }
@@ -319,10 +332,13 @@ impl LeaseSql for MySql {
         // answered in one round trip. A fresh key costs the insert too; a
         // record inserted in between fails the insert (only a unique-key
         // violation counts) and the caller asks again, reading it.
-        let row: Option<LeaseReadRow> =
-            sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(&mut *conn).await?;
+        let row: Option<LeaseReadRow> = sqlx::query_as(super::table::sql(LEASE_READ))
+            .bind(req.scope)
+            .bind(req.key)
+            .fetch_optional(&mut *conn)
+            .await?;
         let Some((status, fingerprint, response, lease_left_ms, expired)) = row else {
-            let inserted = sqlx::query(LEASE_INSERT)
+            let inserted = sqlx::query(super::table::sql(LEASE_INSERT))
                 .bind(req.scope)
                 .bind(req.key)
                 .bind(req.fingerprint)
@@ -350,7 +366,7 @@ impl LeaseSql for MySql {
         }
         // Past its lease or its retention: take it over, in one conditional
         // statement (it re-checks, so two reclaimers cannot both win).
-        let taken = sqlx::query(LEASE_TAKE_OVER)
+        let taken = sqlx::query(super::table::sql(LEASE_TAKE_OVER))
             .bind(req.owner)
             .bind(lease)
             .bind(keep)
@@ -385,7 +401,7 @@ impl LeaseSql for MySql {
                  expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) WHERE {HELD}"
             ),
         };
-        let q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        let q = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)));
         let q = match action {
             LeaseAction::Complete(response) => q.bind(response).bind(super::retention_us(held.retention)),
             LeaseAction::Release => q,
@@ -406,8 +422,9 @@ impl SchemaSql for MySql {
         let t = f.table;
         if !archive {
             let cond = purgeable(f, "UTC_TIMESTAMP(6)");
-            let query =
-                sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {cond} ORDER BY expires_at LIMIT ?")));
+            let query = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!(
+                "DELETE FROM {t} WHERE {cond} ORDER BY expires_at LIMIT ?"
+            ))));
             let gone = bind_purgeable!(query, f, None::<&String>).bind(batch).execute(conn).await?;
             return Ok(gone.rows_affected());
         }
@@ -416,16 +433,17 @@ impl SchemaSql for MySql {
         // copied, then deleted; the copy's shared locks keep them in place.
         use sqlx::Connection;
         let mut tx = conn.begin().await?;
-        let cut: String = sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)").fetch_one(&mut *tx).await?;
-        let copy = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let cut: String =
+            sqlx::query_scalar(super::table::sql("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)")).fetch_one(&mut *tx).await?;
+        let copy = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!(
             "INSERT INTO {archive} (scope, idem_key, status, fingerprint, response, owner, fence, \
              lease_until, created_at, updated_at, expires_at, archived_at) \
              SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
              expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM {t} WHERE {chosen}) AS expired \
              WHERE status = 'DONE'",
             archive = f.archive_table
-        )));
-        let delete = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {chosen}")));
+        ))));
+        let delete = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!("DELETE FROM {t} WHERE {chosen}"))));
         bind_purgeable!(copy, f, Some(&cut)).bind(batch).execute(&mut *tx).await?;
         let gone = bind_purgeable!(delete, f, Some(&cut)).bind(batch).execute(&mut *tx).await?;
         tx.commit().await?;
@@ -435,7 +453,7 @@ impl SchemaSql for MySql {
     async fn migrate(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
         // DDL commits implicitly in MySQL; CREATE TABLE IF NOT EXISTS is safe to
         // race under the server's metadata lock.
-        sqlx::raw_sql(Self::SCHEMA).execute(conn).await?;
+        sqlx::raw_sql(super::table::schema(Self::SCHEMA)).execute(conn).await?;
         Ok(())
     }
 
@@ -452,7 +470,11 @@ impl AdminSql for MySql {
         id: &RecordId,
     ) -> Result<Option<Record>, sqlx::Error> {
         let sql = format!("SELECT {} FROM {table} WHERE scope = ? AND idem_key = ?", admin_columns());
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+            .bind(id.scope())
+            .bind(id.key())
+            .fetch_optional(conn)
+            .await?;
         row.map(|row| super::admin::decode_admin(&row)).transpose()
     }
 
@@ -470,7 +492,7 @@ impl AdminSql for MySql {
             stuck_sql("UTC_TIMESTAMP(6)")
         );
         let (after_scope, after_key) = (after.map(RecordId::scope), after.map(RecordId::key));
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
             .bind(scope)
             .bind(scope)
             .bind(after_scope)
@@ -493,8 +515,12 @@ impl AdminSql for MySql {
             "DELETE FROM {table} WHERE scope = ? AND idem_key = ? AND fence = ? AND {}",
             stuck_sql("UTC_TIMESTAMP(6)")
         );
-        let gone =
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
+        let gone = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+            .bind(id.scope())
+            .bind(id.key())
+            .bind(fence)
+            .execute(conn)
+            .await?;
         Ok(gone.rows_affected())
     }
 

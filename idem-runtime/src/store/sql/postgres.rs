@@ -141,18 +141,28 @@ impl SqlBackend for Postgres {
         include_str!("../../../migrations/postgres/0002_idem_records_archive.sql")
     );
 
+    const MIGRATIONS: &'static [(i64, &'static str, &'static str)] = &[
+        (1, "idem_records", include_str!("../../../migrations/postgres/0001_idem_records.sql")),
+        (2, "idem_records_archive", include_str!("../../../migrations/postgres/0002_idem_records_archive.sql")),
+    ];
+
     const BACKEND: &'static str = "postgres";
 }
 
 impl RecordSql for Postgres {
     async fn claim(conn: &mut PgConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
-        let done =
-            sqlx::query(CLAIM).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(r.retention).execute(conn).await?;
+        let done = sqlx::query(super::table::sql(CLAIM))
+            .bind(r.scope)
+            .bind(r.key)
+            .bind(r.fingerprint)
+            .bind(r.retention)
+            .execute(conn)
+            .await?;
         Ok(if done.rows_affected() == 1 { ClaimResult::Claimed } else { ClaimResult::Conflict })
     }
 
     async fn read(conn: &mut PgConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let row = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
+        let row = sqlx::query(super::table::sql(READ)).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_existing(&row)).transpose()
     }
 
@@ -160,13 +170,14 @@ impl RecordSql for Postgres {
         // No `updated_at = now()`: the record was claimed in this same
         // transaction, and PostgreSQL's now() is the transaction's start, so
         // the claim already wrote that value.
-        let done =
-            sqlx::query("UPDATE idem_records SET status = 'DONE', response = $3 WHERE scope = $1 AND idem_key = $2")
-                .bind(scope)
-                .bind(key)
-                .bind(response)
-                .execute(conn)
-                .await?;
+        let done = sqlx::query(super::table::sql(
+            "UPDATE idem_records SET status = 'DONE', response = $3 WHERE scope = $1 AND idem_key = $2",
+        ))
+        .bind(scope)
+        .bind(key)
+        .bind(response)
+        .execute(conn)
+        .await?;
         Ok(done.rows_affected())
     }
 
@@ -175,8 +186,14 @@ impl RecordSql for Postgres {
         r: &NewRecord<'_>,
         response: &str,
     ) -> Result<InsertDone, sqlx::Error> {
-        let written =
-            |sql| sqlx::query(sql).bind(r.scope).bind(r.key).bind(r.fingerprint).bind(r.retention).bind(response);
+        let written = |sql| {
+            sqlx::query(super::table::sql(sql))
+                .bind(r.scope)
+                .bind(r.key)
+                .bind(r.fingerprint)
+                .bind(r.retention)
+                .bind(response)
+        };
         if written(INSERT_DONE).execute(&mut *conn).await?.rows_affected() == 1 {
             return Ok(InsertDone::Written);
         }
@@ -195,7 +212,7 @@ impl RecordSql for Postgres {
     }
 
     async fn discard(conn: &mut PgConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
-        let gone = sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND idem_key = $2")
+        let gone = sqlx::query(super::table::sql("DELETE FROM idem_records WHERE scope = $1 AND idem_key = $2"))
             .bind(scope)
             .bind(key)
             .execute(conn)
@@ -204,16 +221,18 @@ impl RecordSql for Postgres {
     }
 
     async fn discard_expired(conn: &mut PgConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
-        let gone = sqlx::query("DELETE FROM idem_records WHERE scope = $1 AND idem_key = $2 AND expires_at <= now()")
-            .bind(scope)
-            .bind(key)
-            .execute(conn)
-            .await?;
+        let gone = sqlx::query(super::table::sql(
+            "DELETE FROM idem_records WHERE scope = $1 AND idem_key = $2 AND expires_at <= now()",
+        ))
+        .bind(scope)
+        .bind(key)
+        .execute(conn)
+        .await?;
         Ok(gone.rows_affected())
     }
 
     async fn fetch(conn: &mut PgConnection, scope: &str, key: &str) -> Result<Option<DedupRecord>, sqlx::Error> {
-        let row = sqlx::query(FETCH).bind(scope).bind(key).fetch_optional(conn).await?;
+        let row = sqlx::query(super::table::sql(FETCH)).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_record(&row)).transpose()
     }
 }
@@ -264,7 +283,7 @@ impl StateSql for Postgres {
 
 impl LeaseSql for Postgres {
     async fn lease_claim(conn: &mut PgConnection, req: &LeaseRequest<'_>) -> Result<Option<LeaseClaim>, sqlx::Error> {
-        let row: Option<LeaseClaimRow> = sqlx::query_as(LEASE_CLAIM)
+        let row: Option<LeaseClaimRow> = sqlx::query_as(super::table::sql(LEASE_CLAIM))
             .bind(req.scope)
             .bind(req.key)
             .bind(req.fingerprint)
@@ -299,7 +318,11 @@ impl LeaseSql for Postgres {
                  expires_at = greatest(expires_at, clock_timestamp() + $5::interval) WHERE {HELD}"
             ),
         };
-        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(held.scope).bind(held.key).bind(held.owner).bind(held.fence);
+        let q = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+            .bind(held.scope)
+            .bind(held.key)
+            .bind(held.owner)
+            .bind(held.fence);
         let q = match action {
             LeaseAction::Complete(response) => q.bind(response).bind(held.retention),
             LeaseAction::Release => q,
@@ -337,7 +360,7 @@ impl SchemaSql for Postgres {
             t = f.table,
             purgeable = purgeable(f, 2),
         );
-        let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch));
+        let query = sqlx::query_scalar(sqlx::AssertSqlSafe(super::table::owned(sql))).bind(i64::from(batch));
         let gone: i64 = bind_purgeable!(query, f).fetch_one(conn).await?;
         Ok(u64::try_from(gone).unwrap_or(0))
     }
@@ -348,8 +371,8 @@ impl SchemaSql for Postgres {
         // both pass the check and one fails on pg_type's unique index; the
         // advisory lock makes start-up migrations take turns.
         let mut tx = conn.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(7236012365449411584)").execute(&mut *tx).await?;
-        sqlx::raw_sql(Self::SCHEMA).execute(&mut *tx).await?;
+        sqlx::query(super::table::sql("SELECT pg_advisory_xact_lock(7236012365449411584)")).execute(&mut *tx).await?;
+        sqlx::raw_sql(super::table::schema(Self::SCHEMA)).execute(&mut *tx).await?;
         tx.commit().await
     }
 
@@ -362,7 +385,11 @@ impl SchemaSql for Postgres {
 impl AdminSql for Postgres {
     async fn admin_fetch(conn: &mut PgConnection, table: &str, id: &RecordId) -> Result<Option<Record>, sqlx::Error> {
         let sql = format!("SELECT {} FROM {table} WHERE scope = $1 AND idem_key = $2", admin_columns());
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+            .bind(id.scope())
+            .bind(id.key())
+            .fetch_optional(conn)
+            .await?;
         row.map(|row| super::admin::decode_admin(&row)).transpose()
     }
 
@@ -379,7 +406,7 @@ impl AdminSql for Postgres {
             admin_columns(),
             stuck_sql("now()")
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
             .bind(scope)
             .bind(after.map(RecordId::scope))
             .bind(after.map(RecordId::key))
@@ -397,8 +424,12 @@ impl AdminSql for Postgres {
     ) -> Result<u64, sqlx::Error> {
         let sql =
             format!("DELETE FROM {table} WHERE scope = $1 AND idem_key = $2 AND fence = $3 AND {}", stuck_sql("now()"));
-        let gone =
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
+        let gone = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+            .bind(id.scope())
+            .bind(id.key())
+            .bind(fence)
+            .execute(conn)
+            .await?;
         Ok(gone.rows_affected())
     }
 

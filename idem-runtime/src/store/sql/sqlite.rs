@@ -154,12 +154,17 @@ impl SqlBackend for Sqlite {
         include_str!("../../../migrations/sqlite/0002_idem_records_archive.sql")
     );
 
+    const MIGRATIONS: &'static [(i64, &'static str, &'static str)] = &[
+        (1, "idem_records", include_str!("../../../migrations/sqlite/0001_idem_records.sql")),
+        (2, "idem_records_archive", include_str!("../../../migrations/sqlite/0002_idem_records_archive.sql")),
+    ];
+
     const BACKEND: &'static str = "sqlite";
 }
 
 impl RecordSql for Sqlite {
     async fn claim(conn: &mut SqliteConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
-        let inserted = sqlx::query(CLAIM)
+        let inserted = sqlx::query(super::table::sql(CLAIM))
             .bind(r.scope)
             .bind(r.key)
             .bind(r.fingerprint)
@@ -174,21 +179,22 @@ impl RecordSql for Sqlite {
         scope: &str,
         key: &str,
     ) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        sqlx::query("UPDATE idem_records SET status = status WHERE 0").execute(&mut *conn).await?;
+        sqlx::query(super::table::sql("UPDATE idem_records SET status = status WHERE 0")).execute(&mut *conn).await?;
         Self::read(conn, scope, key).await
     }
 
     async fn read(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let row: Option<SqliteRow> = sqlx::query(READ).bind(scope).bind(key).fetch_optional(conn).await?;
+        let row: Option<SqliteRow> =
+            sqlx::query(super::table::sql(READ)).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_existing(&row)).transpose()
     }
 
     async fn complete(conn: &mut SqliteConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(concat!(
+        let done = sqlx::query(super::table::sql(concat!(
             "UPDATE idem_records SET status = 'DONE', response = ?3, updated_at = ",
             now_ms!(),
             " WHERE scope = ?1 AND idem_key = ?2"
-        ))
+        )))
         .bind(scope)
         .bind(key)
         .bind(response)
@@ -202,7 +208,7 @@ impl RecordSql for Sqlite {
         r: &NewRecord<'_>,
         response: &str,
     ) -> Result<InsertDone, sqlx::Error> {
-        let done = sqlx::query(INSERT_DONE)
+        let done = sqlx::query(super::table::sql(INSERT_DONE))
             .bind(r.scope)
             .bind(r.key)
             .bind(r.fingerprint)
@@ -220,7 +226,7 @@ impl RecordSql for Sqlite {
     }
 
     async fn discard(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
-        let gone = sqlx::query("DELETE FROM idem_records WHERE scope = ?1 AND idem_key = ?2")
+        let gone = sqlx::query(super::table::sql("DELETE FROM idem_records WHERE scope = ?1 AND idem_key = ?2"))
             .bind(scope)
             .bind(key)
             .execute(conn)
@@ -229,10 +235,10 @@ impl RecordSql for Sqlite {
     }
 
     async fn discard_expired(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
-        let gone = sqlx::query(concat!(
+        let gone = sqlx::query(super::table::sql(concat!(
             "DELETE FROM idem_records WHERE scope = ?1 AND idem_key = ?2 AND expires_at <= ",
             now_ms!()
-        ))
+        )))
         .bind(scope)
         .bind(key)
         .execute(conn)
@@ -241,10 +247,10 @@ impl RecordSql for Sqlite {
     }
 
     async fn fetch(conn: &mut SqliteConnection, scope: &str, key: &str) -> Result<Option<DedupRecord>, sqlx::Error> {
-        let row = sqlx::query(
+        let row = sqlx::query(super::table::sql(
             "SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, \
              created_at, updated_at, expires_at FROM idem_records WHERE scope = ?1 AND idem_key = ?2",
-        )
+        ))
         .bind(scope)
         .bind(key)
         .fetch_optional(conn)
@@ -297,7 +303,7 @@ impl LeaseSql for Sqlite {
         // granted meanwhile).
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let fresh = crate::store::clock_micros();
-        let fence: Option<i64> = sqlx::query_scalar(LEASE_CLAIM)
+        let fence: Option<i64> = sqlx::query_scalar(super::table::sql(LEASE_CLAIM))
             .bind(req.scope)
             .bind(req.key)
             .bind(req.fingerprint)
@@ -313,7 +319,11 @@ impl LeaseSql for Sqlite {
             Some(fence) => Some(LeaseClaim::Acquired { fence, reclaimed: fence != fresh }),
             None => {
                 let row: Option<crate::store::sql::lease::LeaseRowColumns> =
-                    sqlx::query_as(LEASE_READ).bind(req.scope).bind(req.key).fetch_optional(&mut *tx).await?;
+                    sqlx::query_as(super::table::sql(LEASE_READ))
+                        .bind(req.scope)
+                        .bind(req.key)
+                        .fetch_optional(&mut *tx)
+                        .await?;
                 row.map(|columns| crate::store::sql::lease::judge_row(req, LeaseRow::from(columns)))
             }
         };
@@ -338,7 +348,11 @@ impl LeaseSql for Sqlite {
                  expires_at = max(expires_at, {now} + ?5) WHERE {HELD}"
             ),
         };
-        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(held.scope).bind(held.key).bind(held.owner).bind(held.fence);
+        let q = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+            .bind(held.scope)
+            .bind(held.key)
+            .bind(held.owner)
+            .bind(held.fence);
         let q = match action {
             LeaseAction::Complete(response) => q.bind(response).bind(crate::store::millis(held.retention)),
             LeaseAction::Release => q,
@@ -361,20 +375,20 @@ impl SchemaSql for Sqlite {
         let chosen = format!("rowid IN (SELECT rowid FROM {t} WHERE {} ORDER BY rowid LIMIT ?2)", purgeable(f, 3));
         use sqlx::Connection;
         let mut tx = conn.begin().await?;
-        let cut: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *tx).await?;
+        let cut: i64 = sqlx::query_scalar(super::table::sql(concat!("SELECT ", now_ms!()))).fetch_one(&mut *tx).await?;
         if archive {
-            let copy = sqlx::query(sqlx::AssertSqlSafe(format!(
+            let copy = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!(
                 "INSERT OR IGNORE INTO {archive} (scope, idem_key, status, fingerprint, response, owner, \
                  fence, lease_until, created_at, updated_at, expires_at, archived_at) \
                  SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, \
                  updated_at, expires_at, ?1 FROM {t} WHERE {chosen} AND status = 'DONE'",
                 archive = f.archive_table
-            )))
+            ))))
             .bind(cut)
             .bind(i64::from(batch));
             bind_purgeable!(copy, f).execute(&mut *tx).await?;
         }
-        let delete = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {chosen}")))
+        let delete = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!("DELETE FROM {t} WHERE {chosen}"))))
             .bind(cut)
             .bind(i64::from(batch));
         let gone = bind_purgeable!(delete, f).execute(&mut *tx).await?;
@@ -383,7 +397,16 @@ impl SchemaSql for Sqlite {
     }
 
     async fn migrate(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(Self::SCHEMA).execute(conn).await?;
+        if let Some(schema) = super::table::record_table().schema() {
+            return Err(sqlx::Error::Configuration(
+                format!(
+                    "the record table `{}` names a schema (`{schema}`); on SQLite name the table alone",
+                    super::table::record_table()
+                )
+                .into(),
+            ));
+        }
+        sqlx::raw_sql(super::table::schema(Self::SCHEMA)).execute(conn).await?;
         Ok(())
     }
 
@@ -399,7 +422,11 @@ impl AdminSql for Sqlite {
         id: &RecordId,
     ) -> Result<Option<Record>, sqlx::Error> {
         let sql = format!("SELECT {} FROM {table} WHERE scope = ?1 AND idem_key = ?2", admin_columns());
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+            .bind(id.scope())
+            .bind(id.key())
+            .fetch_optional(conn)
+            .await?;
         row.map(|row| super::admin::decode_admin(&row)).transpose()
     }
 
@@ -416,7 +443,7 @@ impl AdminSql for Sqlite {
             admin_columns(),
             stuck_sql(now_ms!())
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
             .bind(scope)
             .bind(after.map(RecordId::scope))
             .bind(after.map(RecordId::key))
@@ -436,15 +463,20 @@ impl AdminSql for Sqlite {
             "DELETE FROM {table} WHERE scope = ?1 AND idem_key = ?2 AND fence = ?3 AND {}",
             stuck_sql(now_ms!())
         );
-        let gone =
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
+        let gone = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+            .bind(id.scope())
+            .bind(id.key())
+            .bind(fence)
+            .execute(conn)
+            .await?;
         Ok(gone.rows_affected())
     }
 
     async fn purge_count(conn: &mut SqliteConnection, f: &PurgeFilter<'_>) -> Result<(u64, u64), sqlx::Error> {
         let sql =
             format!("SELECT count(*), coalesce(sum(status = 'DONE'), 0) FROM {} WHERE {}", f.table, purgeable(f, 2));
-        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *conn).await?;
+        let now: i64 =
+            sqlx::query_scalar(super::table::sql(concat!("SELECT ", now_ms!()))).fetch_one(&mut *conn).await?;
         let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql)).bind(now);
         let (all, done) = bind_purgeable!(query, f).fetch_one(conn).await?;
         Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))

@@ -1,0 +1,120 @@
+//! Records in a table the application names (`idem::set_record_table`):
+//! guards, lease records, migrations, `migrator()` and purging all use it,
+//! and `idem_records` is never touched. The table is fixed per process, so
+//! this binary runs with `idem_custom_records` only.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use common::{AppError, unique};
+use idem::{Key, idempotent};
+use sqlx::Transaction;
+
+const TABLE: &str = "idem_custom_records";
+
+fn named() {
+    idem::set_record_table(TABLE).expect("the same name, however often");
+}
+
+#[idempotent(key = "id", scope = "tests.table.dedup")]
+async fn grant<DB: idem::SqlBackend>(
+    tx: &mut Transaction<'_, DB>,
+    id: &str,
+    runs: &AtomicUsize,
+) -> Result<u32, AppError> {
+    let _ = tx;
+    Ok(runs.fetch_add(1, SeqCst) as u32 + 1)
+}
+
+macro_rules! backend {
+    ($name:ident, $pool:expr, $count:literal) => {
+        #[tokio::test]
+        async fn $name() {
+            named();
+            let Some(pool) = $pool else { return };
+            let (id, runs) = (unique("t"), AtomicUsize::new(0));
+            for _ in 0..3 {
+                let mut tx = pool.begin().await.unwrap();
+                assert_eq!(grant(&mut tx, &id, &runs).await.unwrap(), 1);
+                tx.commit().await.unwrap();
+            }
+            assert_eq!(runs.load(SeqCst), 1);
+            let scoped = |table: &str| format!("SELECT COUNT(*) FROM {table} WHERE idem_key = {}", $count);
+            let in_custom: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(scoped(TABLE))).bind(&id).fetch_one(&pool).await.unwrap();
+            assert_eq!(in_custom, 1, "the record is in {TABLE}");
+            // `idem_records` may exist (other test binaries): it holds no trace of this key.
+            if let Ok(in_default) = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(scoped("idem_records")))
+                .bind(&id)
+                .fetch_one(&pool)
+                .await
+            {
+                assert_eq!(in_default, 0);
+            }
+            let found = idem::find_record(&pool, "tests.table.dedup", &Key::new(&id).unwrap()).await.unwrap();
+            assert!(found.is_some());
+            // Lease records go to the same table.
+            let store = idem::lease::SqlStore::new(pool.clone());
+            let key = unique("lease");
+            for _ in 0..2 {
+                match idem::Guard::new("tests.table.lease").key(&key).lease::<u8>(&store, Duration::from_secs(5)).await
+                {
+                    Ok(idem::Claim::Run(ticket)) => {
+                        ticket.run(async { Ok::<u8, idem::Error>(4) }).await.unwrap();
+                    }
+                    Ok(idem::Claim::Replay(v)) => assert_eq!(v, 4),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let leases: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(scoped(TABLE))).bind(&key).fetch_one(&pool).await.unwrap();
+            assert_eq!(leases, 1);
+            // A purge of this scope runs on the table (nothing expired yet).
+            let options = idem::PurgeOptions { scope: Some("tests.table.dedup".into()), ..Default::default() };
+            assert_eq!(idem::purge_expired(&pool, options).await.unwrap().deleted, 0);
+        }
+    };
+}
+
+backend!(sqlite, common::sqlite().await, "?1");
+backend!(postgres, common::postgres().await, "$1");
+backend!(mysql, common::mysql().await, "?");
+
+#[test]
+fn another_name_is_refused_once_one_is_in_use() {
+    named();
+    let e = idem::set_record_table("other_records").unwrap_err();
+    assert!(e.to_string().contains("already `idem_custom_records`"), "{e}");
+    let e = idem::set_record_table("records; DROP TABLE x").unwrap_err();
+    assert!(e.to_string().contains("ASCII letters"), "{e}");
+}
+
+#[tokio::test]
+async fn migrator_creates_the_named_table_and_keeps_its_own_history() {
+    named();
+    let path = std::env::temp_dir().join(format!("{}.db", unique("migrator")));
+    let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+    let migrator = idem::migrator::<sqlx::Sqlite>();
+    migrator.run(&pool).await.unwrap();
+    migrator.run(&pool).await.unwrap(); // applied: nothing to do
+    let tables: Vec<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, ["_idem_migrations", "idem_custom_records", "idem_custom_records_archive"]);
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _idem_migrations ORDER BY version").fetch_all(&pool).await.unwrap();
+    assert_eq!(versions, [1, 2]);
+    let _ = std::fs::remove_file(&path);
+    // A database set up by idem::migrate before takes the migrator's
+    // migrations (all IF NOT EXISTS) without a complaint.
+    let path = std::env::temp_dir().join(format!("{}.db", unique("migrated")));
+    let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+    idem::migrate(&pool).await.unwrap();
+    migrator.run(&pool).await.unwrap();
+    let _ = std::fs::remove_file(&path);
+}
