@@ -91,19 +91,20 @@ async fn cluster_marks() -> Option<(idem::RedisStore<redis::cluster_async::Clust
     Some((idem::RedisStore::new(conn.clone(), prefix.clone()), Conn::Cluster(conn), prefix))
 }
 
-/// Delete every marker under `prefix` (on a cluster, `KEYS` asks every
-/// master and each `DEL` goes to its key's).
+/// Delete every marker under `prefix`: with `SCAN` on the shared
+/// standalone server (never `KEYS`, which blocks it on a big keyspace); on
+/// the test cluster, which holds only test keys, `KEYS` (the cluster client
+/// asks every master) and a `DEL` to each key's.
 async fn flush(conn: &Conn, prefix: &str) {
-    async fn on<C: redis::aio::ConnectionLike>(c: &mut C, prefix: &str) -> usize {
-        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(c).await.unwrap();
-        for k in &keys {
-            let _: () = redis::cmd("DEL").arg(k).query_async(c).await.unwrap();
-        }
-        keys.len()
-    }
     let flushed = match conn.clone() {
-        Conn::Single(mut c) => on(&mut c, prefix).await,
-        Conn::Cluster(mut c) => on(&mut c, prefix).await,
+        Conn::Single(mut c) => common::scan_unlink(&mut c, &format!("{prefix}*")).await,
+        Conn::Cluster(mut c) => {
+            let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut c).await.unwrap();
+            for k in &keys {
+                let _: () = redis::cmd("DEL").arg(k).query_async(&mut c).await.unwrap();
+            }
+            keys.len()
+        }
     };
     assert!(flushed > 0, "markers were written under {prefix}");
 }

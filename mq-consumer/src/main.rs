@@ -186,11 +186,29 @@ impl Redis {
         Ok(format!("deleted this run's {n} markers"))
     }
 
-    /// Delete this run's markers.
+    /// Delete this run's markers, with `SCAN` page by page (never `KEYS`,
+    /// which blocks a shared server on a big keyspace) and `UNLINK`.
     async fn forget(&mut self) -> Result<i64, redis::RedisError> {
-        let script = "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) n = n + 1 end \
-                      return n";
-        redis::cmd("EVAL").arg(script).arg(0).arg(format!("{}*", self.prefix)).query_async(&mut self.conn).await
+        let pattern = format!("{}*", self.prefix);
+        let (mut cursor, mut deleted) = (0u64, 0i64);
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut self.conn)
+                .await?;
+            if !keys.is_empty() {
+                let n: i64 = redis::cmd("UNLINK").arg(&keys).query_async(&mut self.conn).await?;
+                deleted += n;
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
     }
 }
 

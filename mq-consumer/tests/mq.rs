@@ -204,9 +204,7 @@ async fn services() -> Option<(PgPool, Bus, idem::RedisStore, redis::aio::Connec
 /// flushing a Redis other tests share).
 async fn flush(conn: &redis::aio::ConnectionManager, prefix: &str) {
     let mut conn = conn.clone();
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.unwrap();
-    assert!(!keys.is_empty(), "the markers were in Redis");
-    let _: () = redis::cmd("DEL").arg(keys).query_async(&mut conn).await.unwrap();
+    assert!(common::scan_unlink(&mut conn, &format!("{prefix}*")).await > 0, "the markers were in Redis");
 }
 
 #[tokio::test]

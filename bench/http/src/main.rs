@@ -81,7 +81,9 @@ async fn sides(redis_url: &str, run: &str) -> Result<Vec<(&'static str, Router)>
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(redis_url)?).await?;
     let idem_memory = idem::http::IdempotencyLayer::new(idem::MemoryStore::new()).scope(format!("bench.http.{run}"));
     let idem_redis = idem::http::IdempotencyLayer::new(idem::RedisStore::new(conn, format!("idem-bench-http-{run}:")))
-        .scope(format!("bench.http.{run}"));
+        .scope(format!("bench.http.{run}"))
+        // Ten minutes is plenty for a run; the keys are deleted at its end too.
+        .retention(Duration::from_secs(600));
     let peer_store = idempotent::store::valkey::ValkeyStore::with_url(redis_url)
         .prefix(format!("peer-bench-http-{run}"))
         .try_build()
@@ -282,5 +284,22 @@ async fn main() -> Result<(), BoxError> {
         per_round("idem_redis", "peer_redis")
     ));
     println!("{line}");
+    // Leave the shared Redis as it was: this run's keys, found with SCAN
+    // (never KEYS, which blocks the server on a big keyspace), unlinked.
+    let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(args.redis_url.as_str())?).await?;
+    for pattern in [format!("idem-bench-http-{run}:*"), format!("peer-bench-http-{run}*")] {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) =
+                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query_async(&mut conn).await?;
+            if !keys.is_empty() {
+                let _: i64 = redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
     Ok(())
 }
