@@ -130,7 +130,7 @@ pub fn check_tx(func: &ItemFn, marked: &[(Ident, Span)], spec: &Spec, errors: &m
                         ty,
                         format!("strategy `{}` takes no transaction: {why}", spec.name),
                         format!(
-                            "use {instead}, whose record commits with your transaction; or begin and commit the transaction inside the body"
+                            "use {instead}, whose record commits with your transaction (else every retry replays writes that never happened), or begin and commit the transaction inside the body"
                         ),
                     );
                 }

@@ -171,7 +171,7 @@ pub static STRATEGIES: &[Spec] = &[
         name: "lease", strategy: Strategy::Lease,
         tx: Tx::Outside {
             instead: "`dedup`",
-            refuses_tx: Some("its record is committed on its own, apart from your transaction: if the transaction rolls back, the record still says done and every retry replays an answer whose writes never happened"),
+            refuses_tx: Some("its record commits on its own, and would say done for a rolled-back call"),
         }, record: Record::Kept, key: Required, transition: Refused,
         store: Some("lease"), token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Optional, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Refused,
