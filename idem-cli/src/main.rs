@@ -55,7 +55,14 @@ struct Cli {
 
     /// The record table, if the application names another than
     /// `idem_records` (`idem::set_record_table`): `name` or `schema.name`.
-    #[arg(long, env = "IDEM_RECORD_TABLE", global = true, value_name = "TABLE", default_value = "idem_records")]
+    #[arg(
+        long,
+        env = "IDEM_RECORD_TABLE",
+        global = true,
+        value_name = "TABLE",
+        default_value = "idem_records",
+        hide_env_values = true
+    )]
     table: String,
 
     /// Print one JSON document on stdout instead of text (messages still go
