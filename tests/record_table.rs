@@ -104,9 +104,11 @@ async fn migrator_creates_the_named_table_and_keeps_its_own_history() {
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(tables, ["_idem_migrations", "idem_custom_records", "idem_custom_records_archive"]);
-    let versions: Vec<i64> =
-        sqlx::query_scalar("SELECT version FROM _idem_migrations ORDER BY version").fetch_all(&pool).await.unwrap();
+    assert_eq!(tables, ["idem_custom_records", "idem_custom_records_archive", "idem_custom_records_migrations"]);
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_custom_records_migrations ORDER BY version")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert_eq!(versions, [1, 2]);
     let _ = std::fs::remove_file(&path);
     // A database set up by idem::migrate before takes the migrator's
@@ -117,4 +119,61 @@ async fn migrator_creates_the_named_table_and_keeps_its_own_history() {
     idem::migrate(&pool).await.unwrap();
     migrator.run(&pool).await.unwrap();
     let _ = std::fs::remove_file(&path);
+}
+
+/// An order whose status `dedup+state` moves (its table made by the test).
+#[derive(idem::StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state(table = "idem_table_test_orders", key_column = "order_no", status_column = "status")]
+enum Order {
+    #[state(code = 1, to(Paid))]
+    WaitPay,
+    #[state(code = 2)]
+    Paid,
+}
+
+#[idempotent(
+    key = "order_no",
+    strategy = "dedup+state",
+    transition = "Order::WaitPay -> Order::Paid",
+    scope = "tests.table.state"
+)]
+async fn pay(tx: &mut Transaction<'_, sqlx::Postgres>, order_no: &str, runs: &AtomicUsize) -> Result<(), AppError> {
+    let _ = tx;
+    runs.fetch_add(1, SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn dedup_and_state_on_postgres() {
+    // PostgreSQL claims and moves in one statement: its claim is rewritten too.
+    named();
+    let Some(pool) = common::postgres().await else { return };
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idem_table_test_orders (order_no TEXT PRIMARY KEY, status SMALLINT NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (order, runs) = (unique("o"), AtomicUsize::new(0));
+    sqlx::query("INSERT INTO idem_table_test_orders VALUES ($1, 1)").bind(&order).execute(&pool).await.unwrap();
+    for _ in 0..3 {
+        let mut tx = pool.begin().await.unwrap();
+        pay(&mut tx, &order, &runs).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(runs.load(SeqCst), 1);
+    let in_custom: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_custom_records WHERE idem_key = $1")
+        .bind(&order)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(in_custom, 1);
+    // Counted on the named table: this scope's records are there only.
+    let options = idem::PurgeOptions {
+        scope: Some("tests.table.state".into()),
+        older_than: Some(Duration::from_millis(1)),
+        ..Default::default()
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(idem::admin::purge_preview(&pool, &options).await.unwrap().deleted >= 1);
 }

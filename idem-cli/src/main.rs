@@ -76,7 +76,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Create idem_records and idem_records_archive if missing (safe to
+    /// Create the record table (idem_records, or --table) and its archive if missing (safe to
     /// repeat, and to run from several processes). SQL only: Redis needs no
     /// schema.
     Migrate,
@@ -291,7 +291,8 @@ async fn migrate(stores: &Stores, out: &Out) -> Result<Done, Failure> {
     let sql = stores.sql.as_ref().expect("checked: a database is given");
     let name = sql.name();
     sql::migrate(sql).await.map_err(|e| store_failure(name, e))?;
-    out.say(format_args!("{name}: idem_records and idem_records_archive are in place"));
+    let table = idem_runtime::record_table();
+    out.say(format_args!("{name}: {table} and {} are in place", table.archive()));
     Ok(Done::ok(json!({ "command": "migrate", "stores": [{ "store": name, "migrated": true }] })))
 }
 

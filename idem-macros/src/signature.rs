@@ -118,7 +118,7 @@ pub fn check_tx(func: &ItemFn, marked: &[(Ident, Span)], spec: &Spec, errors: &m
             let mut refused = Vec::new();
             if let Some(why) = refuses_tx {
                 let tx_params = func.sig.inputs.iter().filter_map(|input| match input {
-                    FnArg::Typed(pt) if names_transaction(&pt.ty) => Some(pt),
+                    FnArg::Typed(pt) if is_sqlx_transaction(&pt.ty) => Some(pt),
                     _ => None,
                 });
                 for pt in tx_params {
@@ -379,6 +379,20 @@ fn connection_or_pool(ty: &Type) -> Option<&'static str> {
 }
 
 /// `Transaction<'_, DB>`, or one of sqlx's aliases for it.
+/// A transaction of sqlx's, by its shape: `Transaction<'_, DB>` (a
+/// lifetime and a database) or `PgTransaction<'_>` and its kin, through
+/// references; not a domain type that happens to be called `Transaction`.
+fn is_sqlx_transaction(ty: &Type) -> bool {
+    let Some(segment) = path_type(ty, true).and_then(|p| p.path.segments.last()) else { return false };
+    let syn::PathArguments::AngleBracketed(args) = &segment.arguments else { return false };
+    let lifetime = args.args.iter().any(|a| matches!(a, syn::GenericArgument::Lifetime(_)));
+    match segment.ident.to_string().as_str() {
+        "Transaction" => lifetime && args.args.iter().any(|a| matches!(a, syn::GenericArgument::Type(_))),
+        "PgTransaction" | "MySqlTransaction" | "SqliteTransaction" => lifetime,
+        _ => false,
+    }
+}
+
 fn names_transaction(ty: &Type) -> bool {
     path_type(ty, true).and_then(|p| p.path.segments.last()).is_some_and(|s| {
         ["Transaction", "PgTransaction", "MySqlTransaction", "SqliteTransaction"].iter().any(|n| s.ident == n)

@@ -12,7 +12,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | first with its key | the handler runs; a response worth keeping (2xx, and 4xx but 408/409/429, by default) is stored |
+//! | first with its key | the handler runs; a response worth keeping (2xx, and 4xx but 401/403/407/408/409/429, by default) is stored |
 //! | a retry after that | the stored response, exactly, with `Idempotent-Replayed: true`; the handler does not run |
 //! | a retry while the first still runs | `409 Conflict` with `Retry-After` |
 //! | the same key with another request (method, path, body) | `422 Unprocessable Content` |
@@ -380,7 +380,7 @@ where
             None
         }
         Some(tenant) => match tenant(&parts) {
-            Some(tenant) if !tenant.is_empty() => Some(tenant),
+            Some(tenant) if !tenant.trim().is_empty() => Some(tenant),
             _ => {
                 let detail = "an idempotency key belongs to a caller, and this request names none";
                 return Ok(problem(StatusCode::UNAUTHORIZED, detail));
@@ -393,7 +393,9 @@ where
     // or not its client waits: a handler dropped half-way (the client went
     // away) could leave a payment sent and no answer stored, and its retry
     // would send it again.
-    let task = tokio::spawn(guarded(config, inner, request, tenant, key, fingerprint));
+    // The task carries the request's span, so the handler's logs keep it.
+    let guarded = guarded(config, inner, request, tenant, key, fingerprint);
+    let task = tokio::spawn(tracing::Instrument::instrument(guarded, tracing::Span::current()));
     match task.await {
         Ok(answer) => answer,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

@@ -76,10 +76,18 @@ where
     /// Scans the keyspace with `SCAN MATCH <prefix>{*}lease:...` (never
     /// `KEYS`), 500 keys a call, reading each page's records in
     /// one script call, until `limit` records are found or the scan ends.
-    /// On Redis Cluster `SCAN` covers one node: run it against each primary.
-    /// In no particular order; a record changed during the scan may be
+    /// Standalone Redis only: on a `ClusterConnection` it is an error (a
+    /// `SCAN` covers one node, and a page's keys span slots); build a
+    /// standalone store on each primary's address, with the same prefix,
+    /// and ask each. In no particular order; a record changed during the scan may be
     /// missed or reported once more, as `SCAN` goes.
     pub async fn stuck_leases(&self, scope: Option<&str>, limit: usize) -> Result<Vec<Record>, Error> {
+        if std::any::TypeId::of::<C>() == std::any::TypeId::of::<redis::cluster_async::ClusterConnection>() {
+            return Err(store_message(
+                "stuck_leases scans one server's keys: on Redis Cluster, ask a standalone store on each primary \
+                 (same prefix)",
+            ));
+        }
         let stored_scope = scope.map(crate::key::stored_scope);
         let mut pattern = glob_escape(self.names.escaped_prefix());
         pattern.push_str("{*}");

@@ -15,7 +15,11 @@ if counter and not (string.match(counter, '^%d+$') and #counter <= 18) then
   return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' holds no counter')
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if counter and redis.call('GET', KEYS[1]) == ARGV[1] then return {1, counter} end
+  if counter and redis.call('GET', KEYS[1]) == ARGV[1] then
+    -- The full TTL again, as a fresh grant has: the owner counts from now.
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, counter}
+  end
   return {0, redis.call('PTTL', KEYS[1])}
 end
 if not counter then

@@ -497,8 +497,11 @@ pub async fn migrate<DB: SqlBackend>(pool: &sqlx::Pool<DB>) -> Result<(), Error>
 /// calling [`migrate`]: `idem::migrator::<Postgres>().run(&pool).await?`.
 ///
 /// Written for this process's record table ([`set_record_table`](table::set_record_table);
-/// set it first). Its history is kept in `_idem_migrations`, not in your
+/// set it first). Its history is kept in `_idem_migrations` (or
+/// `<table>_migrations` for a table named otherwise), not in your
 /// `_sqlx_migrations`, so its versions (1, 2, ...) never collide with yours.
+/// The migration files are frozen once released (sqlx checks each applied
+/// one's checksum); a change to the schema comes as a new file.
 /// Every migration is idempotent (`IF NOT EXISTS`): a database set up by
 /// [`migrate`] before takes it as applied.
 pub fn migrator<DB: SqlBackend>() -> sqlx::migrate::Migrator {
@@ -518,8 +521,15 @@ pub fn migrator<DB: SqlBackend>() -> sqlx::migrate::Migrator {
         })
         .collect();
     let mut migrator = sqlx::migrate::Migrator::with_migrations(migrations);
-    migrator.dangerous_set_table_name("_idem_migrations");
+    migrator.dangerous_set_table_name(migrations_table(table));
     migrator
+}
+
+/// Where [`migrator`] keeps its history: `_idem_migrations` for the default
+/// table, `<table>_migrations` beside another (two services with tables of
+/// their own in one database keep histories of their own).
+fn migrations_table(table: &table::RecordTable) -> String {
+    if table.qualified() == RECORD_TABLE { "_idem_migrations".to_owned() } else { format!("{table}_migrations") }
 }
 
 /// Options for [`purge_expired`].

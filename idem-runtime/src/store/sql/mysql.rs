@@ -530,7 +530,7 @@ impl AdminSql for MySql {
             f.table,
             purgeable(f, "UTC_TIMESTAMP(6)")
         );
-        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql));
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(super::table::owned(sql)));
         let (all, done) = bind_purgeable!(query, f, None::<&String>).fetch_one(conn).await?;
         Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }

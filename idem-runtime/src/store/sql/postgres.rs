@@ -266,9 +266,12 @@ impl StateSql for Postgres {
         cas: &Cas<'_>,
     ) -> Result<(ClaimResult, u64), sqlx::Error> {
         let sql = format!(
-            "WITH claim AS ({CLAIM} RETURNING 1), moved AS ({} AND EXISTS (SELECT 1 FROM claim) RETURNING 1) \
+            "WITH claim AS ({claim} RETURNING 1), moved AS ({} AND EXISTS (SELECT 1 FROM claim) RETURNING 1) \
              SELECT (SELECT count(*) FROM claim), (SELECT count(*) FROM moved)",
-            super::cas_sql(cas, 5, super::ph_dollar)
+            super::cas_sql(cas, 5, super::ph_dollar),
+            // Only the claim is rewritten for the record table: the move
+            // names the application's own table and columns.
+            claim = super::table::sql(CLAIM),
         );
         let q = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql))
             .bind(r.scope)
@@ -439,7 +442,7 @@ impl AdminSql for Postgres {
             f.table,
             purgeable(f, 1)
         );
-        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql));
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(super::table::owned(sql)));
         let (all, done) = bind_purgeable!(query, f).fetch_one(conn).await?;
         Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }

@@ -477,7 +477,7 @@ impl AdminSql for Sqlite {
             format!("SELECT count(*), coalesce(sum(status = 'DONE'), 0) FROM {} WHERE {}", f.table, purgeable(f, 2));
         let now: i64 =
             sqlx::query_scalar(super::table::sql(concat!("SELECT ", now_ms!()))).fetch_one(&mut *conn).await?;
-        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql)).bind(now);
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(super::table::owned(sql))).bind(now);
         let (all, done) = bind_purgeable!(query, f).fetch_one(conn).await?;
         Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }
