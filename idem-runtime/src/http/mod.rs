@@ -44,7 +44,9 @@
 //!
 //! A JSON request body (`application/json`, `+json` types) is fingerprinted
 //! as canonical JSON: a retry serialized again, keys in another order,
-//! matches; any other body is compared byte for byte.
+//! matches. Any other body, and JSON whose parse would lose a difference
+//! (a number past 64-bit precision, a key written twice), is compared byte
+//! for byte.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -529,9 +531,14 @@ fn fingerprint(of: &Fingerprint, parts: &request::Parts, body: &[u8]) -> Option<
             // A JSON body is compared as JSON: a client that serializes
             // its retry again (keys in another order, other spacing) sends
             // the same request.
+            // The body's form is hashed too, so a raw body never matches a
+            // canonical JSON one of the same bytes.
             let canonical = is_json(&parts.headers).then(|| canonical_json(body)).flatten();
-            let body = canonical.as_deref().unwrap_or(body);
-            for part in [parts.method.as_str().as_bytes(), target.as_bytes(), body] {
+            let (form, body): (&[u8], &[u8]) = match &canonical {
+                Some(json) => (b"json", json),
+                None => (b"raw", body),
+            };
+            for part in [parts.method.as_str().as_bytes(), target.as_bytes(), form, body] {
                 hash.update((part.len() as u64).to_be_bytes());
                 hash.update(part);
             }
@@ -552,7 +559,12 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// `body` as canonical JSON (object keys sorted at every level, no
-/// whitespace), or `None` if it does not parse.
+/// whitespace), or `None` (compare the bytes) if it does not parse, or if
+/// parsing would lose what tells two requests apart: a number JSON holds
+/// more exactly than a 64-bit integer or float (`1.000000000000000001`,
+/// an integer past `u64`) or not in the form it would be written back
+/// (`1e2`), or an object with a key twice (which handlers read
+/// differently).
 fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
     fn sorted(value: serde_json::Value) -> serde_json::Value {
         match value {
@@ -565,8 +577,54 @@ fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
             other => other,
         }
     }
+    fn entries(value: &serde_json::Value) -> usize {
+        match value {
+            serde_json::Value::Object(map) => map.len() + map.values().map(entries).sum::<usize>(),
+            serde_json::Value::Array(items) => items.iter().map(entries).sum(),
+            _ => 0,
+        }
+    }
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let (keys, exact) = scan_json(body);
+    if !exact || keys != entries(&value) {
+        return None;
+    }
     serde_json::to_vec(&sorted(value)).ok()
+}
+
+/// In JSON text that parses: how many object keys it writes (a string
+/// followed by `:`), and whether every number reads back as written.
+fn scan_json(text: &[u8]) -> (usize, bool) {
+    let (mut keys, mut i) = (0, 0);
+    while i < text.len() {
+        match text[i] {
+            b'"' => {
+                i += 1;
+                while i < text.len() && text[i] != b'"' {
+                    i += if text[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                let mut j = i;
+                while j < text.len() && text[j].is_ascii_whitespace() {
+                    j += 1;
+                }
+                keys += usize::from(text.get(j) == Some(&b':'));
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < text.len() && matches!(text[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                    i += 1;
+                }
+                let token = std::str::from_utf8(&text[start..i]).unwrap_or("");
+                let Ok(number) = serde_json::from_str::<serde_json::Number>(token) else { return (keys, false) };
+                if number.to_string() != token {
+                    return (keys, false);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    (keys, true)
 }
 
 /// A guard's refusal as an HTTP answer.
@@ -624,4 +682,31 @@ where
     RB::Error: Into<BoxError>,
 {
     response.map(ResponseBody::stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_json;
+
+    #[test]
+    fn json_is_compared_as_json_where_nothing_is_lost() {
+        let a = canonical_json(br#"{"b": [1, 2.5, {"y": null, "x": "\"q\":"}], "a": -3}"#).unwrap();
+        let b = canonical_json(br#"{"a":-3,"b":[1,2.5,{"x":"\"q\":","y":null}]}"#).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(canonical_json(br#"{"a":1.0}"#), canonical_json(br#"{"a":1}"#));
+    }
+
+    #[test]
+    fn json_whose_parse_would_lose_a_difference_is_compared_as_bytes() {
+        for body in [
+            &br#"{"amount":1.000000000000000001}"#[..],
+            br#"{"amount":123456789012345678901234567890}"#,
+            br#"{"amount":1e2}"#,
+            br#"{"a":1,"a":2}"#,
+            br#"{"o":{"k":1,"k":1}}"#,
+            b"not json",
+        ] {
+            assert_eq!(canonical_json(body), None, "{}", String::from_utf8_lossy(body));
+        }
+    }
 }
