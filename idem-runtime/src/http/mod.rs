@@ -42,6 +42,13 @@
 //! such endpoints behind the layer (guard the request that starts the work
 //! instead).
 //!
+//! A guarded request runs on a Tokio task of its own, so that a client
+//! going away cannot stop its handler half-way. A server shutting down
+//! waits for its connections, not for those tasks: give the runtime a
+//! moment after a graceful shutdown (handlers of clients that left finish
+//! and store their answers), or their records wait for their lease and the
+//! next retry takes them over.
+//!
 //! A JSON request body (`application/json`, `+json` types) is fingerprinted
 //! as canonical JSON: a retry serialized again, keys in another order,
 //! matches. Any other body, and JSON whose parse would lose a difference
