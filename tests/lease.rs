@@ -40,12 +40,13 @@ async fn work(
 }
 
 /// A short lease, kept alive by the runtime while the body runs for longer
-/// (600 ms: SQLite renewals queue behind other tests' writes on a loaded
-/// 2-core machine, and 300 ms left them too little room).
-#[idempotent(key = "id", strategy = "lease", lease = "600ms", scope = "tests.lease.long", store = "store")]
+/// (1.2 s, renewed every 400 ms: renewals queue behind other tests' writes
+/// on a loaded 2-core machine running the cluster suites too; 600 ms once
+/// lost a PostgreSQL renewal in CI, 300 ms lost SQLite's).
+#[idempotent(key = "id", strategy = "lease", lease = "1200ms", scope = "tests.lease.long", store = "store")]
 async fn long_work(store: &dyn LeaseStore, id: &str, runs: &AtomicUsize) -> Result<(), AppError> {
     runs.fetch_add(1, SeqCst);
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     Ok(())
 }
 
@@ -403,7 +404,7 @@ macro_rules! lease_suite {
                     tokio::spawn(async move { long_work(&*store, &id, &runs).await })
                 };
                 // Twice the lease later the first call still holds it.
-                tokio::time::sleep(Duration::from_millis(1300)).await;
+                tokio::time::sleep(Duration::from_millis(2500)).await;
                 let during = long_work(&*store, &id, &runs).await;
                 assert!(matches!(during, Err(AppError::Idem(Error::InProgress { .. }))), "{during:?}");
                 first.await.unwrap().unwrap();
