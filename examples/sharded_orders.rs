@@ -27,6 +27,8 @@
 //! `CREATEDB` for that, once). PostgreSQL only.
 
 mod common;
+#[path = "common/shards.rs"]
+mod shards;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,24 +40,12 @@ use common::{AppError, BoxError};
 use idem::lease::{Routed, SqlStore};
 use idem::{Outcome, idempotent};
 use serde::{Deserialize, Serialize};
+use shards::{SHARDS, ensure_database, shard_of};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 
-const SHARDS: [&str; 2] = ["idem_shard_0", "idem_shard_1"];
 const PAID_SCOPE: &str = "shop.sharded.on_paid";
 const REFUND_SCOPE: &str = "shop.sharded.refund";
-
-/// The route: a stable hash (64-bit FNV-1a) of the order id, the same in
-/// every process and every release. Changing it (or the number of shards)
-/// moves orders, and their records must move with them.
-fn shard_of(order_id: &str) -> usize {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in order_id.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    (hash % SHARDS.len() as u64) as usize
-}
 
 /// What the gateway posts when an order is paid.
 #[derive(Clone, Debug, Serialize)]
@@ -163,33 +153,6 @@ async fn refund_until_answered(shop: &Shop, refund: &Refund) -> Result<(BankRece
                 tokio::time::sleep(wait).await;
             }
             (Err(e), _) => return Err(e),
-        }
-    }
-}
-
-/// Create database `name` unless it exists; another process creating it
-/// at the same moment is fine.
-async fn ensure_database(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::Error> {
-    let mut attempts = 0;
-    loop {
-        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(name)
-            .fetch_one(&mut *conn)
-            .await?;
-        if exists {
-            return Ok(());
-        }
-        // `name` is one of the constants above: nothing user-supplied reaches this SQL.
-        match sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&mut *conn).await {
-            Ok(_) => return Ok(()),
-            // duplicate_database, or pg_database's unique index: created meanwhile.
-            Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => return Ok(()),
-            // The template database is busy for a moment: try again.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && attempts < 50 => {
-                attempts += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e),
         }
     }
 }

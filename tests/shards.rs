@@ -9,6 +9,8 @@
 //! tables without seeing each other's rows.
 
 mod common;
+#[path = "../examples/common/shards.rs"]
+mod shards;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -19,56 +21,13 @@ use common::{AppError, unique};
 use idem::lease::{Routed, SqlStore};
 use idem::{Error, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
+use shards::{SHARDS, ensure_database, shard_of};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 
-const SHARD_DATABASES: [&str; 2] = ["idem_shard_0", "idem_shard_1"];
 const DUPLICATES: usize = 100;
 const PAID_SCOPE: &str = "tests.shards.on_paid";
 const REFUND_SCOPE: &str = "tests.shards.refund";
-
-/// The route of an order: a stable hash (64-bit FNV-1a) of its id, the
-/// same in every process. The transaction of a callback goes to this shard,
-/// and `Routed` sends the order's lease records to it too.
-fn shard_of(order_id: &str) -> usize {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in order_id.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    (hash % SHARD_DATABASES.len() as u64) as usize
-}
-
-/// Create database `name` unless it exists. Tests (and the example) may
-/// race to create it: losing the race is fine.
-async fn ensure_database(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::Error> {
-    let mut attempts = 0;
-    loop {
-        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(name)
-            .fetch_one(&mut *conn)
-            .await?;
-        if exists {
-            return Ok(());
-        }
-        // `name` is one of the constants above: nothing user-supplied reaches this SQL.
-        let created =
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&mut *conn).await;
-        match created {
-            Ok(_) => return Ok(()),
-            // 42P04 duplicate_database, or 23505 on pg_database's unique
-            // index when the other creation had not committed yet.
-            Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => return Ok(()),
-            // 55006: the template database is in use by another session
-            // for a moment; try again.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && attempts < 50 => {
-                attempts += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
 
 /// The test's tables on a shard, created under an advisory lock (two
 /// sessions creating one table at once can fail on PostgreSQL's catalog).
@@ -93,13 +52,13 @@ async fn setup_shard(pool: &PgPool) -> Result<(), sqlx::Error> {
 async fn shards() -> Option<Vec<PgPool>> {
     let url = std::env::var("IDEM_PG_URL").unwrap_or_else(|_| common::DEFAULT_PG_URL.to_owned());
     let mut admin = common::reach("PostgreSQL", &url, PgConnection::connect(&url)).await?;
-    for name in SHARD_DATABASES {
+    for name in SHARDS {
         ensure_database(&mut admin, name).await.unwrap_or_else(|e| panic!("create database {name}: {e}"));
     }
     admin.close().await.ok();
     let base: PgConnectOptions = url.parse().expect("IDEM_PG_URL is a PostgreSQL URL");
     let mut pools = Vec::new();
-    for name in SHARD_DATABASES {
+    for name in SHARDS {
         // Small pools: the tests of this file run at once, two shards each,
         // under the server's 100 connections.
         let pool = PgPoolOptions::new()
@@ -125,7 +84,7 @@ macro_rules! shards {
 /// `per_shard` fresh order ids routed to each shard.
 fn order_ids(prefix: &str, per_shard: usize) -> Vec<String> {
     let mut ids = Vec::new();
-    let mut count = [0; SHARD_DATABASES.len()];
+    let mut count = [0; SHARDS.len()];
     while count.iter().any(|&n| n < per_shard) {
         let id = unique(prefix);
         let shard = shard_of(&id);

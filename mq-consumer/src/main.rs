@@ -189,26 +189,18 @@ impl Redis {
     /// Delete this run's markers, with `SCAN` page by page (never `KEYS`,
     /// which blocks a shared server on a big keyspace) and `UNLINK`.
     async fn forget(&mut self) -> Result<i64, redis::RedisError> {
-        let pattern = format!("{}*", self.prefix);
-        let (mut cursor, mut deleted) = (0u64, 0i64);
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut self.conn)
-                .await?;
-            if !keys.is_empty() {
-                let n: i64 = redis::cmd("UNLINK").arg(&keys).query_async(&mut self.conn).await?;
-                deleted += n;
-            }
-            if next == 0 {
-                return Ok(deleted);
-            }
-            cursor = next;
+        use redis::AsyncCommands as _;
+        let mut keys = Vec::new();
+        let mut scan = self.conn.scan_match::<_, String>(format!("{}*", self.prefix)).await?;
+        while let Some(key) = scan.next_item().await {
+            keys.push(key?);
         }
+        drop(scan);
+        let mut deleted = 0;
+        for page in keys.chunks(1000) {
+            deleted += self.conn.unlink::<_, i64>(page).await?;
+        }
+        Ok(deleted)
     }
 }
 

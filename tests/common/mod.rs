@@ -255,26 +255,17 @@ pub enum AppError {
 /// blocks a shared server on a big keyspace) and `UNLINK`, page by page;
 /// the number deleted. Standalone Redis only (a cluster's `SCAN` covers one
 /// node).
-pub async fn scan_unlink<C: redis::aio::ConnectionLike + Send>(conn: &mut C, pattern: &str) -> usize {
-    let mut cursor: u64 = 0;
-    let mut deleted = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await
-            .unwrap();
-        if !keys.is_empty() {
-            let n: usize = redis::cmd("UNLINK").arg(&keys).query_async(conn).await.unwrap();
-            deleted += n;
-        }
-        if next == 0 {
-            return deleted;
-        }
-        cursor = next;
+pub async fn scan_unlink<C: redis::aio::ConnectionLike + Send + Sync>(conn: &mut C, pattern: &str) -> usize {
+    use redis::AsyncCommands as _;
+    let mut keys = Vec::new();
+    let mut scan = conn.scan_match::<_, String>(pattern).await.unwrap();
+    while let Some(key) = scan.next_item().await {
+        keys.push(key.unwrap());
     }
+    drop(scan);
+    let mut deleted = 0;
+    for page in keys.chunks(1000) {
+        deleted += conn.unlink::<_, usize>(page).await.unwrap();
+    }
+    deleted
 }

@@ -3,7 +3,8 @@
 //! (the `idem-cli` package) does, as functions a program can call.
 //!
 //! The SQL functions work on PostgreSQL, MySQL/MariaDB and SQLite, on the
-//! record table ([`RECORD_TABLE`]); the lease records
+//! record table ([`record_table`](crate::record_table): `idem_records` unless
+//! the application named another); the lease records
 //! in Redis have their counterparts on [`RedisStore`](crate::RedisStore)
 //! (`inspect_lease`, `stuck_leases`, `release_lease`). Purging is
 //! [`purge_expired`](crate::purge_expired), with
@@ -54,7 +55,8 @@
 
 use std::future::Future;
 
-use super::{PurgeOptions, RECORD_TABLE, SqlBackend, classify};
+use super::table::record_table;
+use super::{PurgeOptions, SqlBackend, classify};
 use crate::record::RecordStatus;
 use crate::{Error, Key};
 
@@ -359,7 +361,7 @@ where
 /// record means now ([`Record::state`]).
 pub async fn inspect<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId) -> Result<Option<Record>, Error> {
     let mut conn = pool.acquire().await?;
-    DB::admin_fetch(&mut conn, RECORD_TABLE, id).await.map_err(classify::<DB>)
+    DB::admin_fetch(&mut conn, record_table().qualified(), id).await.map_err(classify::<DB>)
 }
 
 /// One page of stuck records (see the [module](self) docs): `PROCESSING`
@@ -373,7 +375,7 @@ pub async fn inspect<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId) -> Re
 pub async fn stuck<DB: SqlBackend>(pool: &sqlx::Pool<DB>, query: &StuckQuery) -> Result<Vec<Record>, Error> {
     let mut conn = pool.acquire().await?;
     let scope = query.scope.as_deref().map(crate::key::stored_scope);
-    DB::admin_stuck(&mut conn, RECORD_TABLE, scope.as_deref(), query.after.as_ref(), query.limit.max(1))
+    DB::admin_stuck(&mut conn, record_table().qualified(), scope.as_deref(), query.after.as_ref(), query.limit.max(1))
         .await
         .map_err(classify::<DB>)
 }
@@ -398,7 +400,7 @@ pub async fn release<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId, fence
     if !seen.state.is_stuck() {
         return Ok(Release::NotStuck(seen));
     }
-    if DB::admin_release(&mut conn, RECORD_TABLE, id, fence).await.map_err(classify::<DB>)? == 1 {
+    if DB::admin_release(&mut conn, record_table().qualified(), id, fence).await.map_err(classify::<DB>)? == 1 {
         return Ok(Release::Released(seen));
     }
     // Changed between the read and the delete: say how.
@@ -410,7 +412,7 @@ pub async fn release<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId, fence
 }
 
 async fn fetch<DB: SqlBackend>(conn: &mut DB::Connection, id: &RecordId) -> Result<Option<Record>, Error> {
-    DB::admin_fetch(conn, RECORD_TABLE, id).await.map_err(classify::<DB>)
+    DB::admin_fetch(conn, record_table().qualified(), id).await.map_err(classify::<DB>)
 }
 
 /// Count what [`purge_expired`](crate::purge_expired) with `options` would
@@ -430,8 +432,6 @@ pub async fn purge_preview<DB: SqlBackend>(
 /// The filter of a purge with `options` on the record table.
 pub(crate) fn purge_filter<'a>(scope: Option<&'a str>, options: &PurgeOptions) -> Result<PurgeFilter<'a>, Error> {
     let older_than = options.older_than.map(|d| crate::error::check_ttl("older_than", d)).transpose()?;
-    Ok(PurgeFilter { table: RECORD_TABLE, archive_table: ARCHIVE_TABLE, scope, older_than })
+    let table = record_table();
+    Ok(PurgeFilter { table: table.qualified(), archive_table: table.archive(), scope, older_than })
 }
-
-/// The archive of the record table.
-pub(crate) const ARCHIVE_TABLE: &str = "idem_records_archive";

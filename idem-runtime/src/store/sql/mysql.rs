@@ -422,9 +422,8 @@ impl SchemaSql for MySql {
         let t = f.table;
         if !archive {
             let cond = purgeable(f, "UTC_TIMESTAMP(6)");
-            let query = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!(
-                "DELETE FROM {t} WHERE {cond} ORDER BY expires_at LIMIT ?"
-            ))));
+            let query =
+                sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {cond} ORDER BY expires_at LIMIT ?")));
             let gone = bind_purgeable!(query, f, None::<&String>).bind(batch).execute(conn).await?;
             return Ok(gone.rows_affected());
         }
@@ -433,17 +432,16 @@ impl SchemaSql for MySql {
         // copied, then deleted; the copy's shared locks keep them in place.
         use sqlx::Connection;
         let mut tx = conn.begin().await?;
-        let cut: String =
-            sqlx::query_scalar(super::table::sql("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)")).fetch_one(&mut *tx).await?;
-        let copy = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!(
+        let cut: String = sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)").fetch_one(&mut *tx).await?;
+        let copy = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {archive} (scope, idem_key, status, fingerprint, response, owner, fence, \
              lease_until, created_at, updated_at, expires_at, archived_at) \
              SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, updated_at, \
              expires_at, UTC_TIMESTAMP(6) FROM (SELECT * FROM {t} WHERE {chosen}) AS expired \
              WHERE status = 'DONE'",
             archive = f.archive_table
-        ))));
-        let delete = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!("DELETE FROM {t} WHERE {chosen}"))));
+        )));
+        let delete = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {chosen}")));
         bind_purgeable!(copy, f, Some(&cut)).bind(batch).execute(&mut *tx).await?;
         let gone = bind_purgeable!(delete, f, Some(&cut)).bind(batch).execute(&mut *tx).await?;
         tx.commit().await?;
@@ -470,11 +468,7 @@ impl AdminSql for MySql {
         id: &RecordId,
     ) -> Result<Option<Record>, sqlx::Error> {
         let sql = format!("SELECT {} FROM {table} WHERE scope = ? AND idem_key = ?", admin_columns());
-        let row = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
-            .bind(id.scope())
-            .bind(id.key())
-            .fetch_optional(conn)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
         row.map(|row| super::admin::decode_admin(&row)).transpose()
     }
 
@@ -492,7 +486,7 @@ impl AdminSql for MySql {
             stuck_sql("UTC_TIMESTAMP(6)")
         );
         let (after_scope, after_key) = (after.map(RecordId::scope), after.map(RecordId::key));
-        let rows = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(scope)
             .bind(scope)
             .bind(after_scope)
@@ -515,12 +509,8 @@ impl AdminSql for MySql {
             "DELETE FROM {table} WHERE scope = ? AND idem_key = ? AND fence = ? AND {}",
             stuck_sql("UTC_TIMESTAMP(6)")
         );
-        let gone = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
-            .bind(id.scope())
-            .bind(id.key())
-            .bind(fence)
-            .execute(conn)
-            .await?;
+        let gone =
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
         Ok(gone.rows_affected())
     }
 
@@ -530,7 +520,7 @@ impl AdminSql for MySql {
             f.table,
             purgeable(f, "UTC_TIMESTAMP(6)")
         );
-        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(super::table::owned(sql)));
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql));
         let (all, done) = bind_purgeable!(query, f, None::<&String>).fetch_one(conn).await?;
         Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }

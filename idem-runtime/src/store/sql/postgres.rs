@@ -363,7 +363,7 @@ impl SchemaSql for Postgres {
             t = f.table,
             purgeable = purgeable(f, 2),
         );
-        let query = sqlx::query_scalar(sqlx::AssertSqlSafe(super::table::owned(sql))).bind(i64::from(batch));
+        let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(i64::from(batch));
         let gone: i64 = bind_purgeable!(query, f).fetch_one(conn).await?;
         Ok(u64::try_from(gone).unwrap_or(0))
     }
@@ -374,7 +374,7 @@ impl SchemaSql for Postgres {
         // both pass the check and one fails on pg_type's unique index; the
         // advisory lock makes start-up migrations take turns.
         let mut tx = conn.begin().await?;
-        sqlx::query(super::table::sql("SELECT pg_advisory_xact_lock(7236012365449411584)")).execute(&mut *tx).await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7236012365449411584)").execute(&mut *tx).await?;
         sqlx::raw_sql(super::table::schema(Self::SCHEMA)).execute(&mut *tx).await?;
         tx.commit().await
     }
@@ -388,11 +388,7 @@ impl SchemaSql for Postgres {
 impl AdminSql for Postgres {
     async fn admin_fetch(conn: &mut PgConnection, table: &str, id: &RecordId) -> Result<Option<Record>, sqlx::Error> {
         let sql = format!("SELECT {} FROM {table} WHERE scope = $1 AND idem_key = $2", admin_columns());
-        let row = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
-            .bind(id.scope())
-            .bind(id.key())
-            .fetch_optional(conn)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
         row.map(|row| super::admin::decode_admin(&row)).transpose()
     }
 
@@ -409,7 +405,7 @@ impl AdminSql for Postgres {
             admin_columns(),
             stuck_sql("now()")
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(scope)
             .bind(after.map(RecordId::scope))
             .bind(after.map(RecordId::key))
@@ -427,12 +423,8 @@ impl AdminSql for Postgres {
     ) -> Result<u64, sqlx::Error> {
         let sql =
             format!("DELETE FROM {table} WHERE scope = $1 AND idem_key = $2 AND fence = $3 AND {}", stuck_sql("now()"));
-        let gone = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
-            .bind(id.scope())
-            .bind(id.key())
-            .bind(fence)
-            .execute(conn)
-            .await?;
+        let gone =
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
         Ok(gone.rows_affected())
     }
 
@@ -442,7 +434,7 @@ impl AdminSql for Postgres {
             f.table,
             purgeable(f, 1)
         );
-        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(super::table::owned(sql)));
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql));
         let (all, done) = bind_purgeable!(query, f).fetch_one(conn).await?;
         Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }

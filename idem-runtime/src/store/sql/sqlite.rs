@@ -375,20 +375,20 @@ impl SchemaSql for Sqlite {
         let chosen = format!("rowid IN (SELECT rowid FROM {t} WHERE {} ORDER BY rowid LIMIT ?2)", purgeable(f, 3));
         use sqlx::Connection;
         let mut tx = conn.begin().await?;
-        let cut: i64 = sqlx::query_scalar(super::table::sql(concat!("SELECT ", now_ms!()))).fetch_one(&mut *tx).await?;
+        let cut: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *tx).await?;
         if archive {
-            let copy = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!(
+            let copy = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT OR IGNORE INTO {archive} (scope, idem_key, status, fingerprint, response, owner, \
                  fence, lease_until, created_at, updated_at, expires_at, archived_at) \
                  SELECT scope, idem_key, status, fingerprint, response, owner, fence, lease_until, created_at, \
                  updated_at, expires_at, ?1 FROM {t} WHERE {chosen} AND status = 'DONE'",
                 archive = f.archive_table
-            ))))
+            )))
             .bind(cut)
             .bind(i64::from(batch));
             bind_purgeable!(copy, f).execute(&mut *tx).await?;
         }
-        let delete = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(format!("DELETE FROM {t} WHERE {chosen}"))))
+        let delete = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {t} WHERE {chosen}")))
             .bind(cut)
             .bind(i64::from(batch));
         let gone = bind_purgeable!(delete, f).execute(&mut *tx).await?;
@@ -422,11 +422,7 @@ impl AdminSql for Sqlite {
         id: &RecordId,
     ) -> Result<Option<Record>, sqlx::Error> {
         let sql = format!("SELECT {} FROM {table} WHERE scope = ?1 AND idem_key = ?2", admin_columns());
-        let row = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
-            .bind(id.scope())
-            .bind(id.key())
-            .fetch_optional(conn)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
         row.map(|row| super::admin::decode_admin(&row)).transpose()
     }
 
@@ -443,7 +439,7 @@ impl AdminSql for Sqlite {
             admin_columns(),
             stuck_sql(now_ms!())
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(scope)
             .bind(after.map(RecordId::scope))
             .bind(after.map(RecordId::key))
@@ -463,21 +459,16 @@ impl AdminSql for Sqlite {
             "DELETE FROM {table} WHERE scope = ?1 AND idem_key = ?2 AND fence = ?3 AND {}",
             stuck_sql(now_ms!())
         );
-        let gone = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)))
-            .bind(id.scope())
-            .bind(id.key())
-            .bind(fence)
-            .execute(conn)
-            .await?;
+        let gone =
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
         Ok(gone.rows_affected())
     }
 
     async fn purge_count(conn: &mut SqliteConnection, f: &PurgeFilter<'_>) -> Result<(u64, u64), sqlx::Error> {
         let sql =
             format!("SELECT count(*), coalesce(sum(status = 'DONE'), 0) FROM {} WHERE {}", f.table, purgeable(f, 2));
-        let now: i64 =
-            sqlx::query_scalar(super::table::sql(concat!("SELECT ", now_ms!()))).fetch_one(&mut *conn).await?;
-        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(super::table::owned(sql))).bind(now);
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!())).fetch_one(&mut *conn).await?;
+        let query = sqlx::query_as::<_, (i64, i64)>(sqlx::AssertSqlSafe(sql)).bind(now);
         let (all, done) = bind_purgeable!(query, f).fetch_one(conn).await?;
         Ok((u64::try_from(all).unwrap_or(0), u64::try_from(done).unwrap_or(0)))
     }

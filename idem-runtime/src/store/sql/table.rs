@@ -23,6 +23,9 @@ const DEFAULT: &str = "idem_records";
 pub struct RecordTable {
     schema: Option<String>,
     name: String,
+    /// `name` or `schema.name`, and its archive, as written into SQL.
+    qualified: String,
+    archive: String,
 }
 
 impl RecordTable {
@@ -43,15 +46,25 @@ impl RecordTable {
                 )));
             }
         }
-        Ok(RecordTable { schema: schema.map(str::to_owned), name: name.to_owned() })
+        Ok(RecordTable::of(schema, name))
+    }
+
+    fn of(schema: Option<&str>, name: &str) -> RecordTable {
+        let qualified = match schema {
+            Some(schema) => format!("{schema}.{name}"),
+            None => name.to_owned(),
+        };
+        RecordTable {
+            schema: schema.map(str::to_owned),
+            name: name.to_owned(),
+            archive: format!("{qualified}_archive"),
+            qualified,
+        }
     }
 
     /// As written: `name` or `schema.name`.
-    pub fn qualified(&self) -> String {
-        match &self.schema {
-            Some(schema) => format!("{schema}.{}", self.name),
-            None => self.name.clone(),
-        }
+    pub fn qualified(&self) -> &str {
+        &self.qualified
     }
 
     /// The schema, if one is named.
@@ -65,8 +78,8 @@ impl RecordTable {
     }
 
     /// The archive table (`<table>_archive`), qualified as the table is.
-    pub fn archive(&self) -> String {
-        format!("{}_archive", self.qualified())
+    pub fn archive(&self) -> &str {
+        &self.archive
     }
 
     fn is_default(&self) -> bool {
@@ -76,13 +89,13 @@ impl RecordTable {
 
 impl Default for RecordTable {
     fn default() -> Self {
-        RecordTable { schema: None, name: DEFAULT.to_owned() }
+        RecordTable::of(None, DEFAULT)
     }
 }
 
 impl std::fmt::Display for RecordTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.qualified())
+        f.write_str(&self.qualified)
     }
 }
 
@@ -163,7 +176,7 @@ pub(crate) fn migration(text: &str, table: &RecordTable) -> String {
 
 /// Every `idem_records` (and so `idem_records_archive`) names `table`.
 fn rewrite(statement: &str, table: &RecordTable) -> String {
-    statement.replace(DEFAULT, &table.qualified())
+    statement.replace(DEFAULT, table.qualified())
 }
 
 #[cfg(test)]
