@@ -177,3 +177,23 @@ async fn dedup_and_state_on_postgres() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(idem::admin::purge_preview(&pool, &options).await.unwrap().deleted >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_run_once_on_the_named_table() {
+    named();
+    let Some(pool) = common::postgres().await else { return };
+    let (id, runs) = (unique("c"), std::sync::Arc::new(AtomicUsize::new(0)));
+    let calls = (0..32).map(|_| {
+        let (pool, id, runs) = (pool.clone(), id.clone(), runs.clone());
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let answer = grant(&mut tx, &id, &runs).await.unwrap();
+            tx.commit().await.unwrap();
+            answer
+        })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        assert_eq!(call.await.unwrap(), 1, "every duplicate gets the first answer");
+    }
+    assert_eq!(runs.load(SeqCst), 1);
+}
