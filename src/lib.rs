@@ -174,11 +174,17 @@ pub use idem_macros::idempotent;
 #[doc = include_str!("../docs/state_machine.md")]
 pub use idem_macros::StateMachine;
 
+#[cfg(feature = "mysql")]
+pub use idem_runtime::MySqlTx;
+#[cfg(feature = "postgres")]
+pub use idem_runtime::PgTx;
+#[cfg(feature = "sqlite")]
+pub use idem_runtime::SqliteTx;
 pub use idem_runtime::{
     Claim, DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, Guard, GuardError, IdempotencyKey, Key, LeaseTicket,
     LockTicket, Outcome, PurgeOptions, PurgeReport, RecordStatus, RecordTable, Replayable, Result, SilentRepeat,
-    SqlBackend, StateMachine, Stores, StoresBuilder, Ticket, TokenTicket, TxContext, find_record, migrate, migrator,
-    observe, purge_expired, record_table, set_record_table,
+    SqlBackend, StateMachine, Stores, StoresBuilder, Ticket, TokenTicket, Tx, TxContext, begin, begin_with,
+    find_record, migrate, migrator, observe, purge_expired, record_table, set_record_table,
 };
 
 /// Lease records: `strategy = "lease"`.

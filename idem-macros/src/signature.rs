@@ -118,7 +118,7 @@ pub fn check_tx(func: &ItemFn, marked: &[(Ident, Span)], spec: &Spec, errors: &m
             let mut refused = Vec::new();
             if let Some(why) = refuses_tx {
                 let tx_params = func.sig.inputs.iter().filter_map(|input| match input {
-                    FnArg::Typed(pt) if is_sqlx_transaction(&pt.ty) => Some(pt),
+                    FnArg::Typed(pt) if is_db_transaction(&pt.ty) => Some(pt),
                     _ => None,
                 });
                 for pt in tx_params {
@@ -194,14 +194,14 @@ fn no_tx(func: &ItemFn, params: &[(&Ident, &Type)], strategy: &str, doing: &str)
             ty,
             format!("`{ident}` is {what}, not a transaction: strategy `{strategy}` {doing}"),
             format!(
-                "take `{ident}: &mut sqlx::Transaction<'_, DB>` (from `pool.begin()`) and commit it after the call"
+                "take `{ident}: &mut sqlx::Transaction<'_, DB>` (from `pool.begin()`) or `&mut idem::Tx<DB>` (from `idem::begin(&pool)`) and commit it after the call"
             ),
         );
     }
     error(
         func.sig.ident.span(),
         format!("strategy `{strategy}` {doing}, but `{}` takes none", func.sig.ident),
-        "add a parameter `tx: &mut sqlx::Transaction<'_, DB>` (or mark yours with `#[idem(tx)]`)",
+        "add a parameter `tx: &mut sqlx::Transaction<'_, DB>` or `tx: &mut idem::Tx<DB>` (or mark yours with `#[idem(tx)]`)",
     )
 }
 
@@ -382,8 +382,16 @@ fn connection_or_pool(ty: &Type) -> Option<&'static str> {
 /// A transaction of sqlx's, by its shape: `Transaction<'_, DB>` (a
 /// lifetime and a database) or `PgTransaction<'_>` and its kin, through
 /// references; not a domain type that happens to be called `Transaction`.
-fn is_sqlx_transaction(ty: &Type) -> bool {
-    let Some(segment) = path_type(ty, true).and_then(|p| p.path.segments.last()) else { return false };
+/// Or one of idem's: `idem::Tx<DB>` (named through `idem`), `PgTx` and its
+/// kin.
+fn is_db_transaction(ty: &Type) -> bool {
+    let Some(path) = path_type(ty, true) else { return false };
+    let Some(segment) = path.path.segments.last() else { return false };
+    match segment.ident.to_string().as_str() {
+        "PgTx" | "MySqlTx" | "SqliteTx" => return segment.arguments.is_none(),
+        "Tx" => return path.path.segments.iter().any(|s| s.ident == "idem"),
+        _ => {}
+    }
     let syn::PathArguments::AngleBracketed(args) = &segment.arguments else { return false };
     let lifetime = args.args.iter().any(|a| matches!(a, syn::GenericArgument::Lifetime(_)));
     match segment.ident.to_string().as_str() {
@@ -395,7 +403,9 @@ fn is_sqlx_transaction(ty: &Type) -> bool {
 
 fn names_transaction(ty: &Type) -> bool {
     path_type(ty, true).and_then(|p| p.path.segments.last()).is_some_and(|s| {
-        ["Transaction", "PgTransaction", "MySqlTransaction", "SqliteTransaction"].iter().any(|n| s.ident == n)
+        ["Transaction", "PgTransaction", "MySqlTransaction", "SqliteTransaction", "Tx", "PgTx", "MySqlTx", "SqliteTx"]
+            .iter()
+            .any(|n| s.ident == n)
     })
 }
 

@@ -179,6 +179,16 @@ pub enum Error {
         scope: String,
     },
 
+    /// An [`idem::Tx`](crate::sql::tx::Tx) was used after its commit or
+    /// rollback, or after one of its statements was cancelled (a dropped
+    /// future, a timeout) or failed with the server's state unknown. Its
+    /// connection is closed when it is dropped, so the server rolls back.
+    #[error("this idem::Tx cannot be used any more: {reason}; begin a new one with `idem::begin(&pool)`")]
+    TxUnusable {
+        /// What happened to it.
+        reason: &'static str,
+    },
+
     /// The guarded function's `Ok` value could not be stored, or a stored one no
     /// longer decodes into the function's type (it changed since the first call).
     #[error("response of scope `{scope}` could not be {action}: {source}{}", response_hint(.action))]

@@ -48,6 +48,13 @@ pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
 pub use key::{Fingerprint, IdempotencyKey, Key};
 pub use record::{DedupRecord, Outcome, RecordStatus, observe};
 pub use sql::table::{RecordTable, record_table, set_record_table};
+#[cfg(feature = "mysql")]
+pub use sql::tx::MySqlTx;
+#[cfg(feature = "postgres")]
+pub use sql::tx::PgTx;
+#[cfg(feature = "sqlite")]
+pub use sql::tx::SqliteTx;
+pub use sql::tx::{Tx, begin, begin_with};
 pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, migrator, purge_expired};
 pub use state::{SilentRepeat, StateMachine};
 pub use store::MemoryStore;

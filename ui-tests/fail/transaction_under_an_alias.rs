@@ -8,11 +8,12 @@ impl From<idem::Error> for AppError {
     }
 }
 
-// An alias of the application's own: the macro cannot see through it.
-type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
+// An alias of the application's own: the macro cannot see through it (an
+// alias named `Tx` or `Transaction` is taken for one).
+type Txn<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 
 #[idempotent(key = "trade_no", scope = "payments.pay")]
-async fn pay(tx: &mut Tx<'_>, trade_no: &str) -> Result<(), AppError> {
+async fn pay(tx: &mut Txn<'_>, trade_no: &str) -> Result<(), AppError> {
     let _ = (tx, trade_no);
     Ok(())
 }

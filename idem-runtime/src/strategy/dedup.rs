@@ -6,8 +6,9 @@
 //! replays (or claims, if the first call rolled back).
 
 use crate::guard::{Guard, Prepared};
+use crate::store::sql::tx::TxCore;
 use crate::store::sql::{SqlBackend, TxContext};
-use crate::strategy::record::{Claimed, claim_record, judge, prechecked, require_transaction};
+use crate::strategy::record::{Claimed, claim_record, guard_context, judge, prechecked};
 use crate::strategy::ticket::Ticket;
 use crate::{Claim, Error, Replayable};
 
@@ -36,26 +37,28 @@ impl Guard<'_> {
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let precheck = self.precheck_store();
         let p = self.prepare("dedup", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
-        let conn = tx.connection();
-        require_transaction::<C::Db>(conn, &p)?;
+        // `claim_after` writes its record after the body: an `idem::Tx`
+        // begins now. A claim before the body rides on its BEGIN.
+        let (conn, core) = guard_context(tx, &p, !p.claim_after).await?;
         if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
             return Ok(Claim::Replay(replay));
         }
-        dedup_prepared::<T, C::Db>(conn, p).await
+        dedup_prepared::<T, C::Db>(conn, core, p).await
     }
 }
 
 async fn dedup_prepared<T: Replayable, DB: SqlBackend>(
     conn: &mut DB::Connection,
+    mut core: Option<&mut TxCore>,
     p: Prepared,
 ) -> Result<Claim<T, Ticket<DB>>, Error> {
     if p.claim_after {
         // Nothing to do before the body: the record is written with its
         // response in `Ticket::complete`.
-        return Ok(Claim::Run(Ticket::new(p, true, None)));
+        return Ok(Claim::Run(Ticket::new(p, true, None).running_on(core)));
     }
-    match claim_record::<DB>(conn, &p, None).await? {
-        Claimed::Fresh { .. } => Ok(Claim::Run(Ticket::new(p, true, None))),
+    match claim_record::<DB>(conn, core.as_deref_mut(), &p, None).await? {
+        Claimed::Fresh { .. } => Ok(Claim::Run(Ticket::new(p, true, None).running_on(core))),
         Claimed::Existing(existing) => judge(&p, existing).map(Claim::Replay),
     }
 }

@@ -5,8 +5,9 @@
 use crate::guard::Prepared;
 use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
 use crate::record::{Outcome, RecordStatus};
+use crate::store::sql::tx::TxCore;
 use crate::store::sql::{
-    Cas, ClaimResult, ExistingRecord, NewRecord, SqlBackend, classify, classify_state, in_transaction,
+    Cas, ClaimResult, ExistingRecord, NewRecord, SqlBackend, TxContext, classify, classify_state, in_transaction,
 };
 use crate::{Error, Replayable};
 
@@ -42,6 +43,29 @@ pub(crate) fn require_transaction<DB: SqlBackend>(conn: &DB::Connection, p: &Pre
     if in_transaction::<DB>(conn) { Ok(()) } else { Err(Error::NoTransaction { scope: p.scope.to_string() }) }
 }
 
+/// The connection of `tx` for a guard, with the bookkeeping of an
+/// `idem::Tx` if it is one. An `idem::Tx` that has not begun stays so when
+/// the guard's claim can ride on its `BEGIN` (`inline`: a claim of a dedup
+/// record before the body, on a backend that sends texts); otherwise it is
+/// begun here (and what it queued for `COMMIT` is sent first). Every other
+/// transaction must be open.
+pub(crate) async fn guard_context<'t, C: TxContext + ?Sized>(
+    tx: &'t mut C,
+    p: &Prepared,
+    inline: bool,
+) -> Result<(&'t mut <C::Db as sqlx::Database>::Connection, Option<&'t mut TxCore>), Error> {
+    let (conn, mut core) = tx.tx_parts();
+    let rides_on_begin =
+        inline && <C::Db as crate::store::sql::RecordSql>::INLINE && core.as_ref().is_some_and(|c| c.is_deferred());
+    if !rides_on_begin {
+        if let Some(core) = core.as_deref_mut() {
+            core.ready::<C::Db>(&mut *conn).await?;
+        }
+        require_transaction::<C::Db>(conn, p)?;
+    }
+    Ok((conn, core))
+}
+
 /// What [`claim_record`] found.
 pub(crate) enum Claimed {
     /// This call inserted the record; with a transition, the rows it moved.
@@ -54,10 +78,14 @@ pub(crate) enum Claimed {
 /// if the insert won), or find the live record that holds the key.
 pub(crate) async fn claim_record<DB: SqlBackend>(
     conn: &mut DB::Connection,
+    core: Option<&mut TxCore>,
     p: &Prepared,
     cas: Option<&Cas<'_>>,
 ) -> Result<Claimed, Error> {
     let record = new_record(p);
+    if let Some(core) = core.filter(|c| DB::INLINE && c.is_deferred()) {
+        return claim_with_begin::<DB>(conn, core, p, &record, cas).await;
+    }
     for _ in 0..MAX_ATTEMPTS {
         let (claim, moved) = match cas {
             None => (DB::claim(conn, &record).await.map_err(classify::<DB>)?, 0),
@@ -76,6 +104,43 @@ pub(crate) async fn claim_record<DB: SqlBackend>(
             continue;
         }
         return Ok(Claimed::Existing(existing));
+    }
+    Err(p.in_progress(None))
+}
+
+/// [`claim_record`] on an `idem::Tx` that has not begun: `BEGIN` and the
+/// claim in one text. A repeat's claim fails on the unique key, which
+/// stops the text; the failed block is rolled back and the record read in
+/// one more round trip, and the `Tx` has still not begun. The transition
+/// of `dedup+state` follows the claim as a statement of its own.
+async fn claim_with_begin<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    core: &mut TxCore,
+    p: &Prepared,
+    record: &NewRecord<'_>,
+    cas: Option<&Cas<'_>>,
+) -> Result<Claimed, Error> {
+    let mut take_over = false;
+    for _ in 0..MAX_ATTEMPTS {
+        match core.claim_with_begin::<DB>(conn, record, take_over).await? {
+            None => {
+                let Some(cas) = cas else { return Ok(Claimed::Fresh { moved: 0 }) };
+                return match DB::transition(conn, cas).await {
+                    Ok(moved) => Ok(Claimed::Fresh { moved }),
+                    Err(e) => {
+                        // Leave no PROCESSING record to a caller that commits anyway.
+                        let _ = DB::discard(conn, record.scope, record.key).await;
+                        Err(classify_state::<DB>(cas.states)(e))
+                    }
+                };
+            }
+            // The holder rolled back, or the record was purged: claim again.
+            Some(None) => take_over = false,
+            // Past retention but not yet purged: delete it (only if still
+            // expired) in the text of the next claim.
+            Some(Some(existing)) if existing.expired => take_over = true,
+            Some(Some(existing)) => return Ok(Claimed::Existing(existing)),
+        }
     }
     Err(p.in_progress(None))
 }

@@ -14,7 +14,7 @@
 use crate::guard::Guard;
 use crate::state::{SilentRepeat, Transition};
 use crate::store::sql::{Cas, TxContext};
-use crate::strategy::record::{Claimed, claim_record, discard, judge, prechecked, require_transaction};
+use crate::strategy::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
 use crate::strategy::ticket::Ticket;
 use crate::strategy::transition::{Moved, Step, check_key, move_entity, silent_repeat};
 use crate::{Claim, Error, Replayable};
@@ -41,11 +41,12 @@ impl Guard<'_> {
         transition: &'static Transition,
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let p = self.prepare_claim_before("state", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
-        let conn = tx.connection();
-        require_transaction::<C::Db>(conn, &p)?;
         check_key(transition, &p)?;
+        let (conn, core) = guard_context(tx, &p, false).await?;
         match move_entity::<C::Db>(conn, &p, transition, None).await? {
-            Step::Moved(from) => Ok(Claim::Run(Ticket::new(p, false, Some(Moved { transition, from })))),
+            Step::Moved(from) => {
+                Ok(Claim::Run(Ticket::new(p, false, Some(Moved { transition, from })).running_on(core)))
+            }
             Step::Repeat => Ok(Claim::Replay(silent_repeat(&p))),
         }
     }
@@ -64,9 +65,8 @@ impl Guard<'_> {
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let precheck = self.precheck_store();
         let p = self.prepare_claim_before("dedup+state", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
-        let conn = tx.connection();
-        require_transaction::<C::Db>(conn, &p)?;
         check_key(transition, &p)?;
+        let (conn, mut core) = guard_context(tx, &p, true).await?;
         if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
             return Ok(Claim::Replay(replay));
         }
@@ -77,12 +77,14 @@ impl Guard<'_> {
             from.as_ref().map(|from| Cas { states, from, to: states.codes[transition.to_index()], key: &p.entity });
         // One source: claim and transition together. Several: claim first,
         // then read the status under a row lock to learn which source it is in.
-        let tried = match claim_record::<C::Db>(conn, &p, cas.as_ref()).await? {
+        let tried = match claim_record::<C::Db>(conn, core.as_deref_mut(), &p, cas.as_ref()).await? {
             Claimed::Existing(existing) => return judge(&p, existing).map(Claim::Replay),
             Claimed::Fresh { moved } => cas.as_ref().map(|_| moved),
         };
         match move_entity::<C::Db>(conn, &p, transition, tried).await {
-            Ok(Step::Moved(from)) => Ok(Claim::Run(Ticket::new(p, true, Some(Moved { transition, from })))),
+            Ok(Step::Moved(from)) => {
+                Ok(Claim::Run(Ticket::new(p, true, Some(Moved { transition, from })).running_on(core)))
+            }
             // The record just claimed belongs to no first answer: remove it.
             Ok(Step::Repeat) => {
                 discard::<C::Db>(conn, &p).await;

@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 
 use crate::guard::{GuardError, Prepared};
 use crate::record::Outcome;
+use crate::store::sql::tx::{INLINE_ANSWER_MAX, TxCore};
 use crate::store::sql::{InsertDone, SqlBackend, TxContext, classify};
 use crate::strategy::record::{discard, judge, new_record, stored_response};
 use crate::strategy::transition::{Moved, revert};
@@ -27,13 +28,25 @@ pub struct Ticket<DB: SqlBackend> {
     pub(crate) record: bool,
     /// The state change this call made, undone if the body fails.
     pub(crate) moved: Option<Moved>,
+    /// The claim counted a running body on an `idem::Tx` (see `running_on`).
+    pub(crate) on_tx: bool,
     pub(crate) db: PhantomData<fn() -> DB>,
 }
 
 impl<DB: SqlBackend> Ticket<DB> {
     pub(crate) fn new(prepared: Prepared, record: bool, moved: Option<Moved>) -> Ticket<DB> {
         prepared.claimed();
-        Ticket { prepared, record, moved, db: PhantomData }
+        Ticket { prepared, record, moved, on_tx: false, db: PhantomData }
+    }
+
+    /// The body runs on this `idem::Tx` (if it is one): `&mut **tx` is
+    /// allowed until the ticket is completed.
+    pub(crate) fn running_on(mut self, core: Option<&mut TxCore>) -> Ticket<DB> {
+        if let Some(core) = core {
+            core.body_started();
+            self.on_tx = true;
+        }
+        self
     }
 }
 
@@ -55,7 +68,13 @@ impl<DB: SqlBackend> Ticket<DB> {
         tx: &mut C,
         result: Result<T, E>,
     ) -> Result<Result<T, E>, Error> {
-        complete::<T, E, DB>(self, tx.connection(), result).await
+        let (conn, mut core) = tx.tx_parts();
+        if self.on_tx
+            && let Some(core) = core.as_deref_mut()
+        {
+            core.body_ended();
+        }
+        complete::<T, E, DB>(self, conn, core, result).await
     }
 
     /// What the body returned, as the function's own result: the answer, or
@@ -73,6 +92,7 @@ impl<DB: SqlBackend> Ticket<DB> {
 async fn complete<T: Replayable, E, DB: SqlBackend>(
     ticket: Ticket<DB>,
     conn: &mut DB::Connection,
+    core: Option<&mut TxCore>,
     result: Result<T, E>,
 ) -> Result<Result<T, E>, Error> {
     let Ticket { prepared: p, record, moved, .. } = ticket;
@@ -99,6 +119,15 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
         }
     };
     let started = std::time::Instant::now();
+    if let Some(core) = core.filter(|c| DB::INLINE && c.is_open() && !p.claim_after && json.len() <= INLINE_ANSWER_MAX)
+    {
+        // An `idem::Tx`: the answer goes out with COMMIT (a text that fails
+        // before its COMMIT if the record is gone).
+        core.queue(&DB::complete_text(&p.stored_scope, p.key.as_str(), &json));
+        crate::metrics::complete(p.labels(), started.elapsed());
+        p.report(Outcome::Executed);
+        return Ok(Ok(value));
+    }
     if p.claim_after {
         let done = complete_after::<T, E, DB>(conn, &p, value, &json).await;
         crate::metrics::complete(p.labels(), started.elapsed());

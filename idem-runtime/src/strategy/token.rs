@@ -4,7 +4,7 @@
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::record::{Outcome, report};
 use crate::store::sql::TxContext;
-use crate::strategy::record::{Claimed, claim_record, discard, judge, prechecked, require_transaction};
+use crate::strategy::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
 use crate::strategy::ticket::Ticket;
 use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};
 
@@ -64,12 +64,11 @@ impl Guard<'_> {
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let (precheck, on_store_error) = (self.precheck_store(), self.store_error_policy());
         let p = self.prepare_claim_before("token+dedup", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
-        let conn = tx.connection();
-        require_transaction::<C::Db>(conn, &p)?;
+        let (conn, mut core) = guard_context(tx, &p, true).await?;
         if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
             return Ok(Claim::Replay(replay));
         }
-        match claim_record::<C::Db>(conn, &p, None).await? {
+        match claim_record::<C::Db>(conn, core.as_deref_mut(), &p, None).await? {
             Claimed::Fresh { .. } => {
                 let spent = match token.filter(|t| well_formed(t)) {
                     Some(token) => spend(store, &p, token, on_store_error).await,
@@ -79,7 +78,7 @@ impl Guard<'_> {
                     }
                 };
                 match spent {
-                    Ok(()) => Ok(Claim::Run(Ticket::new(p, true, None))),
+                    Ok(()) => Ok(Claim::Run(Ticket::new(p, true, None).running_on(core))),
                     Err(e) => {
                         discard::<C::Db>(conn, &p).await;
                         Err(e)

@@ -38,6 +38,7 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub mod table;
+pub mod tx;
 
 pub use lease::SqlStore;
 #[doc(hidden)]
@@ -215,6 +216,54 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
         scope: &str,
         key: &str,
     ) -> impl Future<Output = Result<Option<DedupRecord>, sqlx::Error>> + Send;
+
+    /// Run a text of idem's (`;`-separated statements, simple protocol);
+    /// returns rows changed.
+    #[doc(hidden)]
+    fn execute_text(
+        conn: &mut Self::Connection,
+        text: sqlx::SqlStr,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Run a text whose only rows are a [`RecordSql::read_text`]'s.
+    #[doc(hidden)]
+    fn read_text_record(
+        conn: &mut Self::Connection,
+        text: sqlx::SqlStr,
+    ) -> impl Future<Output = Result<Option<ExistingRecord>, sqlx::Error>> + Send;
+
+    /// Whether an [`idem::Tx`](tx::Tx) sends its claim with `BEGIN` and its
+    /// answer with `COMMIT` (the `*_text` statements below, one text each);
+    /// SQLite, with no network to save, sends the statements above.
+    #[doc(hidden)]
+    const INLINE: bool = false;
+
+    /// The claim as text, a plain `INSERT` whose unique-key error stops the
+    /// rest of the text. Values only as server-decoded hex.
+    #[doc(hidden)]
+    fn claim_text(_record: &NewRecord<'_>) -> String {
+        unreachable!("only backends with INLINE send text claims")
+    }
+
+    /// [`RecordSql::read`] as text, for autocommit (after the ROLLBACK of a
+    /// refused claim: a fresh statement that sees the latest commit).
+    #[doc(hidden)]
+    fn read_text(_scope: &str, _key: &str) -> String {
+        unreachable!("only backends with INLINE send text reads")
+    }
+
+    /// [`RecordSql::discard_expired`] as text.
+    #[doc(hidden)]
+    fn discard_expired_text(_scope: &str, _key: &str) -> String {
+        unreachable!("only backends with INLINE send text statements")
+    }
+
+    /// [`RecordSql::complete`] as text, failing (before a `COMMIT` after it)
+    /// when it matches no record.
+    #[doc(hidden)]
+    fn complete_text(_scope: &str, _key: &str, _response: &str) -> String {
+        unreachable!("only backends with INLINE send text statements")
+    }
 }
 
 /// The statements of the state strategies: an entity's compare-and-set and its status. Sealed: implemented for the supported databases only.
@@ -313,15 +362,15 @@ mod sealed {
 
 /// A transaction a dedup record can be written in.
 ///
-/// Implemented for `sqlx::Transaction<'_, DB>` of every supported database. A
-/// type of your own (a unit-of-work wrapper) can implement it by handing out
+/// Implemented for `sqlx::Transaction<'_, DB>` and [`idem::Tx<DB>`](tx::Tx)
+/// of every supported database. A type of your own (a unit-of-work wrapper) can implement it by handing out
 /// the connection of a transaction it holds: the record must commit or roll
 /// back together with the business change, so never hand out a connection
 /// that is not inside a transaction.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can write its dedup record in",
     label = "not a supported transaction",
-    note = "take `&mut sqlx::Transaction<'_, DB>` with DB = sqlx::Postgres, sqlx::MySql or sqlx::Sqlite (or a type implementing `idem::TxContext`)",
+    note = "take `&mut sqlx::Transaction<'_, DB>` or `&mut idem::Tx<DB>` with DB = sqlx::Postgres, sqlx::MySql or sqlx::Sqlite (or a type implementing `idem::TxContext`)",
     note = "a pool or a bare connection would commit the record apart from your business change: begin a transaction and pass it"
 )]
 pub trait TxContext: Send {
@@ -329,6 +378,16 @@ pub trait TxContext: Send {
     type Db: SqlBackend;
     /// The connection the open transaction runs on.
     fn connection(&mut self) -> &mut <Self::Db as sqlx::Database>::Connection;
+
+    /// The connection, and the bookkeeping of an [`idem::Tx`](tx::Tx) if
+    /// this is one (or wraps one). A type of your own that wraps an
+    /// `idem::Tx` forwards this method too, or its guards take the path
+    /// of a `sqlx::Transaction` (and fail with [`Error::NoTransaction`]
+    /// before the `Tx` has begun). Not a stable API.
+    #[doc(hidden)]
+    fn tx_parts(&mut self) -> (&mut <Self::Db as sqlx::Database>::Connection, Option<&mut tx::TxCore>) {
+        (self.connection(), None)
+    }
 }
 
 impl<DB: SqlBackend> TxContext for sqlx::Transaction<'_, DB>
@@ -346,11 +405,12 @@ where
 /// is reported once, there (the later uses see an error type and stay
 /// quiet).
 #[doc(hidden)]
-pub struct Conn<'a, DB: SqlBackend>(&'a mut DB::Connection);
+pub struct Conn<'a, DB: SqlBackend>(&'a mut DB::Connection, Option<&'a mut tx::TxCore>);
 
 #[doc(hidden)]
 pub fn connection<T: TxContext + ?Sized>(tx: &mut T) -> Conn<'_, T::Db> {
-    Conn(tx.connection())
+    let (conn, core) = tx.tx_parts();
+    Conn(conn, core)
 }
 
 impl<DB: SqlBackend> TxContext for Conn<'_, DB>
@@ -360,6 +420,9 @@ where
     type Db = DB;
     fn connection(&mut self) -> &mut DB::Connection {
         self.0
+    }
+    fn tx_parts(&mut self) -> (&mut DB::Connection, Option<&mut tx::TxCore>) {
+        (self.0, self.1.as_deref_mut())
     }
 }
 

@@ -178,6 +178,18 @@ impl SqlBackend for MySql {
 }
 
 impl RecordSql for MySql {
+    async fn execute_text(conn: &mut MySqlConnection, text: sqlx::SqlStr) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::raw_sql(text).execute(conn).await?.rows_affected())
+    }
+
+    async fn read_text_record(
+        conn: &mut MySqlConnection,
+        text: sqlx::SqlStr,
+    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        let row = sqlx::raw_sql(text).fetch_optional(conn).await?;
+        row.map(|row| super::decode_existing(&row)).transpose()
+    }
+
     async fn claim(conn: &mut MySqlConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let micros = super::retention_us(r.retention);
         let inserted = sqlx::query(super::table::sql(CLAIM))
@@ -294,6 +306,65 @@ impl RecordSql for MySql {
         let row = sqlx::query(super::table::sql(FETCH)).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_record(&row)).transpose()
     }
+
+    const INLINE: bool = true;
+
+    fn claim_text(r: &NewRecord<'_>) -> String {
+        format!(
+            "INSERT INTO {} (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
+             VALUES ({}, {}, 'PROCESSING', {}, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+             UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)",
+            table(),
+            bytes(r.scope),
+            bytes(r.key),
+            r.fingerprint.map_or_else(|| "NULL".to_owned(), text),
+            super::retention_us(r.retention),
+        )
+    }
+
+    fn read_text(scope: &str, key: &str) -> String {
+        format!(
+            "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) FROM {} WHERE {}",
+            table(),
+            key_where(scope, key)
+        )
+    }
+
+    fn discard_expired_text(scope: &str, key: &str) -> String {
+        format!("DELETE FROM {} WHERE {} AND expires_at <= UTC_TIMESTAMP(6)", table(), key_where(scope, key))
+    }
+
+    fn complete_text(scope: &str, key: &str, response: &str) -> String {
+        // No record updated: the scalar subquery returns two rows (error
+        // 1242), which stops the text before its COMMIT.
+        format!(
+            "UPDATE {} SET status = 'DONE', response = {}, updated_at = UTC_TIMESTAMP(6) WHERE {}; \
+             SET @idem_completed = ROW_COUNT(); \
+             SET @idem_completed = (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE @idem_completed <> 1)",
+            table(),
+            text(response),
+            key_where(scope, key)
+        )
+    }
+}
+
+/// The record table as written into text statements (a validated name).
+fn table() -> &'static str {
+    super::table::record_table().qualified()
+}
+
+/// A `VARBINARY` value as a text statement carries it: hex digits.
+fn bytes(s: &str) -> String {
+    format!("UNHEX('{}')", super::tx::hex(s))
+}
+
+/// A string for a text column: hex digits, decoded as UTF-8.
+fn text(s: &str) -> String {
+    format!("CONVERT(UNHEX('{}') USING utf8mb4)", super::tx::hex(s))
+}
+
+fn key_where(scope: &str, key: &str) -> String {
+    format!("scope = {} AND idem_key = {}", bytes(scope), bytes(key))
 }
 
 impl StateSql for MySql {

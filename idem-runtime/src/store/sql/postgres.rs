@@ -150,6 +150,18 @@ impl SqlBackend for Postgres {
 }
 
 impl RecordSql for Postgres {
+    async fn execute_text(conn: &mut PgConnection, text: sqlx::SqlStr) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::raw_sql(text).execute(conn).await?.rows_affected())
+    }
+
+    async fn read_text_record(
+        conn: &mut PgConnection,
+        text: sqlx::SqlStr,
+    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        let row = sqlx::raw_sql(text).fetch_optional(conn).await?;
+        row.map(|row| super::decode_existing(&row)).transpose()
+    }
+
     async fn claim(conn: &mut PgConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let done = sqlx::query(super::table::sql(CLAIM))
             .bind(r.scope)
@@ -235,6 +247,65 @@ impl RecordSql for Postgres {
         let row = sqlx::query(super::table::sql(FETCH)).bind(scope).bind(key).fetch_optional(conn).await?;
         row.map(|row| super::decode_record(&row)).transpose()
     }
+
+    const INLINE: bool = true;
+
+    fn claim_text(r: &NewRecord<'_>) -> String {
+        format!(
+            "INSERT INTO {} (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
+             VALUES ({}, {}, 'PROCESSING', {}, now(), now(), clock_timestamp() + {} * interval '1 microsecond')",
+            table(),
+            text(r.scope),
+            text(r.key),
+            r.fingerprint.map_or_else(|| "NULL".to_owned(), text),
+            retention_us(r.retention),
+        )
+    }
+
+    fn read_text(scope: &str, key: &str) -> String {
+        format!(
+            "SELECT status, fingerprint, response, (expires_at <= now())::int::int8 FROM {} WHERE {}",
+            table(),
+            key_where(scope, key)
+        )
+    }
+
+    fn discard_expired_text(scope: &str, key: &str) -> String {
+        format!("DELETE FROM {} WHERE {} AND expires_at <= now()", table(), key_where(scope, key))
+    }
+
+    fn complete_text(scope: &str, key: &str, response: &str) -> String {
+        // No record updated: 1 / 0 fails the text before its COMMIT.
+        format!(
+            "WITH done AS (UPDATE {} SET status = 'DONE', response = {} WHERE {} RETURNING 1) \
+             SELECT 1 / count(*) FROM done",
+            table(),
+            text(response),
+            key_where(scope, key)
+        )
+    }
+}
+
+/// The record table as written into text statements (a validated name).
+fn table() -> &'static str {
+    super::table::record_table().qualified()
+}
+
+/// A string as a text statement carries it: hex digits, decoded by the
+/// server, so nothing in it can end a literal.
+fn text(s: &str) -> String {
+    format!("convert_from(decode('{}', 'hex'), 'UTF8')", super::tx::hex(s))
+}
+
+/// `scope = ... AND idem_key = ...`. The decoded value has no collation of
+/// its own; without `COLLATE "default"` (the key columns' collation) the
+/// comparison cannot use the primary key and scans the table.
+fn key_where(scope: &str, key: &str) -> String {
+    format!("scope = {} COLLATE \"default\" AND idem_key = {} COLLATE \"default\"", text(scope), text(key))
+}
+
+fn retention_us(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 impl StateSql for Postgres {

@@ -1,0 +1,481 @@
+//! [`Tx`]: a transaction idem begins and commits itself, so that a `dedup`
+//! guard's claim travels with `BEGIN` and its answer with `COMMIT`.
+//!
+//! With a `sqlx::Transaction` the guard sends its own statements: a claim
+//! after `BEGIN`, the answer before `COMMIT`, two round trips more than the
+//! transaction alone. With an `idem::Tx` it sends none of its own on
+//! PostgreSQL and MySQL/MariaDB:
+//!
+//! | | round trips (`sqlx::Transaction`) | round trips (`idem::Tx`) |
+//! |---|---|---|
+//! | first call | BEGIN, claim, body, answer, COMMIT | BEGIN + claim, body, answer + COMMIT |
+//! | repeat | BEGIN, claim, read, COMMIT | claim (refused) , ROLLBACK + read |
+//!
+//! `BEGIN` is held back until there is something to send with it: the
+//! first guard's claim (`BEGIN; INSERT ...` as one text), or
+//! [`Tx::open`]. The claim is a plain `INSERT`: on a repeat its unique-key
+//! error stops the text before anything else runs, the guard rolls back and
+//! reads the first answer (one more round trip), and nothing has begun, so
+//! [`Tx::commit`] then sends nothing. The answer of a first call waits in
+//! the `Tx` and goes out with `COMMIT` (`UPDATE ...; COMMIT`); if that
+//! `UPDATE` finds no record the text fails before `COMMIT`, so a record is
+//! never committed unfinished by it.
+//!
+//! Values in these texts (scope, key, fingerprint, answer) are hex-decoded
+//! by the server (`convert_from(decode('…','hex'),'UTF8')` on PostgreSQL,
+//! `UNHEX('…')` on MySQL): the text holds only hex digits, integers idem
+//! formats itself and the validated record table name, whatever the key
+//! or the answer holds. An answer over 256 KiB of JSON is bound as a
+//! parameter instead (one more round trip), so no text nears MySQL's
+//! `max_allowed_packet`. SQLite sends the same statements one by one (it
+//! has no network to save).
+//!
+//! ## Using it
+//!
+//! ```no_run
+//! # extern crate idem_runtime as idem;
+//! # async fn demo(pool: sqlx::PgPool, trade_no: &str) -> Result<(), idem::Error> {
+//! use idem::{Claim, Guard};
+//!
+//! let mut tx = idem::begin(&pool).await?; // nothing sent yet
+//! let coupon = match Guard::new("payments.on_pay").key(trade_no).dedup::<i64, _>(&mut tx).await? {
+//!     Claim::Replay(coupon) => coupon,
+//!     Claim::Run(ticket) => {
+//!         // In the body the transaction has begun: `&mut **tx` is its connection.
+//!         let id: i64 = sqlx::query_scalar("INSERT INTO coupons (trade_no) VALUES ($1) RETURNING id")
+//!             .bind(trade_no)
+//!             .fetch_one(&mut **tx)
+//!             .await?;
+//!         ticket.complete(&mut tx, Ok::<_, idem::Error>(id)).await??
+//!     }
+//! };
+//! tx.commit().await?; // the answer, then COMMIT, in one round trip
+//! # let _ = coupon; Ok(()) }
+//! ```
+//!
+//! `#[idempotent]` functions take it like a `sqlx::Transaction`
+//! (`tx: &mut idem::Tx<Postgres>`, or [`PgTx`]), and their bodies use
+//! `&mut **tx` as before.
+//!
+//! **Outside a guarded body, call [`Tx::open`] for the connection**
+//! (`sqlx::query(..).execute(tx.open().await?)`): it sends `BEGIN` if
+//! nothing has begun yet and is free after that. Deref (`&mut **tx`)
+//! outside a guarded body panics unless `open` was called: after a
+//! repeat nothing has begun, so a statement written after the guarded call
+//! would otherwise run only on first calls and panic on every repeat; the
+//! rule makes it panic on the first call, in your tests.
+//!
+//! Dropping a `Tx` rolls it back, like a `sqlx::Transaction`. A claim or
+//! read cancelled mid-flight (a dropped future, a timeout) leaves the
+//! server's state unknown: the `Tx` then closes its connection instead of
+//! returning it to the pool, and the server rolls back.
+//!
+//! Isolation: [`begin_with`] takes the `BEGIN` statement
+//! (`"BEGIN ISOLATION LEVEL REPEATABLE READ"`). Under REPEATABLE READ a
+//! repeat replays directly (the claim's unique-key error, then a fresh
+//! read), where a `sqlx::Transaction` answers with a serialization failure
+//! to retry.
+
+use std::fmt;
+
+use sqlx::pool::PoolConnection;
+use sqlx_core::transaction::TransactionManager;
+
+use super::{ExistingRecord, NewRecord, SqlBackend, TxContext, classify};
+use crate::Error;
+
+type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
+
+/// JSON answers up to this size ride with `COMMIT` (twice that as hex);
+/// larger ones are bound as a parameter, one round trip more.
+pub(crate) const INLINE_ANSWER_MAX: usize = 256 * 1024;
+
+/// Where a [`Tx`] stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Nothing sent: `BEGIN` waits for the first claim or [`Tx::open`].
+    Deferred,
+    /// The server is inside the transaction, and sqlx knows it (depth 1).
+    Open,
+    /// A text is in flight. If the future is dropped now, the server's state
+    /// is known only when sqlx's depth says the transaction had begun.
+    Busy,
+    /// A text failed or was cancelled with the server's state unknown: the
+    /// connection is closed when the `Tx` is dropped.
+    Broken,
+    /// Committed or rolled back.
+    Closed,
+}
+
+/// The bookkeeping of an [`idem::Tx`](Tx) that guards reach through
+/// [`TxContext::tx_parts`]. Not a stable API.
+#[doc(hidden)]
+pub struct TxCore {
+    state: State,
+    /// The statement that begins the transaction.
+    begin: String,
+    /// Guard statements that go out with `COMMIT` (`; `-separated).
+    pending: String,
+    /// Guarded bodies running on this transaction (claimed, not completed).
+    bodies: u32,
+    /// [`Tx::open`] was called: the connection may be used outside bodies.
+    opened: bool,
+}
+
+impl TxCore {
+    fn new(begin: String) -> TxCore {
+        TxCore { state: State::Deferred, begin, pending: String::new(), bodies: 0, opened: false }
+    }
+
+    /// Nothing has begun: a claim can travel with `BEGIN`.
+    pub(crate) fn is_deferred(&self) -> bool {
+        self.state == State::Deferred
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.state == State::Open
+    }
+
+    /// A guarded body starts on this transaction (its claim said `Run`).
+    pub(crate) fn body_started(&mut self) {
+        self.bodies += 1;
+    }
+
+    pub(crate) fn body_ended(&mut self) {
+        self.bodies = self.bodies.saturating_sub(1);
+    }
+
+    /// Queue a guard statement to go out with `COMMIT`.
+    pub(crate) fn queue(&mut self, statement: &str) {
+        if !self.pending.is_empty() {
+            self.pending.push_str("; ");
+        }
+        self.pending.push_str(statement);
+    }
+
+    fn unusable(&self) -> Option<Error> {
+        match self.state {
+            State::Broken | State::Busy => Some(Error::TxUnusable {
+                reason: "an earlier statement of it was cancelled or failed with the server's state unknown",
+            }),
+            State::Closed => Some(Error::TxUnusable { reason: "it was committed or rolled back" }),
+            _ => None,
+        }
+    }
+
+    /// Make the transaction ready for statements of the guard's own: begin
+    /// it if nothing has begun (one round trip), and send the statements
+    /// queued for `COMMIT` first, so that a guard on the same transaction
+    /// sees the answers of the ones before it.
+    pub(crate) async fn ready<DB: SqlBackend>(&mut self, conn: &mut DB::Connection) -> Result<(), Error> {
+        if let Some(e) = self.unusable() {
+            return Err(e);
+        }
+        if self.state == State::Deferred {
+            self.state = State::Busy;
+            let begun = Tm::<DB>::begin(conn, Some(sql(self.begin.clone()))).await;
+            return self.after_begin::<DB>(conn, begun).await.map_err(classify::<DB>);
+        }
+        if !self.pending.is_empty() {
+            let text = std::mem::take(&mut self.pending);
+            self.state = State::Busy;
+            let sent = DB::execute_text(&mut *conn, sql(text)).await;
+            // A failure leaves the server inside the transaction (aborted on
+            // PostgreSQL): the caller rolls back, as after any failed statement.
+            self.state = State::Open;
+            sent.map_err(|e| pending_error::<DB>(e))?;
+        }
+        Ok(())
+    }
+
+    /// `BEGIN` (with whatever rode along) was sent: on success the
+    /// transaction is open; on failure sqlx's depth is 0 while the server
+    /// may still be inside a block (sqlx 0.9 does not end it), so end it
+    /// here, or give the connection up.
+    async fn after_begin<DB: SqlBackend>(
+        &mut self,
+        conn: &mut DB::Connection,
+        begun: Result<(), sqlx::Error>,
+    ) -> Result<(), sqlx::Error> {
+        match begun {
+            Ok(()) => {
+                self.state = State::Open;
+                Ok(())
+            }
+            Err(e) => {
+                self.end_failed_begin::<DB>(conn, None).await.ok();
+                Err(e)
+            }
+        }
+    }
+
+    /// After a refused `BEGIN` text: `ROLLBACK` (with a read riding along),
+    /// in one round trip. Back to `Deferred` when it went through,
+    /// `Broken` when not.
+    async fn end_failed_begin<DB: SqlBackend>(
+        &mut self,
+        conn: &mut DB::Connection,
+        read: Option<String>,
+    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        self.state = State::Busy;
+        let found = match read {
+            None => DB::execute_text(&mut *conn, sql("ROLLBACK".to_owned())).await.map(|_| None),
+            Some(read) => DB::read_text_record(&mut *conn, sql(format!("ROLLBACK; {read}"))).await,
+        };
+        // Only an I/O error leaves the server's state unknown; an error of
+        // the read itself (a missing table) came after the ROLLBACK.
+        self.state = match &found {
+            Err(sqlx::Error::Database(_)) | Ok(_) => State::Deferred,
+            Err(_) => State::Broken,
+        };
+        found
+    }
+
+    /// `BEGIN` and a claim in one text. `Ok(None)`: claimed, the
+    /// transaction is open. `Ok(Some(found))`: the key is held (the claim's
+    /// unique-key error); the failed block was rolled back and `found` read
+    /// in the same round trip (`None`: gone meanwhile, claim again). With
+    /// `take_over`, an expired record is deleted first, in the same text.
+    pub(crate) async fn claim_with_begin<DB: SqlBackend>(
+        &mut self,
+        conn: &mut DB::Connection,
+        record: &NewRecord<'_>,
+        take_over: bool,
+    ) -> Result<Option<Option<ExistingRecord>>, Error> {
+        if let Some(e) = self.unusable() {
+            return Err(e);
+        }
+        debug_assert!(self.state == State::Deferred);
+        let mut text = format!("{}; ", self.begin);
+        if take_over {
+            text.push_str(&DB::discard_expired_text(record.scope, record.key));
+            text.push_str("; ");
+        }
+        text.push_str(&DB::claim_text(record));
+        self.state = State::Busy;
+        match Tm::<DB>::begin(conn, Some(sql(text))).await {
+            Ok(()) => {
+                self.state = State::Open;
+                Ok(None)
+            }
+            Err(e) if e.as_database_error().is_some_and(|d| d.is_unique_violation()) => {
+                let read = DB::read_text(record.scope, record.key);
+                let found = self.end_failed_begin::<DB>(conn, Some(read)).await.map_err(classify::<DB>)?;
+                Ok(Some(found))
+            }
+            Err(e) => {
+                self.end_failed_begin::<DB>(conn, None).await.ok();
+                Err(classify::<DB>(e))
+            }
+        }
+    }
+}
+
+fn sql(text: String) -> sqlx::SqlStr {
+    use sqlx::SqlSafeStr as _;
+    // Every dynamic value in these texts is hex, an integer idem formats,
+    // or the validated table name (see the module docs).
+    sqlx::AssertSqlSafe(text).into_sql_str()
+}
+
+/// A queued statement failed: an answer's `UPDATE` that found no record
+/// says so (PostgreSQL: division by zero, 22012; MySQL: a subquery of
+/// more than one row, 1242, both raised on purpose by the text).
+fn pending_error<DB: SqlBackend>(e: sqlx::Error) -> Error {
+    if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "22012" || c == "21000") {
+        return Error::Database(sqlx::Error::Protocol(
+            "a dedup record vanished inside its own transaction before its answer was stored (deleted by the \
+             body, or the server rolled the transaction back); nothing was committed"
+                .to_owned(),
+        ));
+    }
+    classify::<DB>(e)
+}
+
+/// A transaction that idem begins and commits, so that a `dedup` guard's
+/// claim rides on `BEGIN` and its answer on `COMMIT`: no round trip of the
+/// guard's own on PostgreSQL and MySQL/MariaDB. See the [module docs](self).
+///
+/// Begin one with [`begin`] (or [`begin_with`]), hand `&mut tx` to guarded
+/// functions, end it with [`commit`](Tx::commit) or
+/// [`rollback`](Tx::rollback); dropping it rolls back. Inside a guarded
+/// body, `&mut **tx` is the connection; elsewhere use [`Tx::open`].
+pub struct Tx<DB: SqlBackend> {
+    conn: PoolConnection<DB>,
+    core: TxCore,
+}
+
+/// An [`idem::Tx`](Tx) on PostgreSQL.
+#[cfg(feature = "postgres")]
+pub type PgTx = Tx<sqlx::Postgres>;
+/// An [`idem::Tx`](Tx) on MySQL or MariaDB.
+#[cfg(feature = "mysql")]
+pub type MySqlTx = Tx<sqlx::MySql>;
+/// An [`idem::Tx`](Tx) on SQLite.
+#[cfg(feature = "sqlite")]
+pub type SqliteTx = Tx<sqlx::Sqlite>;
+
+/// A connection from `pool`, as an [`idem::Tx`](Tx) whose `BEGIN` waits
+/// for the first guard (nothing is sent yet).
+pub async fn begin<DB: SqlBackend>(pool: &sqlx::Pool<DB>) -> Result<Tx<DB>, Error> {
+    Ok(Tx::new(pool.acquire().await?, "BEGIN".to_owned()))
+}
+
+/// [`begin`] with the statement that begins the transaction, e.g.
+/// `"BEGIN ISOLATION LEVEL REPEATABLE READ"` on PostgreSQL or
+/// `"START TRANSACTION READ WRITE"` on MySQL. It is sent as written, with
+/// the first guard's claim after it.
+pub async fn begin_with<DB: SqlBackend>(
+    pool: &sqlx::Pool<DB>,
+    statement: impl sqlx::SqlSafeStr,
+) -> Result<Tx<DB>, Error> {
+    let statement = statement.into_sql_str().as_str().trim().trim_end_matches(';').to_owned();
+    Ok(Tx::new(pool.acquire().await?, statement))
+}
+
+impl<DB: SqlBackend> Tx<DB> {
+    /// An `idem::Tx` on a connection already taken from a pool (nothing is
+    /// sent yet). The connection must not be inside a transaction.
+    pub fn new(conn: PoolConnection<DB>, begin_statement: String) -> Tx<DB> {
+        Tx { conn, core: TxCore::new(begin_statement) }
+    }
+
+    /// The transaction's connection for statements outside guarded bodies:
+    /// sends `BEGIN` first if nothing has begun (one round trip), and
+    /// whatever guards queued for `COMMIT` if they must come first. Free
+    /// once the transaction has begun. After it, `&mut **tx` works
+    /// everywhere.
+    pub async fn open(&mut self) -> Result<&mut DB::Connection, Error> {
+        self.core.ready::<DB>(&mut self.conn).await?;
+        self.core.opened = true;
+        Ok(&mut self.conn)
+    }
+
+    /// Whether the transaction has begun on the server (a guard claimed, or
+    /// [`open`](Tx::open) was called).
+    pub fn is_begun(&self) -> bool {
+        self.core.state == State::Open
+    }
+
+    /// Commit: the answers guards queued, then `COMMIT`, in one round trip
+    /// (and one `ROLLBACK` of sqlx's bookkeeping that goes out with the
+    /// connection's next use). If nothing has begun (every guard replayed),
+    /// nothing is sent.
+    ///
+    /// An error from the database means nothing was committed. An I/O
+    /// error (or dropping this future) leaves it unknown, as with
+    /// `sqlx::Transaction::commit`: running the whole call again is safe,
+    /// it replays or runs.
+    pub async fn commit(mut self) -> Result<(), Error> {
+        if let Some(e) = self.core.unusable() {
+            return Err(e);
+        }
+        if self.core.state == State::Deferred {
+            self.core.state = State::Closed;
+            return Ok(());
+        }
+        self.core.state = State::Busy;
+        let conn = &mut *self.conn;
+        if self.core.pending.is_empty() {
+            Tm::<DB>::commit(conn).await.map_err(classify::<DB>)?;
+            self.core.state = State::Closed;
+            return Ok(());
+        }
+        // `COMMIT; BEGIN`, then sqlx's depth lowered by a queued `ROLLBACK`
+        // of the empty block: public sqlx lowers its depth no other way.
+        let text = format!("{}; COMMIT; BEGIN", std::mem::take(&mut self.core.pending));
+        let sent = DB::execute_text(&mut *conn, sql(text)).await;
+        Tm::<DB>::start_rollback(conn);
+        self.core.state = State::Closed;
+        sent.map(drop).map_err(pending_error::<DB>)
+    }
+
+    /// Roll back (nothing is sent if nothing has begun).
+    pub async fn rollback(mut self) -> Result<(), Error> {
+        match self.core.state {
+            State::Deferred | State::Closed => {}
+            State::Open => {
+                self.core.state = State::Busy;
+                Tm::<DB>::rollback(&mut self.conn).await?;
+            }
+            // Closed with the connection: the server rolls back.
+            State::Busy | State::Broken => return Ok(()),
+        }
+        self.core.state = State::Closed;
+        Ok(())
+    }
+
+    fn check_deref(&self) {
+        if self.core.state == State::Open && (self.core.bodies > 0 || self.core.opened) {
+            return;
+        }
+        let why = match self.core.state {
+            State::Deferred => "nothing has begun yet (a repeat that replayed leaves it so)",
+            State::Open => "this is outside a guarded body",
+            _ => "it is committed, rolled back or broken",
+        };
+        panic!(
+            "`&mut **tx` on an idem::Tx outside a guarded body: {why}. Use `tx.open().await?` for statements \
+             outside guarded functions (it begins the transaction if needed, and is free after that)"
+        );
+    }
+}
+
+impl<DB: SqlBackend> std::ops::Deref for Tx<DB> {
+    type Target = DB::Connection;
+    /// The connection, inside a guarded body or after [`Tx::open`]; panics
+    /// elsewhere (see the [module docs](self)).
+    fn deref(&self) -> &DB::Connection {
+        self.check_deref();
+        &self.conn
+    }
+}
+
+impl<DB: SqlBackend> std::ops::DerefMut for Tx<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        self.check_deref();
+        &mut self.conn
+    }
+}
+
+impl<DB: SqlBackend> Drop for Tx<DB> {
+    fn drop(&mut self) {
+        let depth = Tm::<DB>::get_transaction_depth(&self.conn);
+        match self.core.state {
+            State::Deferred | State::Closed => {}
+            State::Busy if depth == 0 => self.conn.close_on_drop(),
+            State::Broken => self.conn.close_on_drop(),
+            // Queues the ROLLBACK; it goes out with the connection's next use.
+            State::Open | State::Busy => Tm::<DB>::start_rollback(&mut self.conn),
+        }
+    }
+}
+
+impl<DB: SqlBackend> fmt::Debug for Tx<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tx")
+            .field("state", &self.core.state)
+            .field("begin", &self.core.begin)
+            .field("pending_bytes", &self.core.pending.len())
+            .field("bodies", &self.core.bodies)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: SqlBackend> TxContext for Tx<DB>
+where
+    DB::Connection: Send,
+{
+    type Db = DB;
+    fn connection(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+    fn tx_parts(&mut self) -> (&mut DB::Connection, Option<&mut TxCore>) {
+        (&mut self.conn, Some(&mut self.core))
+    }
+}
+
+/// Hex digits of `s`'s bytes, for texts the server decodes.
+pub(crate) fn hex(s: &str) -> String {
+    hex::encode(s.as_bytes())
+}

@@ -1,0 +1,604 @@
+//! `idem::Tx`: the claim rides on BEGIN and the answer on COMMIT, on real
+//! PostgreSQL and MySQL/MariaDB. Round trips are counted by a TCP proxy in
+//! front of the server; the rest checks that the semantics of a
+//! `sqlx::Transaction` guard hold (the suites in dedup.rs and state.rs run
+//! with both transaction types as well).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use common::{AppError, unique};
+use idem::{Claim, Guard, Key, idempotent};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A TCP proxy to `upstream` that counts round trips: each burst of client
+/// bytes that follows server bytes (or opens the connection) is one.
+async fn counting_proxy(upstream: u16) -> (u16, Arc<AtomicU64>) {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let trips = Arc::new(AtomicU64::new(0));
+    let counter = trips.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else { break };
+            client.set_nodelay(true).unwrap();
+            server.set_nodelay(true).unwrap();
+            // 0 nothing yet, 1 the client spoke last, 2 the server did.
+            let last = Arc::new(AtomicU8::new(0));
+            let ((mut cr, mut cw), (mut sr, mut sw)) = (client.into_split(), server.into_split());
+            let (trips, spoke) = (counter.clone(), last.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                    if spoke.swap(1, SeqCst) != 1 {
+                        trips.fetch_add(1, SeqCst);
+                    }
+                    if sw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = sw.shutdown().await;
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                    last.store(2, SeqCst);
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = cw.shutdown().await;
+            });
+        }
+    });
+    (port, trips)
+}
+
+/// Scopes, keys and answers that would break a statement quoted by hand.
+const HOSTILE: &[&str] = &[
+    "it's",
+    "back\\slash\\",
+    "$$ dollar $$",
+    "$q$ tagged $q$",
+    "\\0 not a NUL",
+    "'); DROP TABLE idem_records; --",
+    "\u{202e}rtl\u{202c} and emoji 🧾",
+    "0x27 0x5c",
+    "--",
+    "/* c */",
+];
+
+macro_rules! tx_suite {
+    (
+        mod $m:ident;
+        db = $DB:ty;
+        pool = $pool:path;
+        upstream = $port:literal;
+        url = $url:literal;
+        insert_coupon = $insert:literal;
+        count_coupons = $count:literal;
+        delete_record = $delete_record:literal;
+        session_id = $session_id:literal;
+    ) => {
+        mod $m {
+            use super::*;
+
+            type Db = $DB;
+
+            macro_rules! pool {
+                () => {
+                    match $pool().await {
+                        Some(pool) => pool,
+                        None => return,
+                    }
+                };
+            }
+
+            #[idempotent(key = "trade_no", scope = "tests.tx.grant")]
+            async fn grant(tx: &mut idem::Tx<Db>, trade_no: &str, runs: &AtomicUsize) -> Result<u64, AppError> {
+                runs.fetch_add(1, SeqCst);
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                Ok(42)
+            }
+
+            #[idempotent(key = "trade_no", scope = "tests.tx.grant")]
+            async fn grant_sqlx(
+                tx: &mut sqlx::Transaction<'_, Db>,
+                trade_no: &str,
+                runs: &AtomicUsize,
+            ) -> Result<u64, AppError> {
+                runs.fetch_add(1, SeqCst);
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                Ok(42)
+            }
+
+            #[idempotent(key = "trade_no", scope = "tests.tx.fails")]
+            async fn fails(tx: &mut idem::Tx<Db>, trade_no: &str) -> Result<u64, AppError> {
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                Err(AppError::Rule("no".into()))
+            }
+
+            #[idempotent(key = "trade_no", scope = "tests.tx.vanishes")]
+            async fn deletes_its_record(tx: &mut idem::Tx<Db>, trade_no: &str) -> Result<u64, AppError> {
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                sqlx::query($delete_record).bind(trade_no).execute(&mut **tx).await?;
+                Ok(1)
+            }
+
+            #[idempotent(key = "trade_no", scope = "tests.tx.savepoint")]
+            async fn with_savepoint(tx: &mut idem::Tx<Db>, trade_no: &str) -> Result<u64, AppError> {
+                use sqlx::Connection as _;
+                let mut sp = (&mut **tx).begin().await?;
+                sqlx::query($insert).bind(trade_no).execute(&mut *sp).await?;
+                sp.rollback().await?;
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                Ok(7)
+            }
+
+            async fn coupons(pool: &sqlx::Pool<Db>, trade_no: &str) -> i64 {
+                sqlx::query_scalar($count).bind(trade_no).fetch_one(pool).await.unwrap()
+            }
+
+            /// One guarded call through the Guard API: (ran, answer).
+            async fn call(
+                tx: &mut idem::Tx<Db>,
+                scope: &str,
+                key: &str,
+                answer: &str,
+            ) -> Result<(bool, String), idem::Error> {
+                match Guard::new(scope.to_owned()).key(key).dedup::<String, _>(tx).await? {
+                    Claim::Replay(first) => Ok((false, first)),
+                    Claim::Run(ticket) => {
+                        let stored = ticket.complete(tx, Ok::<_, idem::Error>(answer.to_owned())).await??;
+                        Ok((true, stored))
+                    }
+                }
+            }
+
+            #[tokio::test]
+            async fn a_first_call_takes_the_round_trips_of_a_plain_transaction_and_a_repeat_two() {
+                let _migrated = pool!();
+                let (port, trips) = counting_proxy($port).await;
+                let url = format!($url, port);
+                let pool = sqlx::pool::PoolOptions::<Db>::new()
+                    .max_connections(1)
+                    .test_before_acquire(false)
+                    .connect(&url)
+                    .await
+                    .unwrap();
+                let runs = AtomicUsize::new(0);
+                // Warm up: prepare every statement on the one connection.
+                let mut tx = idem::begin(&pool).await.unwrap();
+                grant(&mut tx, &unique("warm"), &runs).await.unwrap();
+                tx.commit().await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                grant_sqlx(&mut tx, &unique("warm"), &AtomicUsize::new(0)).await.unwrap();
+                tx.commit().await.unwrap();
+
+                let key = unique("rt");
+                let measure = |label: &'static str, before: u64| {
+                    let n = trips.load(SeqCst) - before;
+                    println!("{label}: {n} round trips");
+                    n
+                };
+                // Counted from a connection in hand: the pool pings a
+                // connection when it is returned, which is nobody's call.
+                // Controls: a plain sqlx transaction (BEGIN, the insert,
+                // COMMIT), and the same guard on a sqlx::Transaction.
+                use sqlx::Connection as _;
+                let mut conn = pool.acquire().await.unwrap();
+                let before = trips.load(SeqCst);
+                let mut plain = conn.begin().await.unwrap();
+                sqlx::query($insert).bind(&key).execute(&mut *plain).await.unwrap();
+                plain.commit().await.unwrap();
+                let plain_trips = measure("plain transaction (BEGIN, insert, COMMIT)", before);
+                let before = trips.load(SeqCst);
+                let mut sqlx_tx = conn.begin().await.unwrap();
+                grant_sqlx(&mut sqlx_tx, &unique("sqlx"), &runs).await.unwrap();
+                sqlx_tx.commit().await.unwrap();
+                let sqlx_guard =
+                    measure("the guard on a sqlx::Transaction (BEGIN, claim, body, answer, COMMIT)", before);
+
+                let before = trips.load(SeqCst);
+                let mut tx = idem::Tx::new(conn, "BEGIN".to_owned());
+                assert_eq!(grant(&mut tx, &key, &runs).await.unwrap(), 42);
+                tx.commit().await.unwrap();
+                let first = measure("first call (BEGIN+claim, body, answer+COMMIT)", before);
+
+                // The commit queued a ROLLBACK of sqlx's bookkeeping, sent by
+                // the pool's ping on release.
+                let conn = pool.acquire().await.unwrap();
+                let before = trips.load(SeqCst);
+                let mut tx = idem::Tx::new(conn, "BEGIN".to_owned());
+                assert_eq!(grant(&mut tx, &key, &runs).await.unwrap(), 42);
+                let replay = measure("repeat (claim refused, ROLLBACK+read)", before);
+                let before = trips.load(SeqCst);
+                tx.commit().await.unwrap();
+                let commit = measure("commit after a repeat", before);
+
+                assert_eq!(
+                    runs.load(SeqCst),
+                    3,
+                    "the warm-up, the control and the first call ran; the repeat replayed"
+                );
+                assert_eq!(plain_trips, 3, "the control: BEGIN, the insert, COMMIT");
+                assert_eq!(sqlx_guard, 5, "the guard on a sqlx::Transaction adds two");
+                assert_eq!(first, 3, "a first call: BEGIN+claim, body, answer+COMMIT");
+                assert_eq!(replay, 2, "a repeat: the refused claim, then ROLLBACK+read");
+                assert_eq!(commit, 0, "nothing has begun after a repeat: the commit sends nothing");
+            }
+
+            #[tokio::test]
+            async fn hostile_scopes_keys_and_answers_are_stored_byte_for_byte() {
+                let pool = pool!();
+                for (i, s) in HOSTILE.iter().enumerate() {
+                    let scope = format!("tests.tx.hostile {s}");
+                    let key = format!("{s} {}", unique("k"));
+                    let answer = format!("{s} \0 nul {i}");
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    assert_eq!(call(&mut tx, &scope, &key, &answer).await.unwrap(), (true, answer.clone()), "{s:?}");
+                    tx.commit().await.unwrap();
+                    let record = idem::find_record(&pool, &scope, &Key::new(&key).unwrap()).await.unwrap();
+                    let record = record.unwrap_or_else(|| panic!("no record for {s:?}"));
+                    assert_eq!(record.response.as_deref(), Some(serde_json::to_string(&answer).unwrap().as_str()));
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    assert_eq!(call(&mut tx, &scope, &key, "other").await.unwrap(), (false, answer), "{s:?}");
+                    tx.commit().await.unwrap();
+                }
+                // Every table is still there.
+                assert_eq!(coupons(&pool, "none").await, 0);
+                idem::find_record(&pool, "x", &Key::new("y").unwrap()).await.unwrap();
+            }
+
+            #[tokio::test]
+            async fn answers_on_both_sides_of_the_inline_limit_replay_exactly() {
+                let pool = pool!();
+                // 256 KiB of JSON rides with COMMIT; a byte more is bound.
+                for len in [256 * 1024 - 2, 256 * 1024 - 1, 256 * 1024 + 7, 2 << 20] {
+                    let answer: String = "\\'$".chars().cycle().take(len / 2).collect();
+                    let key = unique("big");
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    let (ran, _) = call(&mut tx, "tests.tx.big", &key, &answer).await.unwrap();
+                    assert!(ran);
+                    tx.commit().await.unwrap();
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    let (ran, replayed) = call(&mut tx, "tests.tx.big", &key, "").await.unwrap();
+                    assert!(!ran);
+                    assert!(replayed == answer, "an answer of {} bytes of JSON replays exactly", len);
+                }
+            }
+
+            #[tokio::test]
+            async fn a_concurrent_repeat_waits_then_replays_or_runs_if_the_first_rolled_back() {
+                let pool = pool!();
+                for first_commits in [true, false] {
+                    let key = unique("race");
+                    let mut a = idem::begin(&pool).await.unwrap();
+                    let ticket = match Guard::new("tests.tx.race").key(&key).dedup::<String, _>(&mut a).await {
+                        Ok(Claim::Run(ticket)) => ticket,
+                        other => panic!("the first call claims: {other:?}"),
+                    };
+                    let (pool2, key2) = (pool.clone(), key.clone());
+                    let repeat = tokio::spawn(async move {
+                        let mut b = idem::begin(&pool2).await.unwrap();
+                        let out = call(&mut b, "tests.tx.race", &key2, "second").await;
+                        b.commit().await.unwrap();
+                        out
+                    });
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    assert!(!repeat.is_finished(), "the repeat waits on the first call's record");
+                    ticket.complete(&mut a, Ok::<_, idem::Error>("first".to_owned())).await.unwrap().unwrap();
+                    if first_commits {
+                        a.commit().await.unwrap();
+                        assert_eq!(repeat.await.unwrap().unwrap(), (false, "first".to_owned()));
+                    } else {
+                        a.rollback().await.unwrap();
+                        assert_eq!(repeat.await.unwrap().unwrap(), (true, "second".to_owned()));
+                    }
+                }
+            }
+
+            #[tokio::test]
+            async fn a_failing_body_leaves_no_record_even_if_the_caller_commits() {
+                let pool = pool!();
+                let key = unique("fail");
+                let mut tx = idem::begin(&pool).await.unwrap();
+                assert!(matches!(fails(&mut tx, &key).await, Err(AppError::Rule(_))));
+                tx.commit().await.unwrap();
+                assert_eq!(coupons(&pool, &key).await, 1, "the caller committed the body's write");
+                let found = idem::find_record(&pool, "tests.tx.fails", &Key::new(&key).unwrap()).await.unwrap();
+                assert!(found.is_none(), "but no record: a retry runs again");
+            }
+
+            #[tokio::test]
+            async fn a_record_gone_before_commit_fails_the_commit_and_nothing_commits() {
+                let pool = pool!();
+                let key = unique("gone");
+                let mut tx = idem::begin(&pool).await.unwrap();
+                deletes_its_record(&mut tx, &key).await.unwrap();
+                let err = tx.commit().await.unwrap_err();
+                assert!(err.to_string().contains("vanished"), "{err}");
+                assert_eq!(coupons(&pool, &key).await, 0, "the text failed before its COMMIT");
+            }
+
+            #[tokio::test]
+            async fn an_expired_record_is_taken_over_in_the_claims_text() {
+                let pool = pool!();
+                let key = unique("expired");
+                let guard = || Guard::new("tests.tx.expired").key(&key).retention(Duration::from_millis(5));
+                let mut tx = idem::begin(&pool).await.unwrap();
+                let Claim::Run(t) = guard().dedup::<u32, _>(&mut tx).await.unwrap() else { panic!("claims") };
+                t.complete(&mut tx, Ok::<_, idem::Error>(1)).await.unwrap().unwrap();
+                tx.commit().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let mut tx = idem::begin(&pool).await.unwrap();
+                let Claim::Run(t) = guard().dedup::<u32, _>(&mut tx).await.unwrap() else {
+                    panic!("an expired record does not replay")
+                };
+                t.complete(&mut tx, Ok::<_, idem::Error>(2)).await.unwrap().unwrap();
+                tx.commit().await.unwrap();
+                let record =
+                    idem::find_record(&pool, "tests.tx.expired", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+                assert_eq!(record.response.as_deref(), Some("2"));
+            }
+
+            #[tokio::test]
+            async fn a_claim_cancelled_while_it_waits_closes_its_connection() {
+                let pool = pool!();
+                let key = unique("cancel");
+                let mut a = idem::begin(&pool).await.unwrap();
+                let Claim::Run(ticket) = Guard::new("tests.tx.cancel").key(&key).dedup::<u32, _>(&mut a).await.unwrap()
+                else {
+                    panic!("claims")
+                };
+                let one: sqlx::Pool<Db> = sqlx::pool::PoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(pool.connect_options().as_ref().clone())
+                    .await
+                    .unwrap();
+                let session_before: i64 = sqlx::query_scalar($session_id).fetch_one(&one).await.unwrap();
+                let mut b = idem::begin(&one).await.unwrap();
+                let waited = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    Guard::new("tests.tx.cancel").key(&key).dedup::<u32, _>(&mut b),
+                )
+                .await;
+                assert!(waited.is_err(), "the repeat waits on the first call's lock");
+                drop(b);
+                ticket.complete(&mut a, Ok::<_, idem::Error>(5)).await.unwrap().unwrap();
+                a.rollback().await.unwrap();
+                let session_after: i64 = sqlx::query_scalar($session_id).fetch_one(&one).await.unwrap();
+                assert_ne!(session_before, session_after, "the connection left in an unknown state was closed");
+                let mut c = idem::begin(&one).await.unwrap();
+                let Claim::Run(t) = Guard::new("tests.tx.cancel").key(&key).dedup::<u32, _>(&mut c).await.unwrap()
+                else {
+                    panic!("the first call rolled back: the key is free")
+                };
+                t.complete(&mut c, Ok::<_, idem::Error>(6)).await.unwrap().unwrap();
+                c.commit().await.unwrap();
+            }
+
+            #[tokio::test]
+            async fn two_guards_of_one_key_in_one_transaction_replay_the_first() {
+                let pool = pool!();
+                let key = unique("twice");
+                let mut tx = idem::begin(&pool).await.unwrap();
+                assert_eq!(call(&mut tx, "tests.tx.twice", &key, "one").await.unwrap(), (true, "one".to_owned()));
+                assert_eq!(call(&mut tx, "tests.tx.twice", &key, "two").await.unwrap(), (false, "one".to_owned()));
+                tx.commit().await.unwrap();
+            }
+
+            #[tokio::test]
+            async fn savepoints_inside_a_body_work() {
+                let pool = pool!();
+                let key = unique("sp");
+                let mut tx = idem::begin(&pool).await.unwrap();
+                assert_eq!(with_savepoint(&mut tx, &key).await.unwrap(), 7);
+                tx.commit().await.unwrap();
+                assert_eq!(coupons(&pool, &key).await, 1, "the rolled-back savepoint's write is gone");
+                let mut tx = idem::begin(&pool).await.unwrap();
+                assert_eq!(with_savepoint(&mut tx, &key).await.unwrap(), 7);
+                tx.commit().await.unwrap();
+                assert_eq!(coupons(&pool, &key).await, 1, "a repeat replays");
+            }
+
+            #[tokio::test]
+            async fn open_gives_the_connection_outside_bodies() {
+                let pool = pool!();
+                let key = unique("open");
+                let runs = AtomicUsize::new(0);
+                let mut tx = idem::begin(&pool).await.unwrap();
+                sqlx::query($insert).bind(&key).execute(tx.open().await.unwrap()).await.unwrap();
+                // Begun already: the guard takes the path of an open transaction.
+                assert_eq!(grant(&mut tx, &key, &runs).await.unwrap(), 42);
+                sqlx::query($insert).bind(&key).execute(&mut *tx).await.unwrap();
+                tx.commit().await.unwrap();
+                assert_eq!(coupons(&pool, &key).await, 3);
+                let mut tx = idem::begin(&pool).await.unwrap();
+                assert_eq!(grant(&mut tx, &key, &runs).await.unwrap(), 42);
+                tx.commit().await.unwrap();
+                assert_eq!(runs.load(SeqCst), 1);
+            }
+
+            #[tokio::test]
+            #[should_panic(expected = "outside a guarded body")]
+            async fn deref_outside_a_body_panics_even_on_a_first_call() {
+                let pool = pool!();
+                let runs = AtomicUsize::new(0);
+                let mut tx = idem::begin(&pool).await.unwrap();
+                grant(&mut tx, &unique("deref"), &runs).await.unwrap();
+                // A first call: the transaction has begun, but a repeat would
+                // not have begun it; the rule is the same for both.
+                let _ = sqlx::query("SELECT 1").execute(&mut *tx).await;
+            }
+
+            #[tokio::test]
+            async fn a_dropped_tx_rolls_back_and_its_connection_is_reused() {
+                let pool = pool!();
+                let key = unique("drop");
+                let runs = AtomicUsize::new(0);
+                {
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    grant(&mut tx, &key, &runs).await.unwrap();
+                }
+                assert_eq!(coupons(&pool, &key).await, 0);
+                let mut tx = idem::begin(&pool).await.unwrap();
+                assert_eq!(grant(&mut tx, &key, &runs).await.unwrap(), 42);
+                tx.commit().await.unwrap();
+                assert_eq!(runs.load(SeqCst), 2, "the dropped call left nothing; the next one ran");
+                assert_eq!(coupons(&pool, &key).await, 1);
+            }
+        }
+    };
+}
+
+tx_suite! {
+    mod postgres;
+    db = sqlx::Postgres;
+    pool = common::postgres;
+    upstream = 5432;
+    url = "postgres://postgres@127.0.0.1:{}/test";
+    insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES ($1)";
+    count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = $1";
+    delete_record = "DELETE FROM idem_records WHERE scope = 'tests.tx.vanishes' AND idem_key = $1";
+    session_id = "SELECT pg_backend_pid()::int8";
+}
+
+tx_suite! {
+    mod mysql;
+    db = sqlx::MySql;
+    pool = common::mysql;
+    upstream = 3306;
+    url = "mysql://root@127.0.0.1:{}/test";
+    insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES (?)";
+    count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
+    delete_record = "DELETE FROM idem_records WHERE scope = 'tests.tx.vanishes' AND idem_key = ?";
+    session_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
+}
+
+mod postgres_only {
+    use super::*;
+
+    /// A deferred constraint fails at COMMIT: nothing of the call commits,
+    /// and a retry runs again.
+    #[tokio::test]
+    async fn a_failed_commit_commits_nothing() {
+        let Some(pool) = common::postgres().await else { return };
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS idem_test_deferred (v TEXT, \
+             CONSTRAINT idem_test_deferred_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let key = unique("deferred");
+        let mut tx = idem::begin(&pool).await.unwrap();
+        let Claim::Run(t) = Guard::new("tests.tx.deferred").key(&key).dedup::<u32, _>(&mut tx).await.unwrap() else {
+            panic!("claims")
+        };
+        for _ in 0..2 {
+            sqlx::query("INSERT INTO idem_test_deferred (v) VALUES ($1)").bind(&key).execute(&mut *tx).await.unwrap();
+        }
+        t.complete(&mut tx, Ok::<_, idem::Error>(1)).await.unwrap().unwrap();
+        let err = tx.commit().await.unwrap_err();
+        assert!(err.to_string().contains("idem_test_deferred_v"), "{err}");
+        let found = idem::find_record(&pool, "tests.tx.deferred", &Key::new(&key).unwrap()).await.unwrap();
+        assert!(found.is_none(), "the failed COMMIT committed no record");
+    }
+
+    /// Under REPEATABLE READ a repeat that waited on the first call replays
+    /// it (the claim's unique-key error, then a fresh read), where the guard
+    /// on a `sqlx::Transaction` reports a serialization failure to retry.
+    #[tokio::test]
+    async fn a_repeat_under_repeatable_read_replays() {
+        let Some(pool) = common::postgres().await else { return };
+        let key = unique("rr");
+        let mut a = idem::begin_with(&pool, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+        let Claim::Run(ticket) = Guard::new("tests.tx.rr").key(&key).dedup::<u32, _>(&mut a).await.unwrap() else {
+            panic!("claims")
+        };
+        let (pool2, key2) = (pool.clone(), key.clone());
+        let repeat = tokio::spawn(async move {
+            let mut b = idem::begin_with(&pool2, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+            let out = Guard::new("tests.tx.rr").key(&key2).dedup::<u32, _>(&mut b).await;
+            b.commit().await.unwrap();
+            out.map(|c| matches!(c, Claim::Replay(9)))
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ticket.complete(&mut a, Ok::<_, idem::Error>(9)).await.unwrap().unwrap();
+        a.commit().await.unwrap();
+        assert!(repeat.await.unwrap().unwrap(), "the repeat replays the first answer");
+    }
+
+    /// A 40 MiB answer (bound, not sent as text) is stored exactly.
+    #[tokio::test]
+    async fn a_40_mib_answer_is_stored_exactly() {
+        let Some(pool) = common::postgres().await else { return };
+        let key = unique("40mib");
+        let answer: String = "'\\$$ ".chars().cycle().take(40 << 20).collect();
+        let mut tx = idem::begin(&pool).await.unwrap();
+        let Claim::Run(t) = Guard::new("tests.tx.40mib").key(&key).dedup::<String, _>(&mut tx).await.unwrap() else {
+            panic!("claims")
+        };
+        t.complete(&mut tx, Ok::<_, idem::Error>(answer.clone())).await.unwrap().unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = idem::begin(&pool).await.unwrap();
+        let Claim::Replay(replayed) = Guard::new("tests.tx.40mib").key(&key).dedup::<String, _>(&mut tx).await.unwrap()
+        else {
+            panic!("replays")
+        };
+        assert!(replayed == answer);
+        sqlx::query("DELETE FROM idem_records WHERE scope = 'tests.tx.40mib'").execute(&pool).await.unwrap();
+    }
+}
+
+mod mysql_only {
+    use super::*;
+
+    /// An answer over what MySQL's column and packet hold fails its first
+    /// call before anything reaches the server, and leaves no record.
+    #[tokio::test]
+    async fn a_40_mib_answer_is_refused_and_leaves_nothing() {
+        let Some(pool) = common::mysql().await else { return };
+        let key = unique("40mib");
+        let answer: String = "x".repeat(40 << 20);
+        let mut tx = idem::begin(&pool).await.unwrap();
+        let Claim::Run(t) = Guard::new("tests.tx.40mib").key(&key).dedup::<String, _>(&mut tx).await.unwrap() else {
+            panic!("claims")
+        };
+        let err = t.complete(&mut tx, Ok::<_, idem::Error>(answer)).await.unwrap_err();
+        assert!(matches!(err, idem::Error::Response { .. }), "{err}");
+        tx.commit().await.unwrap();
+        let found = idem::find_record(&pool, "tests.tx.40mib", &Key::new(&key).unwrap()).await.unwrap();
+        assert!(found.is_none());
+    }
+}
+
+mod sqlite {
+    use super::*;
+
+    #[idempotent(key = "trade_no", scope = "tests.tx.sqlite")]
+    async fn grant(tx: &mut idem::SqliteTx, trade_no: &str, runs: &AtomicUsize) -> Result<u64, AppError> {
+        runs.fetch_add(1, SeqCst);
+        sqlx::query("INSERT INTO idem_test_coupons (trade_no) VALUES (?)").bind(trade_no).execute(&mut **tx).await?;
+        Ok(42)
+    }
+
+    /// SQLite sends the guard's statements one by one (no network to
+    /// save), with the same semantics.
+    #[tokio::test]
+    async fn first_calls_run_once_and_repeats_replay() {
+        let Some(pool) = common::sqlite().await else { return };
+        let (key, runs) = (unique("sqlite"), AtomicUsize::new(0));
+        for _ in 0..3 {
+            let mut tx = idem::begin(&pool).await.unwrap();
+            assert_eq!(grant(&mut tx, &key, &runs).await.unwrap(), 42);
+            tx.commit().await.unwrap();
+        }
+        assert_eq!(runs.load(SeqCst), 1);
+    }
+}
