@@ -66,7 +66,7 @@
 //! | first call | the body runs; the record is written in your transaction |
 //! | repeat after commit | the stored `Ok` value is returned; the body does not run |
 //! | concurrent repeat | it waits on the record's row lock, then replays (or runs, if the first call rolled back) |
-//! | concurrent repeat, PostgreSQL at `REPEATABLE READ` or `SERIALIZABLE` | the record committed meanwhile is outside its snapshot: the claim fails with a serialization failure ([`Error::Database`], SQLSTATE 40001, [`is_retryable`](Error::is_retryable)); retry in a new transaction, which replays (MySQL's default `REPEATABLE READ` replays directly) |
+//! | concurrent repeat, PostgreSQL at `REPEATABLE READ` or `SERIALIZABLE` | the record committed meanwhile is outside its snapshot: the claim fails with a serialization failure ([`Error::Database`], SQLSTATE 40001, [`is_retryable`](Error::is_retryable)); retry in a new transaction, which replays (MySQL's default `REPEATABLE READ` replays directly; so does an [`idem::Tx`](Tx) begun `REPEATABLE READ`, whose claim fails on the unique key instead) |
 //! | body returns `Err` | the record is removed, even if the caller commits anyway; a retry runs again |
 //! | same key, different `fingerprint` | `Err(idem::Error::KeyMismatch)`, checked before anything else |
 //! | worker dies mid-way | the transaction rolls back, record included |
@@ -89,6 +89,57 @@
 //! (On PostgreSQL one statement could claim and return the existing record;
 //! measured with `loadgen`, it made every first call about 4% slower, and
 //! first calls are the common case.)
+//!
+//! ## `idem::Tx`: no round trip of the guard's own
+//!
+//! Each statement above is a round trip to the database. Let idem begin and
+//! commit the transaction, and on PostgreSQL and MySQL/MariaDB the claim
+//! travels with `BEGIN` and the answer with `COMMIT`: a first call takes the
+//! round trips of the transaction alone, a repeat two and no commit.
+//!
+//! ```no_run
+//! # use idem::idempotent;
+//! # #[derive(Debug, thiserror::Error)]
+//! # enum AppError { #[error(transparent)] Idem(#[from] idem::Error), #[error(transparent)] Db(#[from] sqlx::Error) }
+//! #[idempotent(key = "trade_no", scope = "payments.on_pay")]
+//! async fn on_pay(tx: &mut idem::PgTx, trade_no: &str) -> Result<i64, AppError> {
+//!     let id = sqlx::query_scalar("INSERT INTO coupons (trade_no) VALUES ($1) RETURNING id")
+//!         .bind(trade_no)
+//!         .fetch_one(&mut **tx) // inside the body, as with a sqlx::Transaction
+//!         .await?;
+//!     Ok(id)
+//! }
+//!
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), AppError> {
+//! let mut tx = idem::begin(&pool).await?; // nothing sent yet
+//! let coupon = on_pay(&mut tx, "T-1001").await?; // BEGIN + claim, the body
+//! tx.commit().await?; // the answer + COMMIT
+//! # let _ = coupon; Ok(()) }
+//! ```
+//!
+//! | round trips | `sqlx::Transaction` | [`idem::Tx`](Tx) |
+//! |---|---|---|
+//! | first call (body: one statement) | 5: BEGIN, claim, body, answer, COMMIT | 3: BEGIN + claim, body, answer + COMMIT |
+//! | repeat | 4: BEGIN, claim, read, COMMIT | 2: claim (refused), ROLLBACK + read; the commit sends nothing |
+//!
+//! The situations above hold as they are, with these differences: the
+//! claim is a plain `INSERT` whose unique-key error stops the text (nothing
+//! after it runs), then the guard rolls back and reads; the answer is an
+//! `UPDATE` that fails the text before its `COMMIT` if the record is gone
+//! (the commit returns the error and nothing commits). Values are sent as
+//! hex the server decodes, never quoted. Answers over 256 KiB of JSON are
+//! bound as a parameter (one round trip more). SQLite runs the same steps
+//! as separate statements.
+//!
+//! Rules: inside a guarded body `&mut **tx` is the connection; anywhere
+//! else call [`tx.open().await?`](Tx::open) first (it sends `BEGIN` if
+//! nothing has begun; after a repeat nothing has). `&mut **tx` outside a
+//! body without it panics, on first calls too, so tests find it. A claim
+//! cancelled mid-flight closes the connection rather than return it to the
+//! pool in an unknown state. Strategies other than `dedup`, `dedup+state`
+//! and `token+dedup`, `claim = "after"`, and a second guard in the same
+//! transaction begin it first and send their statements as on a
+//! `sqlx::Transaction`. Measured throughput: `BENCHMARKS.md`.
 //!
 //! ## `claim = "after"`: one statement per first call
 //!

@@ -1,6 +1,8 @@
 //! `strategy = "dedup"` against real SQLite, PostgreSQL and MySQL/MariaDB.
 //!
-//! One suite, stamped out per backend: every scenario runs on all three.
+//! One suite, stamped out per backend and per transaction type: every
+//! scenario runs on all three, with a `sqlx::Transaction` (`*::sqlx_tx::*`)
+//! and with an `idem::Tx` (`*::idem_tx::*`).
 
 mod common;
 
@@ -9,10 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use common::{AppError, unique};
+use common::{AppError, TestTx, unique};
 use idem::{Key, Outcome, PurgeOptions, RecordStatus, idempotent};
 use serde::{Deserialize, Serialize};
-use sqlx::Transaction;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct PayCallback {
@@ -20,9 +21,29 @@ struct PayCallback {
     amount_cents: i64,
 }
 
+/// Items of a suite that apply to `sqlx::Transaction` only (each says
+/// why): kept in the `sqlx_tx` stamp, left out of the `idem_tx` one.
+macro_rules! sqlx_only {
+    (sqlx_tx, $($item:tt)*) => { $($item)* };
+    (idem_tx, $($item:tt)*) => {};
+}
+
+/// `mod $m` holds the suite once per transaction type of `tx`: `$m::sqlx_tx`
+/// takes `sqlx::Transaction`s, `$m::idem_tx` `idem::Tx`s (`common::TestTx`).
 macro_rules! dedup_suite {
+    (mod $m:ident; tx = $($tx:ident)|+; $($rest:tt)*) => {
+        mod $m {
+            use super::*;
+            dedup_suite!(@each [$($tx)+] $($rest)*);
+        }
+    };
+    (@each [$tx:ident $($more:ident)*] $($rest:tt)*) => {
+        dedup_suite!(@one mod $tx; $($rest)*);
+        dedup_suite!(@each [$($more)*] $($rest)*);
+    };
+    (@each [] $($rest:tt)*) => {};
     (
-        mod $m:ident;
+        @one mod $tx:ident;
         db = $DB:ty;
         pool = $pool:path;
         insert_coupon = $insert:literal;
@@ -32,10 +53,15 @@ macro_rules! dedup_suite {
         unmigrated = $unmigrated:path;
         count_archived = $count_archived:literal;
     ) => {
-        mod $m {
+        mod $tx {
             use super::*;
 
             type Db = $DB;
+            type Tx<'c> = common::$tx::Tx<'c, Db>;
+
+            async fn begin(pool: &sqlx::Pool<Db>) -> Tx<'static> {
+                <Tx<'static> as TestTx<Db>>::begin(pool).await
+            }
 
             macro_rules! pool {
                 () => {
@@ -49,7 +75,7 @@ macro_rules! dedup_suite {
             /// The seed incident's business change: grant a coupon for a trade.
             #[idempotent(key = "trade_no", scope = "tests.grant_coupon")]
             async fn grant_coupon(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 trade_no: &str,
                 runs: &AtomicUsize,
             ) -> Result<u64, AppError> {
@@ -61,7 +87,7 @@ macro_rules! dedup_suite {
             /// The same, written as record + response in one statement after the body.
             #[idempotent(key = "trade_no", scope = "tests.grant_after", claim = "after", retention = "1h")]
             async fn grant_after(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 trade_no: &str,
                 runs: &AtomicUsize,
             ) -> Result<u64, AppError> {
@@ -72,7 +98,7 @@ macro_rules! dedup_suite {
 
             #[idempotent(key = "event.trade_no", fingerprint = "event", scope = "tests.after_fp", claim = "after")]
             async fn on_callback_after(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 event: &PayCallback,
                 fail: bool,
             ) -> Result<i64, AppError> {
@@ -85,7 +111,7 @@ macro_rules! dedup_suite {
 
             #[idempotent(key = "key", scope = "tests.after_short", claim = "after", retention = "300ms")]
             async fn after_short_lived(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 key: &str,
                 runs: &AtomicUsize,
             ) -> Result<u64, AppError> {
@@ -96,7 +122,7 @@ macro_rules! dedup_suite {
             /// Holds its record a while, then fails when told to.
             #[idempotent(key = "trade_no", scope = "tests.slow_may_fail")]
             async fn slow_may_fail(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 trade_no: &str,
                 fail: bool,
                 runs: &AtomicUsize,
@@ -113,7 +139,7 @@ macro_rules! dedup_suite {
             /// Fails after its business write, when told to.
             #[idempotent(key = "trade_no", scope = "tests.may_fail")]
             async fn may_fail(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 trade_no: &str,
                 fail: bool,
                 runs: &AtomicUsize,
@@ -128,7 +154,7 @@ macro_rules! dedup_suite {
 
             #[idempotent(key = "event.trade_no", fingerprint = "event", scope = "tests.fingerprinted")]
             async fn on_callback(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 event: &PayCallback,
                 runs: &AtomicUsize,
             ) -> Result<i64, AppError> {
@@ -140,7 +166,7 @@ macro_rules! dedup_suite {
             /// Returns whatever it is given: for exact replay of every value.
             #[idempotent(key = "key", scope = "tests.echo")]
             async fn echo<T>(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 key: &str,
                 value: T,
                 runs: &AtomicUsize,
@@ -154,7 +180,7 @@ macro_rules! dedup_suite {
             }
 
             #[idempotent(key = "key", scope = "tests.short_lived", retention = "300ms")]
-            async fn short_lived(tx: &mut Transaction<'_, Db>, key: &str, runs: &AtomicUsize) -> Result<(), AppError> {
+            async fn short_lived(tx: &mut Tx<'_>, key: &str, runs: &AtomicUsize) -> Result<(), AppError> {
                 let _ = &tx;
                 runs.fetch_add(1, SeqCst);
                 Ok(())
@@ -162,7 +188,7 @@ macro_rules! dedup_suite {
 
             #[idempotent(key = "user_id, request_id", scope = "tests.composite")]
             async fn composite(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 user_id: i64,
                 request_id: Option<&str>,
                 runs: &AtomicUsize,
@@ -177,7 +203,7 @@ macro_rules! dedup_suite {
             }
 
             async fn call_once(pool: &sqlx::Pool<Db>, trade_no: &str, runs: &AtomicUsize) -> (u64, Option<Outcome>) {
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(pool).await;
                 let (result, outcome) = idem::observe(grant_coupon(&mut tx, trade_no, runs)).await;
                 tx.commit().await.unwrap();
                 (result.unwrap(), outcome)
@@ -220,7 +246,7 @@ macro_rules! dedup_suite {
                 for _ in 0..100 {
                     let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
                     tasks.push(tokio::spawn(async move {
-                        let mut tx = pool.begin().await?;
+                        let mut tx = begin(&pool).await;
                         let (result, outcome) = if claim_after {
                             idem::observe(grant_after(&mut tx, &trade, &runs)).await
                         } else {
@@ -263,7 +289,7 @@ macro_rules! dedup_suite {
                 let first = {
                     let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
                     tokio::spawn(async move {
-                        let mut tx = pool.begin().await.unwrap();
+                        let mut tx = begin(&pool).await;
                         let r = slow_may_fail(&mut tx, &trade, true, &runs).await;
                         tx.rollback().await.unwrap();
                         r
@@ -275,7 +301,7 @@ macro_rules! dedup_suite {
                     let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
                     waiters.push(tokio::spawn(async move {
                         for attempt in 0.. {
-                            let mut tx = pool.begin().await.unwrap();
+                            let mut tx = begin(&pool).await;
                             let (result, outcome) = idem::observe(slow_may_fail(&mut tx, &trade, false, &runs)).await;
                             match result {
                                 Ok(v) => {
@@ -319,13 +345,13 @@ macro_rules! dedup_suite {
                 let trade = unique("fail");
                 let runs = AtomicUsize::new(0);
 
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = may_fail(&mut tx, &trade, true, &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Rule(_)), "{err:?}");
                 tx.rollback().await.unwrap();
                 assert_eq!(idem::find_record(&pool, "tests.may_fail", &Key::new(&trade).unwrap()).await.unwrap(), None);
 
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let ok = may_fail(&mut tx, &trade, false, &runs).await.unwrap();
                 tx.commit().await.unwrap();
                 assert_eq!(ok, format!("receipt for {trade}"));
@@ -338,13 +364,13 @@ macro_rules! dedup_suite {
                 let pool = pool!();
                 let trade = unique("commit-after-err");
                 let runs = AtomicUsize::new(0);
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 assert!(may_fail(&mut tx, &trade, true, &runs).await.is_err());
                 tx.commit().await.unwrap(); // the caller's mistake, but no record survives it
                 assert_eq!(idem::find_record(&pool, "tests.may_fail", &Key::new(&trade).unwrap()).await.unwrap(), None);
 
                 // ... so the next delivery is a first call, not a replay of nothing.
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let (result, outcome) = idem::observe(may_fail(&mut tx, &trade, false, &runs)).await;
                 tx.commit().await.unwrap();
                 assert!(result.is_ok());
@@ -356,13 +382,13 @@ macro_rules! dedup_suite {
                 let pool = pool!();
                 let trade = unique("rollback");
                 let runs = Arc::new(AtomicUsize::new(0));
-                let mut first = pool.begin().await.unwrap();
+                let mut first = begin(&pool).await;
                 grant_coupon(&mut first, &trade, &runs).await.unwrap();
 
                 let second = {
                     let (pool, trade, runs) = (pool.clone(), trade.clone(), runs.clone());
                     tokio::spawn(async move {
-                        let mut tx = pool.begin().await.unwrap();
+                        let mut tx = begin(&pool).await;
                         let (r, o) = idem::observe(grant_coupon(&mut tx, &trade, &runs)).await;
                         tx.commit().await.unwrap();
                         (r.unwrap(), o)
@@ -381,11 +407,11 @@ macro_rules! dedup_suite {
                 let pool = pool!();
                 let trade = unique("lock-timeout");
                 let runs = AtomicUsize::new(0);
-                let mut first = pool.begin().await.unwrap();
+                let mut first = begin(&pool).await;
                 grant_coupon(&mut first, &trade, &runs).await.unwrap();
 
-                let mut second = pool.begin().await.unwrap();
-                sqlx::raw_sql($short_wait).execute(&mut *second).await.unwrap();
+                let mut second = begin(&pool).await;
+                sqlx::raw_sql($short_wait).execute(second.conn().await).await.unwrap();
                 let err = grant_coupon(&mut second, &trade, &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Idem(idem::Error::Database(_))), "{err:?}");
                 drop(second);
@@ -397,7 +423,7 @@ macro_rules! dedup_suite {
             #[tokio::test]
             async fn a_missing_record_table_is_reported_not_taken_for_a_duplicate() {
                 let pool = pool!();
-                let mut tx = $unmigrated(&pool).await;
+                let mut tx: Tx<'static> = $unmigrated(&pool).await;
                 let runs = AtomicUsize::new(0);
                 let err = grant_coupon(&mut tx, &unique("unmigrated"), &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Idem(idem::Error::NotMigrated { .. })), "{err:?}");
@@ -413,11 +439,11 @@ macro_rules! dedup_suite {
                 let tampered = PayCallback { amount_cents: 1, ..event.clone() };
                 for _ in 0..2 {
                     // an identical retry always passes
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     assert_eq!(on_callback(&mut tx, &event, &runs).await.unwrap(), 1999);
                     tx.commit().await.unwrap();
                 }
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = on_callback(&mut tx, &tampered, &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Idem(idem::Error::KeyMismatch { .. })), "{err:?}");
                 drop(tx);
@@ -432,7 +458,7 @@ macro_rules! dedup_suite {
                 let key = unique("falsy");
                 let runs = AtomicUsize::new(0);
                 for value in [first.clone(), other] {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(pool).await;
                     let got = echo(&mut tx, &key, value, &runs).await.unwrap();
                     tx.commit().await.unwrap();
                     assert_eq!(got, first);
@@ -456,7 +482,7 @@ macro_rules! dedup_suite {
             /// An order insert with its own unique key: on a repeat under
             /// claim = "after" the body fails on it before the guard's record.
             #[idempotent(key = "trade_no", scope = "tests.create_order", claim = "after")]
-            async fn create_order(tx: &mut Transaction<'_, Db>, trade_no: &str) -> Result<String, AppError> {
+            async fn create_order(tx: &mut Tx<'_>, trade_no: &str) -> Result<String, AppError> {
                 sqlx::query($insert_order).bind(trade_no).execute(&mut **tx).await?;
                 Ok(format!("order {trade_no}"))
             }
@@ -466,7 +492,7 @@ macro_rules! dedup_suite {
                 let pool = pool!();
                 let trade = unique("after-order");
                 for expected in [Outcome::Executed, Outcome::Replayed, Outcome::Replayed] {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     let (result, outcome) = idem::observe(create_order(&mut tx, &trade)).await;
                     assert_eq!(
                         result.expect("a repeat is a success, not a duplicate-key error"),
@@ -482,7 +508,7 @@ macro_rules! dedup_suite {
                 let pool = pool!();
                 let trade = unique("after-same-tx");
                 let runs = AtomicUsize::new(0);
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 assert_eq!(grant_after(&mut tx, &trade, &runs).await.unwrap(), 42);
                 // A redelivery handled in the same transaction: the restart takes
                 // the first call's work with it, so this must fail loudly.
@@ -498,7 +524,7 @@ macro_rules! dedup_suite {
                 let base = unique("pad");
                 let runs = AtomicUsize::new(0);
                 for key in [base.clone(), format!("{base} "), format!("{base}  ")] {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     grant_coupon(&mut tx, &key, &runs).await.unwrap();
                     tx.commit().await.unwrap();
                 }
@@ -506,7 +532,7 @@ macro_rules! dedup_suite {
             }
 
             #[idempotent(key = "key", scope = "tests.slow")]
-            async fn slow(tx: &mut Transaction<'_, Db>, key: &str, pause: Duration) -> Result<(), AppError> {
+            async fn slow(tx: &mut Tx<'_>, key: &str, pause: Duration) -> Result<(), AppError> {
                 let _ = &tx;
                 tokio::time::sleep(pause).await;
                 Ok(())
@@ -520,14 +546,14 @@ macro_rules! dedup_suite {
             async fn a_call_cancelled_mid_body_then_committed_is_reported_unfinished() {
                 let pool = pool!();
                 let key = unique("cancelled");
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let cut =
                     tokio::time::timeout(Duration::from_millis(200), slow(&mut tx, &key, Duration::from_secs(30)))
                         .await;
                 assert!(cut.is_err(), "the call should have been cut off");
                 tx.commit().await.unwrap();
 
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = slow(&mut tx, &key, Duration::ZERO).await.unwrap_err();
                 match err {
                     AppError::Idem(e @ idem::Error::Unfinished { .. }) => assert!(!e.is_retryable()),
@@ -535,8 +561,8 @@ macro_rules! dedup_suite {
                 }
             }
 
-            async fn insert_marker(tx: &mut Transaction<'_, Db>, marker: &str) {
-                sqlx::query($insert).bind(marker).execute(&mut **tx).await.unwrap();
+            async fn insert_marker(tx: &mut Tx<'_>, marker: &str) {
+                sqlx::query($insert).bind(marker).execute(tx.conn().await).await.unwrap();
             }
 
             #[tokio::test]
@@ -546,7 +572,7 @@ macro_rules! dedup_suite {
                 let runs = AtomicUsize::new(0);
                 let mut outcomes = Vec::new();
                 for _ in 0..6 {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     let (r, o) = idem::observe(grant_after(&mut tx, &trade, &runs)).await;
                     tx.commit().await.unwrap();
                     outcomes.push((r.unwrap(), o.unwrap()));
@@ -574,14 +600,14 @@ macro_rules! dedup_suite {
                 let pool = pool!();
                 let trade = unique("after-restart");
                 let runs = AtomicUsize::new(0);
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 grant_after(&mut tx, &trade, &runs).await.unwrap();
                 tx.commit().await.unwrap();
 
                 // A repeat in a transaction that wrote something first: the
                 // documented price of claim = "after" is that the earlier write
                 // goes too; later writes land in the fresh transaction.
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 insert_marker(&mut tx, &format!("{trade}-before")).await;
                 assert_eq!(grant_after(&mut tx, &trade, &runs).await.unwrap(), 42);
                 insert_marker(&mut tx, &format!("{trade}-after")).await;
@@ -591,30 +617,36 @@ macro_rules! dedup_suite {
                 assert_eq!(coupons(&pool, &format!("{trade}-after")).await, 1);
             }
 
-            #[tokio::test]
-            async fn claim_after_inside_a_savepoint_rolls_back_only_the_savepoint() {
-                let pool = pool!();
-                let trade = unique("after-nested");
-                let runs = AtomicUsize::new(0);
-                let mut tx = pool.begin().await.unwrap();
-                grant_after(&mut tx, &trade, &runs).await.unwrap();
-                tx.commit().await.unwrap();
+            // Nested sqlx transactions (savepoints): `sqlx::Connection::begin`
+            // on the connection gives a `sqlx::Transaction`, which is what the
+            // guarded call then takes; `idem::Tx` has no savepoints of its own.
+            sqlx_only! { $tx,
+                #[tokio::test]
+                async fn claim_after_inside_a_savepoint_rolls_back_only_the_savepoint() {
+                    let pool = pool!();
+                    let trade = unique("after-nested");
+                    let runs = AtomicUsize::new(0);
+                    let mut tx = begin(&pool).await;
+                    grant_after(&mut tx, &trade, &runs).await.unwrap();
+                    tx.commit().await.unwrap();
 
-                let mut outer = pool.begin().await.unwrap();
-                insert_marker(&mut outer, &format!("{trade}-outer")).await;
-                let mut nested = sqlx::Connection::begin(&mut *outer).await.unwrap();
-                assert_eq!(grant_after(&mut nested, &trade, &runs).await.unwrap(), 42);
-                nested.commit().await.unwrap();
-                outer.commit().await.unwrap();
-                assert_eq!(coupons(&pool, &trade).await, 1);
-                assert_eq!(coupons(&pool, &format!("{trade}-outer")).await, 1, "the outer transaction's work was lost");
+                    let mut outer = begin(&pool).await;
+                    insert_marker(&mut outer, &format!("{trade}-outer")).await;
+                    let mut nested = sqlx::Connection::begin(&mut *outer).await.unwrap();
+                    assert_eq!(grant_after(&mut nested, &trade, &runs).await.unwrap(), 42);
+                    nested.commit().await.unwrap();
+                    outer.commit().await.unwrap();
+                    assert_eq!(coupons(&pool, &trade).await, 1);
+                    let outer_marker = coupons(&pool, &format!("{trade}-outer")).await;
+                    assert_eq!(outer_marker, 1, "the outer transaction's work was lost");
+                }
             }
 
             #[tokio::test]
             async fn claim_after_mismatch_and_failure_leave_nothing_behind() {
                 let pool = pool!();
                 let event = PayCallback { trade_no: unique("after-fp"), amount_cents: 500 };
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 assert!(on_callback_after(&mut tx, &event, true).await.is_err());
                 tx.commit().await.unwrap(); // the caller commits after Err: the body's write is its own
                 assert_eq!(
@@ -622,13 +654,13 @@ macro_rules! dedup_suite {
                     None
                 );
 
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 assert_eq!(on_callback_after(&mut tx, &event, false).await.unwrap(), 500);
                 tx.commit().await.unwrap();
                 let before = coupons(&pool, &event.trade_no).await;
 
                 let tampered = PayCallback { amount_cents: 1, ..event.clone() };
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = on_callback_after(&mut tx, &tampered, false).await.unwrap_err();
                 assert!(matches!(err, AppError::Idem(idem::Error::KeyMismatch { .. })), "{err:?}");
                 tx.commit().await.unwrap(); // even so, the mismatching body's write is gone
@@ -643,7 +675,7 @@ macro_rules! dedup_suite {
                 let mut answers = Vec::new();
                 for pause in [0, 0, 1200] {
                     tokio::time::sleep(Duration::from_millis(pause)).await;
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     answers.push(after_short_lived(&mut tx, &key, &runs).await.unwrap());
                     tx.commit().await.unwrap();
                 }
@@ -663,14 +695,14 @@ macro_rules! dedup_suite {
                 let pool = pool!();
                 let key = unique("nan");
                 let runs = AtomicUsize::new(0);
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = echo(&mut tx, &key, f64::NAN, &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Idem(idem::Error::Response { action: "stored", .. })), "{err:?}");
                 tx.commit().await.unwrap();
                 assert_eq!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap(), None);
 
                 // JSON writes Some(()) and Some(None) like None: they would replay as None.
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = echo(&mut tx, &key, Some(()), &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Idem(idem::Error::Response { action: "stored", .. })), "{err:?}");
                 let err = echo(&mut tx, &key, vec![Some(None::<u8>)], &runs).await.unwrap_err();
@@ -679,7 +711,7 @@ macro_rules! dedup_suite {
                 assert_eq!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap(), None);
                 // Their exact neighbours still store and replay.
                 for _ in 0..2 {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     assert_eq!(echo(&mut tx, &key, None::<()>, &runs).await.unwrap(), None);
                     tx.commit().await.unwrap();
                 }
@@ -697,7 +729,7 @@ macro_rules! dedup_suite {
                 let pool = pool!();
                 let key = unique("huge");
                 let runs = AtomicUsize::new(0);
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = echo(&mut tx, &key, "x".repeat(max), &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Idem(idem::Error::Response { action: "stored", .. })), "{err:?}");
                 assert!(err.to_string().contains("bytes, more than the"), "{err}");
@@ -713,7 +745,7 @@ macro_rules! dedup_suite {
                 let key = format!("{}\0tail", unique("nul"));
                 let runs = AtomicUsize::new(0);
                 for _ in 0..2 {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     assert_eq!(echo(&mut tx, &key, 7u8, &runs).await.unwrap(), 7);
                     tx.commit().await.unwrap();
                 }
@@ -727,13 +759,13 @@ macro_rules! dedup_suite {
                 let runs = AtomicUsize::new(0);
                 let request = unique("req");
                 for user in [1, 1, 2] {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     composite(&mut tx, user, Some(&request), &runs).await.unwrap();
                     tx.commit().await.unwrap();
                 }
                 assert_eq!(runs.load(SeqCst), 2, "user 2's request is another request");
 
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = composite(&mut tx, 1, None, &runs).await.unwrap_err();
                 match err {
                     AppError::Idem(idem::Error::InvalidKey { reason, .. }) => {
@@ -760,7 +792,7 @@ macro_rules! dedup_suite {
                 };
                 idem::purge_expired(&pool, only(1000, None)).await.unwrap();
                 let other = unique("other");
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let claim = idem::Guard::new("tests.purge.other").key(&other).retention(Duration::from_millis(500));
                 match claim.dedup::<u8, _>(&mut tx).await.unwrap() {
                     idem::Claim::Run(ticket) => {
@@ -773,7 +805,7 @@ macro_rules! dedup_suite {
                 let expired: Vec<String> = (0..5).map(|_| unique("expired")).collect();
                 let kept = unique("kept");
                 for key in &expired {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     short_lived(&mut tx, key, &runs).await.unwrap();
                     tx.commit().await.unwrap();
                 }
@@ -781,7 +813,7 @@ macro_rules! dedup_suite {
                 tokio::time::sleep(Duration::from_millis(1200)).await;
 
                 // Past retention: a new call runs again instead of replaying.
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let (_, outcome) = idem::observe(short_lived(&mut tx, &expired[0], &runs)).await;
                 tx.commit().await.unwrap();
                 assert_eq!(outcome, Some(Outcome::Executed));
@@ -816,27 +848,28 @@ macro_rules! dedup_suite {
     };
 }
 
-async fn pg_unmigrated(pool: &sqlx::PgPool) -> Transaction<'static, sqlx::Postgres> {
+async fn pg_unmigrated<T: TestTx<sqlx::Postgres>>(pool: &sqlx::PgPool) -> T {
     sqlx::query("CREATE SCHEMA IF NOT EXISTS idem_unmigrated").execute(pool).await.ok();
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL search_path TO idem_unmigrated").execute(&mut *tx).await.unwrap();
+    let mut tx = T::begin(pool).await;
+    sqlx::query("SET LOCAL search_path TO idem_unmigrated").execute(tx.conn().await).await.unwrap();
     tx
 }
 
-async fn mysql_unmigrated(pool: &sqlx::MySqlPool) -> Transaction<'static, sqlx::MySql> {
+async fn mysql_unmigrated<T: TestTx<sqlx::MySql>>(pool: &sqlx::MySqlPool) -> T {
     sqlx::query("CREATE DATABASE IF NOT EXISTS idem_unmigrated").execute(pool).await.unwrap();
     let opts: sqlx::mysql::MySqlConnectOptions = pool.connect_options().as_ref().clone().database("idem_unmigrated");
     let other = sqlx::mysql::MySqlPoolOptions::new().max_connections(1).connect_with(opts).await.unwrap();
-    other.begin().await.unwrap()
+    T::begin(&other).await
 }
 
-async fn sqlite_unmigrated(_: &sqlx::SqlitePool) -> Transaction<'static, sqlx::Sqlite> {
+async fn sqlite_unmigrated<T: TestTx<sqlx::Sqlite>>(_: &sqlx::SqlitePool) -> T {
     let empty = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await.unwrap();
-    empty.begin().await.unwrap()
+    T::begin(&empty).await
 }
 
 dedup_suite! {
     mod sqlite;
+    tx = sqlx_tx | idem_tx;
     db = sqlx::Sqlite;
     pool = common::sqlite;
     insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES (?)";
@@ -849,6 +882,7 @@ dedup_suite! {
 
 dedup_suite! {
     mod postgres;
+    tx = sqlx_tx | idem_tx;
     db = sqlx::Postgres;
     pool = common::postgres;
     insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES ($1)";
@@ -861,6 +895,7 @@ dedup_suite! {
 
 dedup_suite! {
     mod mysql;
+    tx = sqlx_tx | idem_tx;
     db = sqlx::MySql;
     pool = common::mysql;
     insert_coupon = "INSERT INTO idem_test_coupons (trade_no) VALUES (?)";

@@ -1,12 +1,14 @@
 //! `strategy = "state"` and `"dedup+state"` against real SQLite, PostgreSQL
-//! and MySQL/MariaDB. One suite, stamped out per backend.
+//! and MySQL/MariaDB. One suite, stamped out per backend and per transaction
+//! type (`*::sqlx_tx::*` with a `sqlx::Transaction`, `*::idem_tx::*` with an
+//! `idem::Tx`).
 
 mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-use common::{AppError, unique};
+use common::{AppError, TestTx, unique};
 use idem::{Error, Outcome, SilentRepeat, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::Transaction;
@@ -80,9 +82,22 @@ fn can_transition_follows_the_declaration() {
     assert_eq!(tickets.codes, &[idem::state::StateCode::Text("OPEN"), idem::state::StateCode::Text("CLOSED")]);
 }
 
+/// `mod $m` holds the suite once per transaction type of `tx`: `$m::sqlx_tx`
+/// takes `sqlx::Transaction`s, `$m::idem_tx` `idem::Tx`s (`common::TestTx`).
 macro_rules! state_suite {
+    (mod $m:ident; tx = $($tx:ident)|+; $($rest:tt)*) => {
+        mod $m {
+            use super::*;
+            state_suite!(@each [$($tx)+] $($rest)*);
+        }
+    };
+    (@each [$tx:ident $($more:ident)*] $($rest:tt)*) => {
+        state_suite!(@one mod $tx; $($rest)*);
+        state_suite!(@each [$($more)*] $($rest)*);
+    };
+    (@each [] $($rest:tt)*) => {};
     (
-        mod $m:ident;
+        @one mod $tx:ident;
         db = $DB:ty;
         pool = $pool:path;
         ddl = $ddl:literal;
@@ -96,10 +111,15 @@ macro_rules! state_suite {
         count_records = $count_records:literal;
         insert_checked = $insert_checked:literal;
     ) => {
-        mod $m {
+        mod $tx {
             use super::*;
 
             type Db = $DB;
+            type Tx<'c> = common::$tx::Tx<'c, Db>;
+
+            async fn begin(pool: &sqlx::Pool<Db>) -> Tx<'static> {
+                <Tx<'static> as TestTx<Db>>::begin(pool).await
+            }
 
             /// The tables are created by one test at a time: concurrent CREATE
             /// TABLE IF NOT EXISTS can collide on PostgreSQL's catalog. (Each
@@ -149,7 +169,7 @@ macro_rules! state_suite {
                 transition = "OrderStatus::WaitPay -> OrderStatus::Paid"
             )]
             async fn pay(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 order_no: &str,
                 fail: bool,
                 runs: &AtomicUsize,
@@ -169,7 +189,7 @@ macro_rules! state_suite {
                 transition = "OrderStatus::WaitPay | OrderStatus::Paid -> OrderStatus::Canceled"
             )]
             async fn cancel(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 order_no: &str,
                 fail: bool,
                 runs: &AtomicUsize,
@@ -191,7 +211,7 @@ macro_rules! state_suite {
                 transition = "OrderStatus::WaitPay -> OrderStatus::Paid"
             )]
             async fn pay_both(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 order_no: &str,
                 amount: i64,
                 runs: &AtomicUsize,
@@ -208,7 +228,7 @@ macro_rules! state_suite {
                 transition = "OrderStatus::WaitPay | OrderStatus::Paid -> OrderStatus::Canceled"
             )]
             async fn cancel_both(
-                tx: &mut Transaction<'_, Db>,
+                tx: &mut Tx<'_>,
                 order_no: &str,
                 fail: bool,
             ) -> Result<Option<String>, AppError> {
@@ -225,7 +245,7 @@ macro_rules! state_suite {
                 scope = "tests.state.close",
                 transition = "TicketState::Open -> TicketState::Closed"
             )]
-            async fn close_ticket(tx: &mut Transaction<'_, Db>, id: i64) -> Result<(), AppError> {
+            async fn close_ticket(tx: &mut Tx<'_>, id: i64) -> Result<(), AppError> {
                 let _ = &tx;
                 Ok(())
             }
@@ -236,7 +256,7 @@ macro_rules! state_suite {
                 fail: bool,
                 runs: &AtomicUsize,
             ) -> (Result<(), AppError>, Option<Outcome>) {
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(pool).await;
                 let (result, outcome) = idem::observe(pay(&mut tx, order_no, fail, runs)).await;
                 // Commit even after an error: the guard must leave nothing behind.
                 tx.commit().await.unwrap();
@@ -343,12 +363,12 @@ macro_rules! state_suite {
                 for start in [1, 2] {
                     let order_no = new_order(&pool, start).await;
                     // The body fails: the order goes back to exactly where it was.
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     assert!(cancel(&mut tx, &order_no, true, &runs).await.is_err());
                     tx.commit().await.unwrap();
                     assert_eq!(status(&pool, &order_no).await, start);
 
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     assert_eq!(
                         cancel(&mut tx, &order_no, false, &runs).await.unwrap(),
                         Some(format!("canceled {order_no}"))
@@ -356,12 +376,12 @@ macro_rules! state_suite {
                     tx.commit().await.unwrap();
                     assert_eq!(status(&pool, &order_no).await, 9);
                     // A repeat: no stored answer under `state`, so the silent one.
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     assert_eq!(cancel(&mut tx, &order_no, false, &runs).await.unwrap(), None);
                     tx.commit().await.unwrap();
                 }
                 let shipped = new_order(&pool, 3).await;
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let err = cancel(&mut tx, &shipped, false, &runs).await.unwrap_err();
                 match err {
                     AppError::Idem(Error::IllegalTransition { from, current, .. }) => {
@@ -382,7 +402,7 @@ macro_rules! state_suite {
                 for _ in 0..100 {
                     let (pool, order_no, runs) = (pool.clone(), order_no.clone(), runs.clone());
                     tasks.push(tokio::spawn(async move {
-                        let mut tx = pool.begin().await.unwrap();
+                        let mut tx = begin(&pool).await;
                         let answer = cancel(&mut tx, &order_no, false, &runs).await.unwrap();
                         tx.commit().await.unwrap();
                         answer
@@ -405,13 +425,13 @@ macro_rules! state_suite {
                 let id = unique_id();
                 sqlx::query($insert_ticket).bind(id).bind("OPEN").execute(&pool).await.unwrap();
                 for _ in 0..2 {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     close_ticket(&mut tx, id).await.unwrap();
                     tx.commit().await.unwrap();
                 }
                 let state: String = sqlx::query_scalar($get_ticket).bind(id).fetch_one(&pool).await.unwrap();
                 assert_eq!(state, "CLOSED");
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 assert!(matches!(close_ticket(&mut tx, id + 1).await, Err(AppError::Idem(Error::NotFound { .. }))));
             }
 
@@ -424,7 +444,7 @@ macro_rules! state_suite {
                 let pool = pool!();
                 let id = unique_id();
                 sqlx::query($insert_ticket).bind(id).bind("Open").execute(&pool).await.unwrap();
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let result = close_ticket(&mut tx, id).await;
                 tx.commit().await.unwrap();
                 let state: String = sqlx::query_scalar($get_ticket).bind(id).fetch_one(&pool).await.unwrap();
@@ -448,7 +468,7 @@ macro_rules! state_suite {
                 amount: i64,
                 runs: &AtomicUsize,
             ) -> (Result<PayAck, AppError>, Option<Outcome>) {
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(pool).await;
                 let out = idem::observe(pay_both(&mut tx, order_no, amount, runs)).await;
                 tx.commit().await.unwrap();
                 out
@@ -530,7 +550,7 @@ macro_rules! state_suite {
                 scope = "tests.dedup_state.checked",
                 transition = "CheckedStatus::One -> CheckedStatus::Two"
             )]
-            async fn move_checked(tx: &mut Transaction<'_, Db>, order_no: &str) -> Result<(), AppError> {
+            async fn move_checked(tx: &mut Tx<'_>, order_no: &str) -> Result<(), AppError> {
                 let _ = &tx;
                 Ok(())
             }
@@ -540,7 +560,7 @@ macro_rules! state_suite {
                 let pool = pool!();
                 let order_no = unique("checked");
                 sqlx::query($insert_checked).bind(&order_no).execute(&pool).await.unwrap();
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 let result = move_checked(&mut tx, &order_no).await;
                 assert!(matches!(result, Err(AppError::Idem(Error::Database(_)))), "{result:?}");
                 // Committing anyway (PostgreSQL turns it into a rollback) leaves nothing behind.
@@ -552,13 +572,13 @@ macro_rules! state_suite {
             async fn dedup_state_body_error_leaves_neither_record_nor_transition() {
                 let pool = pool!();
                 let order_no = new_order(&pool, 2).await;
-                let mut tx = pool.begin().await.unwrap();
+                let mut tx = begin(&pool).await;
                 assert!(cancel_both(&mut tx, &order_no, true).await.is_err());
                 tx.commit().await.unwrap();
                 assert_eq!(status(&pool, &order_no).await, 2);
                 assert_eq!(records(&pool, "tests.dedup_state.cancel", &order_no).await, 0);
                 for _ in 0..2 {
-                    let mut tx = pool.begin().await.unwrap();
+                    let mut tx = begin(&pool).await;
                     assert_eq!(
                         cancel_both(&mut tx, &order_no, false).await.unwrap(),
                         Some(format!("canceled {order_no}"))
@@ -574,6 +594,7 @@ macro_rules! state_suite {
 
 state_suite! {
     mod sqlite;
+    tx = sqlx_tx | idem_tx;
     db = sqlx::Sqlite;
     pool = common::sqlite;
     ddl = "CREATE TABLE IF NOT EXISTS idem_test_state_orders (order_no TEXT PRIMARY KEY, status INTEGER NOT NULL);
@@ -592,6 +613,7 @@ state_suite! {
 
 state_suite! {
     mod postgres;
+    tx = sqlx_tx | idem_tx;
     db = sqlx::Postgres;
     pool = common::postgres;
     ddl = "CREATE TABLE IF NOT EXISTS idem_test_state_orders (order_no VARCHAR(191) PRIMARY KEY, status SMALLINT NOT NULL);
@@ -610,6 +632,7 @@ state_suite! {
 
 state_suite! {
     mod mysql;
+    tx = sqlx_tx | idem_tx;
     db = sqlx::MySql;
     pool = common::mysql;
     ddl = "CREATE TABLE IF NOT EXISTS idem_test_state_orders (order_no VARCHAR(191) PRIMARY KEY, status SMALLINT NOT NULL) ENGINE = InnoDB;

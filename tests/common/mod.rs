@@ -160,6 +160,45 @@ pub async fn sqlite() -> Option<SqlitePool> {
     Some(pool)
 }
 
+/// The transaction types the SQL suites are stamped with, one module each
+/// (the module names the tests carry: `postgres::idem_tx::...`). Each
+/// holds `Tx<'c, DB>`: the lifetime is `idem::Tx`'s to ignore.
+pub mod sqlx_tx {
+    pub type Tx<'c, DB> = sqlx::Transaction<'c, DB>;
+}
+pub mod idem_tx {
+    pub type Tx<'c, DB> = idem::Tx<DB>;
+}
+
+/// What the SQL suites do with either transaction type outside guarded
+/// bodies: begin one, and reach its connection.
+pub trait TestTx<DB: idem::SqlBackend>: Sized {
+    /// `pool.begin()` / `idem::begin(&pool)`.
+    async fn begin(pool: &sqlx::Pool<DB>) -> Self;
+    /// The connection, for statements outside guarded bodies: `&mut **tx`,
+    /// or `tx.open()` on an `idem::Tx` (it begins the transaction if nothing
+    /// has begun yet).
+    async fn conn(&mut self) -> &mut DB::Connection;
+}
+
+impl<DB: idem::SqlBackend> TestTx<DB> for sqlx::Transaction<'_, DB> {
+    async fn begin(pool: &sqlx::Pool<DB>) -> Self {
+        pool.begin().await.unwrap()
+    }
+    async fn conn(&mut self) -> &mut DB::Connection {
+        &mut **self
+    }
+}
+
+impl<DB: idem::SqlBackend> TestTx<DB> for idem::Tx<DB> {
+    async fn begin(pool: &sqlx::Pool<DB>) -> Self {
+        idem::begin(pool).await.unwrap()
+    }
+    async fn conn(&mut self) -> &mut DB::Connection {
+        self.open().await.unwrap()
+    }
+}
+
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
 /// A connection manager on `IDEM_REDIS_URL` (default: the local server).

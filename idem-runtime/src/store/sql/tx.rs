@@ -41,10 +41,11 @@
 //! let coupon = match Guard::new("payments.on_pay").key(trade_no).dedup::<i64, _>(&mut tx).await? {
 //!     Claim::Replay(coupon) => coupon,
 //!     Claim::Run(ticket) => {
-//!         // In the body the transaction has begun: `&mut **tx` is its connection.
+//!         // In the body the transaction has begun: `*tx` is its connection
+//!         // (`**tx` in a function that takes `tx: &mut idem::Tx<_>`).
 //!         let id: i64 = sqlx::query_scalar("INSERT INTO coupons (trade_no) VALUES ($1) RETURNING id")
 //!             .bind(trade_no)
-//!             .fetch_one(&mut **tx)
+//!             .fetch_one(&mut *tx)
 //!             .await?;
 //!         ticket.complete(&mut tx, Ok::<_, idem::Error>(id)).await??
 //!     }
