@@ -1,7 +1,7 @@
 //! Benchmark driver: what the guard costs a real business transaction.
 //!
 //! Scenario `dedup`: N clients run "insert a coupon + bump one of 1,000 users'
-//! counters" in a transaction, four ways, alternating in short slices so
+//! counters" in a transaction, five ways, alternating in short slices so
 //! that all of them see the same server conditions:
 //! - `unguarded`: the business transaction alone;
 //! - `guarded`: the same under `#[idempotent(strategy = "dedup")]` (claim,
@@ -9,7 +9,10 @@
 //! - `guarded_after`: the same with `claim = "after"` (body, then the record
 //!   with its response in one statement);
 //! - `handwritten`: the same guard written by hand in raw sqlx (claim
-//!   INSERT, business, UPDATE with the response): the floor idem competes with.
+//!   INSERT, business, UPDATE with the response): the floor idem competes with;
+//! - `zero_rt`: `guarded` on an `idem::Tx` (`idem::begin(pool)` ...
+//!   `tx.commit()`): the claim rides with `BEGIN`, the response with
+//!   `COMMIT`, so the guard sends no round trip of its own.
 //!
 //! Scenarios `state` and `dedup+state`: the same business change also pays
 //! the order (WAIT_PAY -> PAID, orders created ahead of each slice):
@@ -87,7 +90,7 @@ impl Scenario {
 
     fn modes(self) -> &'static [Mode] {
         match self {
-            Scenario::Dedup => &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten],
+            Scenario::Dedup => &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten, Mode::ZeroRt],
             Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
             Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq => &[],
         }
@@ -122,10 +125,10 @@ struct Args {
     redis_pool: usize,
     #[arg(long, default_value_t = 16)]
     clients: usize,
-    /// Total measuring time, shared by the three modes.
+    /// Total measuring time, shared by the modes.
     #[arg(long, default_value_t = 30)]
     seconds: u64,
-    /// How many times the three modes take turns.
+    /// How many times the modes take turns.
     #[arg(long, default_value_t = 5)]
     rounds: u32,
     /// `lease` only: measure one side alone (first runs, then replays, for
@@ -148,9 +151,11 @@ enum Mode {
     Guarded,
     GuardedAfter,
     Handwritten,
+    /// `guarded` on an `idem::Tx` (claim with BEGIN, response with COMMIT).
+    ZeroRt,
 }
 
-/// The business change, shared by the three modes.
+/// The business change, shared by the modes.
 async fn business<DB: Shop>(conn: &mut DB::Connection, trade_no: &str, user_id: i64) -> Result<i64, sqlx::Error> {
     let coupon = DB::insert_coupon(conn, trade_no, user_id).await?;
     DB::bump_user(conn, user_id).await?;
@@ -163,6 +168,15 @@ where
     DB::Connection: Send,
 {
     Ok(business::<DB>(tx, trade_no, user_id).await?)
+}
+
+/// `guarded` on an `idem::Tx`: the same record, the same body.
+#[idempotent(key = "trade_no", scope = "loadgen.dedup_zero_rt", retention = "1h")]
+async fn guarded_zero_rt<DB: Shop>(tx: &mut idem::Tx<DB>, trade_no: &str, user_id: i64) -> Result<i64, AppError>
+where
+    DB::Connection: Send,
+{
+    Ok(business::<DB>(&mut **tx, trade_no, user_id).await?)
 }
 
 #[idempotent(key = "trade_no", scope = "loadgen.dedup_after", retention = "1h", claim = "after")]
@@ -246,7 +260,8 @@ fn set_status_sql(from: Option<i64>, (a, b): (&str, &str)) -> sqlx::AssertSqlSaf
 }
 
 const RESET: &str = "DELETE FROM idem_records WHERE scope IN \
-                       ('loadgen.dedup', 'loadgen.dedup_after', 'loadgen.dedup_state', 'loadgen.hand'); \
+                       ('loadgen.dedup', 'loadgen.dedup_after', 'loadgen.dedup_zero_rt', 'loadgen.dedup_state', \
+                        'loadgen.hand'); \
                      DELETE FROM shop_coupons WHERE trade_no LIKE 'L%'; \
                      DELETE FROM shop_orders WHERE trade_no LIKE 'L%'";
 
@@ -399,6 +414,13 @@ async fn one_call<DB: Handwritten>(
 where
     DB::Connection: Send,
 {
+    if mode == Mode::ZeroRt {
+        // BEGIN is held back: it goes out with the guard's claim.
+        let mut tx = idem::begin(pool).await?;
+        guarded_zero_rt::<DB>(&mut tx, trade_no, user_id).await?;
+        tx.commit().await?;
+        return Ok(());
+    }
     let mut tx = pool.begin().await?;
     let paid = OrderStatus::Paid.code();
     match (scenario, mode) {
@@ -432,6 +454,7 @@ where
         (Scenario::DedupState, Mode::Guarded) => {
             guarded_dedup_state(&mut tx, trade_no, user_id).await?;
         }
+        (_, Mode::ZeroRt) => unreachable!("an idem::Tx, above"),
         (Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq, _) => {
             unreachable!("the lease, token, lock and mq scenarios run in their own modules")
         }
@@ -589,6 +612,10 @@ where
     let (ratio, vs_handwritten) = (ratio(Mode::Guarded, Mode::Unguarded), ratio(Mode::Guarded, Mode::Handwritten));
     let after_ratio = index(Mode::GuardedAfter).map(|i| median_ratio(&tallies[i], &tallies[0]));
     let after = tps(Mode::GuardedAfter);
+    let zero_rt = tps(Mode::ZeroRt);
+    let zero_rt_ratio = index(Mode::ZeroRt).map(|i| median_ratio(&tallies[i], &tallies[0]));
+    let vs_claim_after =
+        index(Mode::ZeroRt).zip(index(Mode::GuardedAfter)).map(|(z, a)| median_ratio(&tallies[z], &tallies[a]));
     let mut percentiles = |mode| {
         let Some(i) = index(mode) else { return (0, 0) };
         let mut lat = std::mem::take(&mut tallies[i].latencies_us);
@@ -597,6 +624,7 @@ where
     };
     let (p50, p99) = percentiles(Mode::Guarded);
     let (after_p50, after_p99) = percentiles(Mode::GuardedAfter);
+    let (zero_rt_p50, zero_rt_p99) = percentiles(Mode::ZeroRt);
     let errors: u64 = tallies.iter().map(|t| t.errors).sum();
     let name = scenario.name();
     println!(
@@ -613,6 +641,16 @@ where
         line.push_str(&format!(
             " claim_after_tps={after:.0} ratio_claim_after={after_ratio:.3} claim_after_p50_us={after_p50} \
              claim_after_p99_us={after_p99}"
+        ));
+    }
+    if let (Some(zero_rt_ratio), Some(vs_claim_after)) = (zero_rt_ratio, vs_claim_after) {
+        println!(
+            "guarded on an idem::Tx (zero round trips): {zero_rt:.0} tx/s, {zero_rt_ratio:.3} of unguarded, \
+             {vs_claim_after:.3} of claim=after (medians of per-round ratios), p50 {zero_rt_p50} us, p99 {zero_rt_p99} us"
+        );
+        line.push_str(&format!(
+            " zero_rt_tps={zero_rt:.0} ratio_zero_rt={zero_rt_ratio:.3} vs_claim_after={vs_claim_after:.3} \
+             zero_rt_p50_us={zero_rt_p50} zero_rt_p99_us={zero_rt_p99}"
         ));
     }
     println!("{line} errors={errors}");

@@ -353,14 +353,16 @@ fn table() -> &'static str {
     super::table::record_table().qualified()
 }
 
-/// A `VARBINARY` value as a text statement carries it: hex digits.
+/// A `VARBINARY` value as a text statement carries it: a hexadecimal
+/// literal (`X'6b33'`), only hex digits between the quotes whatever the
+/// value holds, and a literal (no function call to plan).
 fn bytes(s: &str) -> String {
-    format!("UNHEX('{}')", super::tx::hex(s))
+    format!("X'{}'", super::tx::hex(s))
 }
 
-/// A string for a text column: hex digits, decoded as UTF-8.
+/// A string for a text column: a hexadecimal literal read as UTF-8.
 fn text(s: &str) -> String {
-    format!("CONVERT(UNHEX('{}') USING utf8mb4)", super::tx::hex(s))
+    format!("_utf8mb4 X'{}'", super::tx::hex(s))
 }
 
 fn key_where(scope: &str, key: &str) -> String {

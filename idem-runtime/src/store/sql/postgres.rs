@@ -291,17 +291,35 @@ fn table() -> &'static str {
     super::table::record_table().qualified()
 }
 
-/// A string as a text statement carries it: hex digits, decoded by the
-/// server, so nothing in it can end a literal.
+/// A string as a text statement carries it: an escape-string literal
+/// (`E'...'`) in which every character other than ASCII letters, digits
+/// and a few harmless marks is a Unicode escape (`\u0027`), so neither a
+/// quote nor a backslash of the value can reach the lexer, whatever the
+/// value holds. A literal, not a function of a literal: it is planned
+/// like a bound value (the primary key serves the comparisons, with the
+/// key columns' own collation), and Unicode escapes are converted to the
+/// database's encoding as bound text is. (A NUL, which no text value can
+/// hold, is refused by the server; keys and answers never contain one.)
 fn text(s: &str) -> String {
-    format!("convert_from(decode('{}', 'hex'), 'UTF8')", super::tx::hex(s))
+    use std::fmt::Write as _;
+    let mut literal = String::with_capacity(s.len() + 3);
+    literal.push_str("E'");
+    for c in s.chars() {
+        match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | ' ' | '-' | '_' | '.' | ':' | ',' | '{' | '}' | '[' | ']' | '"' => {
+                literal.push(c)
+            }
+            c if u32::from(c) <= 0xFFFF => write!(literal, "\\u{:04x}", u32::from(c)).unwrap(),
+            c => write!(literal, "\\U{:08x}", u32::from(c)).unwrap(),
+        }
+    }
+    literal.push('\'');
+    literal
 }
 
-/// `scope = ... AND idem_key = ...`. The decoded value has no collation of
-/// its own; without `COLLATE "default"` (the key columns' collation) the
-/// comparison cannot use the primary key and scans the table.
+/// `scope = ... AND idem_key = ...`.
 fn key_where(scope: &str, key: &str) -> String {
-    format!("scope = {} COLLATE \"default\" AND idem_key = {} COLLATE \"default\"", text(scope), text(key))
+    format!("scope = {} AND idem_key = {}", text(scope), text(key))
 }
 
 fn retention_us(d: std::time::Duration) -> i64 {

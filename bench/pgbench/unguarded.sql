@@ -1,0 +1,12 @@
+-- The bench's `unguarded` mode: the business transaction alone.
+-- A fresh key per transaction: `n` counts this client's transactions (run.sh
+-- passes -D n=0; pgbench keeps a client's variables from one transaction to
+-- the next) and `kp` (-D) is unique to the pgbench run, so the key
+-- ':kp:k' is never used twice.
+\set n :n + 1
+\set k 100000000 + :client_id * 1000000 + :n
+\set u random(1, 1000)
+BEGIN;
+INSERT INTO shop_coupons (trade_no, user_id) VALUES (':kp:k', :u) RETURNING id \gset
+UPDATE shop_users SET coupons = coupons + 1 WHERE id = :u;
+COMMIT;
