@@ -66,7 +66,7 @@
 //! | first call | the body runs; the record is written in your transaction |
 //! | repeat after commit | the stored `Ok` value is returned; the body does not run |
 //! | concurrent repeat | it waits on the record's row lock, then replays (or runs, if the first call rolled back) |
-//! | concurrent repeat, PostgreSQL at `REPEATABLE READ` or `SERIALIZABLE` | the record committed meanwhile is outside its snapshot: the claim fails with a serialization failure ([`Error::Database`], SQLSTATE 40001, [`is_retryable`](Error::is_retryable)); retry in a new transaction, which replays (MySQL's default `REPEATABLE READ` replays directly; so does an [`idem::Tx`](Tx) begun `REPEATABLE READ`, whose claim fails on the unique key instead) |
+//! | concurrent repeat, PostgreSQL at `REPEATABLE READ` or `SERIALIZABLE` | the record committed meanwhile is outside its snapshot: the claim fails with a serialization failure ([`Error::Database`], SQLSTATE 40001, [`is_retryable`](Error::is_retryable)); retry in a new transaction, which replays (MySQL's default `REPEATABLE READ` replays directly; so does the first guard of an [`idem::Tx`](Tx) begun `REPEATABLE READ`, whose claim rides on `BEGIN` and fails on the unique key instead) |
 //! | body returns `Err` | the record is removed, even if the caller commits anyway; a retry runs again |
 //! | same key, different `fingerprint` | `Err(idem::Error::KeyMismatch)`, checked before anything else |
 //! | worker dies mid-way | the transaction rolls back, record included |

@@ -139,6 +139,18 @@ macro_rules! tx_suite {
                 Ok(7)
             }
 
+            #[idempotent(key = "order_no", scope = "tests.tx.outer", claim = "after")]
+            async fn outer_after(tx: &mut idem::Tx<Db>, order_no: &str, inner_key: &str) -> Result<String, AppError> {
+                let inner = inner(tx, inner_key).await?;
+                Ok(format!("outer+{inner}"))
+            }
+
+            #[idempotent(key = "key", scope = "tests.tx.inner")]
+            async fn inner(tx: &mut idem::Tx<Db>, key: &str) -> Result<String, AppError> {
+                sqlx::query($insert).bind(key).execute(&mut **tx).await?;
+                Ok("inner".to_owned())
+            }
+
             async fn coupons(pool: &sqlx::Pool<Db>, trade_no: &str) -> i64 {
                 sqlx::query_scalar($count).bind(trade_no).fetch_one(pool).await.unwrap()
             }
@@ -204,7 +216,7 @@ macro_rules! tx_suite {
                     measure("the guard on a sqlx::Transaction (BEGIN, claim, body, answer, COMMIT)", before);
 
                 let before = trips.load(SeqCst);
-                let mut tx = idem::Tx::new(conn, "BEGIN".to_owned());
+                let mut tx = idem::Tx::new(conn).unwrap();
                 assert_eq!(grant(&mut tx, &key, &runs).await.unwrap(), 42);
                 tx.commit().await.unwrap();
                 let first = measure("first call (BEGIN+claim, body, answer+COMMIT)", before);
@@ -213,7 +225,7 @@ macro_rules! tx_suite {
                 // the pool's ping on release.
                 let conn = pool.acquire().await.unwrap();
                 let before = trips.load(SeqCst);
-                let mut tx = idem::Tx::new(conn, "BEGIN".to_owned());
+                let mut tx = idem::Tx::new(conn).unwrap();
                 assert_eq!(grant(&mut tx, &key, &runs).await.unwrap(), 42);
                 let replay = measure("repeat (claim refused, ROLLBACK+read)", before);
                 let before = trips.load(SeqCst);
@@ -389,6 +401,38 @@ macro_rules! tx_suite {
                 let mut tx = idem::begin(&pool).await.unwrap();
                 assert_eq!(call(&mut tx, "tests.tx.twice", &key, "one").await.unwrap(), (true, "one".to_owned()));
                 assert_eq!(call(&mut tx, "tests.tx.twice", &key, "two").await.unwrap(), (false, "one".to_owned()));
+                tx.commit().await.unwrap();
+            }
+
+            /// A repeat under `claim = "after"` rolls back its body, guards
+            /// inside it included: what they queued for COMMIT goes too.
+            #[tokio::test]
+            async fn a_claim_after_repeat_drops_what_inner_guards_queued() {
+                let pool = pool!();
+                let order = unique("outer");
+                for attempt in 0..2 {
+                    let inner_key = unique("inner");
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    let answer = outer_after(&mut tx, &order, &inner_key).await.unwrap();
+                    tx.commit().await.unwrap();
+                    assert_eq!(answer, "outer+inner", "attempt {attempt}");
+                    let inner_ran = coupons(&pool, &inner_key).await;
+                    assert_eq!(inner_ran, if attempt == 0 { 1 } else { 0 }, "a repeat's body is rolled back");
+                }
+            }
+
+            #[tokio::test]
+            async fn begin_with_refuses_statements_that_do_more_than_begin() {
+                let pool = pool!();
+                for bad in
+                    ["SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "BEGIN -- why", "BEGIN; DELETE FROM x", "COMMIT"]
+                {
+                    let refused = idem::begin_with(&pool, sqlx::AssertSqlSafe(bad)).await;
+                    assert!(matches!(refused, Err(idem::Error::InvalidBegin { .. })), "{bad}: {refused:?}");
+                }
+                let mut tx = idem::begin_with(&pool, "start transaction read write;").await.unwrap();
+                let (ran, _) = call(&mut tx, "tests.tx.begin_with", &unique("bw"), "x").await.unwrap();
+                assert!(ran);
                 tx.commit().await.unwrap();
             }
 

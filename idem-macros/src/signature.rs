@@ -173,7 +173,12 @@ fn find_tx(func: &ItemFn, marked: &[(Ident, Span)], strategy: &str, doing: &str)
     let params: Vec<(&Ident, &Type)> = params.collect();
     let chosen: Vec<&(&Ident, &Type)> = match marked.first() {
         Some((mark, _)) => params.iter().filter(|(ident, _)| *ident == mark).collect(),
-        None => params.iter().filter(|(_, ty)| names_transaction(ty)).collect(),
+        None => {
+            // `Transaction`, `PgTx`, `idem::Tx<_>`...; a bare `Tx<..>` (an
+            // imported `idem::Tx`, an alias) only if no parameter says more.
+            let named: Vec<_> = params.iter().filter(|(_, ty)| names_transaction(ty)).collect();
+            if named.is_empty() { params.iter().filter(|(_, ty)| is_bare_tx(ty)).collect() } else { named }
+        }
     };
     match chosen.as_slice() {
         [(ident, ty)] => require_mut_ref(ty).map(|()| ((*ident).clone(), referent(ty))),
@@ -402,10 +407,21 @@ fn is_db_transaction(ty: &Type) -> bool {
 }
 
 fn names_transaction(ty: &Type) -> bool {
-    path_type(ty, true).and_then(|p| p.path.segments.last()).is_some_and(|s| {
-        ["Transaction", "PgTransaction", "MySqlTransaction", "SqliteTransaction", "Tx", "PgTx", "MySqlTx", "SqliteTx"]
+    let Some(path) = path_type(ty, true) else { return false };
+    path.path.segments.last().is_some_and(|s| {
+        ["Transaction", "PgTransaction", "MySqlTransaction", "SqliteTransaction", "PgTx", "MySqlTx", "SqliteTx"]
             .iter()
             .any(|n| s.ident == n)
+            || (s.ident == "Tx" && path.path.segments.iter().any(|s| s.ident == "idem"))
+    })
+}
+
+/// `Tx<..>` with generic arguments, under any path: `idem::Tx` imported, or
+/// an alias of the application's named so. (A bare `Tx` without arguments
+/// is too common a name for other things: a channel's sender.)
+fn is_bare_tx(ty: &Type) -> bool {
+    path_type(ty, true).and_then(|p| p.path.segments.last()).is_some_and(|s| {
+        s.ident == "Tx" && matches!(&s.arguments, syn::PathArguments::AngleBracketed(a) if !a.args.is_empty())
     })
 }
 
@@ -416,7 +432,7 @@ fn require_mut_ref(ty: &Type) -> syn::Result<()> {
         _ => Err(error_on(
             ty,
             "take the transaction as `&mut`: the guard writes in it before and after your body",
-            "write e.g. `tx: &mut sqlx::Transaction<'_, Postgres>`",
+            "write e.g. `tx: &mut sqlx::Transaction<'_, Postgres>` or `tx: &mut idem::Tx<Postgres>`",
         )),
     }
 }

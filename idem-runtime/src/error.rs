@@ -217,6 +217,21 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// The statement given to [`idem::begin_with`](crate::begin_with) is not
+    /// one that begins a transaction and nothing else: the first guard's
+    /// claim is sent in the same text, so anything else could run it outside
+    /// the transaction, or comment it out.
+    #[error(
+        "`{statement}` cannot begin an idem::Tx: {reason}; write `BEGIN ...` or `START TRANSACTION ...` with its \
+         options only (on MySQL, set the isolation level for the session instead)"
+    )]
+    InvalidBegin {
+        /// The statement as given.
+        statement: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
     /// A record table name that is not a plain `name` or `schema.name`, or
     /// another name than the one this process already uses
     /// ([`set_record_table`](crate::sql::table::set_record_table)).

@@ -68,3 +68,16 @@ async fn caller(pg: sqlx::PgPool, my: sqlx::Pool<MySql>, lite: sqlx::Pool<Sqlite
 fn main() {
     let _ = caller;
 }
+
+/// A parameter type named `Tx` without arguments (a channel's sender) is
+/// not taken for a transaction next to the real one.
+type Tx2 = std::sync::mpsc::Sender<String>;
+mod sender {
+    pub type Tx = super::Tx2;
+}
+
+#[idempotent(key = "id")]
+async fn notify(db: &mut sqlx::Transaction<'_, Postgres>, out: &sender::Tx, id: &str) -> Result<(), AppError> {
+    let _ = (db, out, id);
+    Ok(())
+}

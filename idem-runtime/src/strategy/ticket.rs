@@ -98,7 +98,7 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
     let Ticket { prepared: p, record, moved, .. } = ticket;
     let value = match result {
         Ok(value) => value,
-        Err(e) if p.claim_after => return failed_after::<T, E, DB>(conn, &p, e).await,
+        Err(e) if p.claim_after => return failed_after::<T, E, DB>(conn, core, &p, e).await,
         Err(e) => {
             undo::<DB>(conn, &p, record, moved.as_ref()).await;
             return Ok(Err(e));
@@ -119,7 +119,9 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
         }
     };
     let started = std::time::Instant::now();
-    if let Some(core) = core.filter(|c| DB::INLINE && c.is_open() && !p.claim_after && json.len() <= INLINE_ANSWER_MAX)
+    let mut core = core;
+    if let Some(core) =
+        core.as_deref_mut().filter(|c| DB::INLINE && c.is_open() && !p.claim_after && json.len() <= INLINE_ANSWER_MAX)
     {
         // An `idem::Tx`: the answer goes out with COMMIT (a text that fails
         // before its COMMIT if the record is gone).
@@ -129,7 +131,7 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
         return Ok(Ok(value));
     }
     if p.claim_after {
-        let done = complete_after::<T, E, DB>(conn, &p, value, &json).await;
+        let done = complete_after::<T, E, DB>(conn, core, &p, value, &json).await;
         crate::metrics::complete(p.labels(), started.elapsed());
         return done;
     }
@@ -154,6 +156,7 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
 /// writes go with it), continue in a fresh one, and replay the first answer.
 async fn complete_after<T: Replayable, E, DB: SqlBackend>(
     conn: &mut DB::Connection,
+    core: Option<&mut TxCore>,
     p: &Prepared,
     value: T,
     json: &str,
@@ -163,7 +166,7 @@ async fn complete_after<T: Replayable, E, DB: SqlBackend>(
             p.report(Outcome::Executed);
             Ok(Ok(value))
         }
-        InsertDone::Conflict => replay_after_restart::<T, E, DB>(conn, p).await?.ok_or_else(|| vanished(p)),
+        InsertDone::Conflict => replay_after_restart::<T, E, DB>(conn, core, p).await?.ok_or_else(|| vanished(p)),
     }
 }
 
@@ -174,10 +177,11 @@ async fn complete_after<T: Replayable, E, DB: SqlBackend>(
 /// transaction: the failed one may be aborted) and replay it if there is one.
 async fn failed_after<T: Replayable, E, DB: SqlBackend>(
     conn: &mut DB::Connection,
+    core: Option<&mut TxCore>,
     p: &Prepared,
     error: E,
 ) -> Result<Result<T, E>, Error> {
-    Ok(match replay_after_restart::<T, E, DB>(conn, p).await? {
+    Ok(match replay_after_restart::<T, E, DB>(conn, core, p).await? {
         Some(replay) => replay,
         None => Err(error),
     })
@@ -189,9 +193,16 @@ async fn failed_after<T: Replayable, E, DB: SqlBackend>(
 /// work) is gone now, and must not be replayed as if it had committed.
 async fn replay_after_restart<T: Replayable, E, DB: SqlBackend>(
     conn: &mut DB::Connection,
+    core: Option<&mut TxCore>,
     p: &Prepared,
 ) -> Result<Option<Result<T, E>>, Error> {
-    DB::restart(conn).await.map_err(classify::<DB>)?;
+    // An `idem::Tx` begins again with its own statement, and drops what
+    // guards of the rolled-back work queued for COMMIT.
+    match core {
+        Some(core) => core.restart::<DB>(conn).await,
+        None => DB::restart(conn).await,
+    }
+    .map_err(classify::<DB>)?;
     match DB::read(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)? {
         // Expired: another caller's take-over won, or is about to; retry.
         Some(existing) if existing.expired => Err(p.in_progress(Some(std::time::Duration::ZERO))),

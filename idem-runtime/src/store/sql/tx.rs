@@ -272,6 +272,22 @@ impl TxCore {
     }
 }
 
+impl TxCore {
+    /// `claim = "after"` found a repeat: roll back to the transaction's
+    /// start and begin again with the Tx's own statement (its isolation
+    /// level); the answers queued for `COMMIT` went with the rollback.
+    pub(crate) async fn restart<DB: SqlBackend>(&mut self, conn: &mut DB::Connection) -> Result<(), sqlx::Error> {
+        if Tm::<DB>::get_transaction_depth(conn) > 1 {
+            return DB::restart(conn).await;
+        }
+        self.pending.clear();
+        self.state = State::Busy;
+        DB::execute_text(conn, sql(format!("ROLLBACK; {}", self.begin))).await?;
+        self.state = State::Open;
+        Ok(())
+    }
+}
+
 fn sql(text: String) -> sqlx::SqlStr {
     use sqlx::SqlSafeStr as _;
     // Every dynamic value in these texts is hex, an integer idem formats,
@@ -283,7 +299,11 @@ fn sql(text: String) -> sqlx::SqlStr {
 /// says so (PostgreSQL: division by zero, 22012; MySQL: a subquery of
 /// more than one row, 1242, both raised on purpose by the text).
 fn pending_error<DB: SqlBackend>(e: sqlx::Error) -> Error {
-    if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "22012" || c == "21000") {
+    let ours = match DB::BACKEND {
+        "postgres" => "22012",
+        _ => "21000",
+    };
+    if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == ours) {
         return Error::Database(sqlx::Error::Protocol(
             "a dedup record vanished inside its own transaction before its answer was stored (deleted by the \
              body, or the server rolled the transaction back); nothing was committed"
@@ -319,26 +339,54 @@ pub type SqliteTx = Tx<sqlx::Sqlite>;
 /// A connection from `pool`, as an [`idem::Tx`](Tx) whose `BEGIN` waits
 /// for the first guard (nothing is sent yet).
 pub async fn begin<DB: SqlBackend>(pool: &sqlx::Pool<DB>) -> Result<Tx<DB>, Error> {
-    Ok(Tx::new(pool.acquire().await?, "BEGIN".to_owned()))
+    Tx::new(pool.acquire().await?)
 }
 
 /// [`begin`] with the statement that begins the transaction, e.g.
-/// `"BEGIN ISOLATION LEVEL REPEATABLE READ"` on PostgreSQL or
-/// `"START TRANSACTION READ WRITE"` on MySQL. It is sent as written, with
-/// the first guard's claim after it.
+/// `"BEGIN ISOLATION LEVEL REPEATABLE READ"` on PostgreSQL,
+/// `"START TRANSACTION READ WRITE"` on MySQL, `"BEGIN IMMEDIATE"` on
+/// SQLite. The first guard's claim is sent after it in one text, so it
+/// must be `BEGIN` or `START TRANSACTION` and its options only (letters,
+/// digits, spaces, commas, `_`; no `;` and no comment), else
+/// [`Error::InvalidBegin`]. MySQL sets a transaction's isolation level in
+/// a statement before `START TRANSACTION`: set it for the session instead
+/// (e.g. in the pool's `after_connect`).
 pub async fn begin_with<DB: SqlBackend>(
     pool: &sqlx::Pool<DB>,
     statement: impl sqlx::SqlSafeStr,
 ) -> Result<Tx<DB>, Error> {
-    let statement = statement.into_sql_str().as_str().trim().trim_end_matches(';').to_owned();
-    Ok(Tx::new(pool.acquire().await?, statement))
+    let statement = check_begin(statement.into_sql_str().as_str())?;
+    Tx::with_begin(pool.acquire().await?, statement)
+}
+
+/// The statement, if it begins a transaction and does nothing else.
+fn check_begin(statement: &str) -> Result<String, Error> {
+    let trimmed = statement.trim();
+    let trimmed = trimmed.strip_suffix(';').unwrap_or(trimmed).trim_end();
+    let invalid = |reason| Error::InvalidBegin { statement: statement.to_owned(), reason };
+    if !trimmed.bytes().all(|b| b.is_ascii_alphanumeric() || b" ,_\t\r\n".contains(&b)) {
+        return Err(invalid("it holds a character other than letters, digits, spaces, commas and `_`"));
+    }
+    let words: Vec<String> = trimmed.split_whitespace().take(2).map(str::to_ascii_uppercase).collect();
+    match words.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["BEGIN", ..] | ["START", "TRANSACTION"] => Ok(trimmed.to_owned()),
+        _ => Err(invalid("it does not start with `BEGIN` or `START TRANSACTION`")),
+    }
 }
 
 impl<DB: SqlBackend> Tx<DB> {
     /// An `idem::Tx` on a connection already taken from a pool (nothing is
-    /// sent yet). The connection must not be inside a transaction.
-    pub fn new(conn: PoolConnection<DB>, begin_statement: String) -> Tx<DB> {
-        Tx { conn, core: TxCore::new(begin_statement) }
+    /// sent yet); [`Error::TxUnusable`] if the connection is inside a
+    /// transaction.
+    pub fn new(conn: PoolConnection<DB>) -> Result<Tx<DB>, Error> {
+        Tx::with_begin(conn, "BEGIN".to_owned())
+    }
+
+    fn with_begin(conn: PoolConnection<DB>, begin: String) -> Result<Tx<DB>, Error> {
+        if Tm::<DB>::get_transaction_depth(&conn) > 0 {
+            return Err(Error::TxUnusable { reason: "its connection is already inside a transaction" });
+        }
+        Ok(Tx { conn, core: TxCore::new(begin) })
     }
 
     /// The transaction's connection for statements outside guarded bodies:
@@ -399,7 +447,8 @@ impl<DB: SqlBackend> Tx<DB> {
                 self.core.state = State::Busy;
                 Tm::<DB>::rollback(&mut self.conn).await?;
             }
-            // Closed with the connection: the server rolls back.
+            // Dropping the Tx closes the connection (the server rolls
+            // back), or queues a ROLLBACK if sqlx knows a block is open.
             State::Busy | State::Broken => return Ok(()),
         }
         self.core.state = State::Closed;
@@ -407,8 +456,12 @@ impl<DB: SqlBackend> Tx<DB> {
     }
 
     fn check_deref(&self) {
-        if self.core.state == State::Open && (self.core.bodies > 0 || self.core.opened) {
-            return;
+        match self.core.state {
+            State::Open if self.core.bodies > 0 || self.core.opened => return,
+            // Inside a body, a statement of a guard of its own was cut short:
+            // the body's next statement reports what the server says.
+            State::Busy | State::Broken if self.core.bodies > 0 => return,
+            _ => {}
         }
         let why = match self.core.state {
             State::Deferred => "nothing has begun yet (a repeat that replayed leaves it so)",
@@ -468,7 +521,10 @@ where
     DB::Connection: Send,
 {
     type Db = DB;
+    /// The connection, under the rules of `&mut **tx` (guards use
+    /// `tx_parts`); a wrapper of an `idem::Tx` forwards `tx_parts` too.
     fn connection(&mut self) -> &mut DB::Connection {
+        self.check_deref();
         &mut self.conn
     }
     fn tx_parts(&mut self) -> (&mut DB::Connection, Option<&mut TxCore>) {
@@ -479,4 +535,36 @@ where
 /// Hex digits of `s`'s bytes, for texts the server decodes.
 pub(crate) fn hex(s: &str) -> String {
     hex::encode(s.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_begin;
+
+    #[test]
+    fn a_begin_statement_begins_and_does_nothing_else() {
+        for good in [
+            "BEGIN",
+            "begin;",
+            "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT",
+            "BEGIN IMMEDIATE",
+        ] {
+            assert!(check_begin(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "BEGIN -- comment",
+            "BEGIN /* c */",
+            "BEGIN; DELETE FROM t",
+            "BEGIN;;",
+            "START",
+            "STARTTRANSACTION",
+            "BEGIN ISOLATION LEVEL 'x'",
+            "",
+        ] {
+            assert!(check_begin(bad).is_err(), "{bad}");
+        }
+        assert_eq!(check_begin(" begin read write; ").unwrap(), "begin read write");
+    }
 }
