@@ -339,8 +339,7 @@ impl RecordSql for MySql {
         // 1242), which stops the text before its COMMIT.
         format!(
             "UPDATE {} SET status = 'DONE', response = {}, updated_at = UTC_TIMESTAMP(6) WHERE {}; \
-             SET @idem_completed = ROW_COUNT(); \
-             SET @idem_completed = (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE @idem_completed <> 1)",
+             SET @idem_completed = (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)",
             table(),
             text(response),
             key_where(scope, key)
