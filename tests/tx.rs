@@ -578,6 +578,60 @@ mod postgres_only {
         assert!(repeat.await.unwrap().unwrap(), "the repeat replays the first answer");
     }
 
+    /// idem prepares its statements once per session (its texts name
+    /// them, so they are not planned on every call); a session that lost
+    /// them prepares them again, and where that fails the texts carry the
+    /// statements in full.
+    #[tokio::test]
+    async fn sessions_prepare_the_statements_and_survive_losing_them() {
+        let Some(_) = common::postgres().await else { return };
+        let pool =
+            sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(common::DEFAULT_PG_URL).await.unwrap();
+        let ours = |pool: sqlx::PgPool| async move {
+            let names: Vec<(String,)> =
+                sqlx::raw_sql("SELECT name::text FROM pg_prepared_statements WHERE name LIKE 'idem\\_%' ORDER BY name")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|row| (sqlx::Row::get::<String, _>(row, 0),))
+                    .collect();
+            names.into_iter().map(|(n,)| n).collect::<Vec<_>>()
+        };
+        let run = |pool: sqlx::PgPool, key: String| async move {
+            for expect_ran in [true, false] {
+                let mut tx = idem::begin(&pool).await.unwrap();
+                let claim = Guard::new("tests.tx.prepared").key(&key).dedup::<String, _>(&mut tx).await.unwrap();
+                match claim {
+                    Claim::Run(t) => {
+                        assert!(expect_ran);
+                        t.complete(&mut tx, Ok::<_, idem::Error>(key.clone())).await.unwrap().unwrap();
+                    }
+                    Claim::Replay(first) => {
+                        assert!(!expect_ran);
+                        assert_eq!(first, key);
+                    }
+                }
+                tx.commit().await.unwrap();
+            }
+        };
+        run(pool.clone(), unique("prep")).await;
+        assert_eq!(ours(pool.clone()).await, ["idem_claim_1", "idem_complete_1", "idem_read_1"]);
+        // All lost: prepared again.
+        sqlx::raw_sql("DEALLOCATE idem_claim_1; DEALLOCATE idem_read_1; DEALLOCATE idem_complete_1")
+            .execute(&pool)
+            .await
+            .unwrap();
+        run(pool.clone(), unique("prep")).await;
+        assert_eq!(ours(pool.clone()).await.len(), 3);
+        // One lost: preparing the others fails, the texts carry them in
+        // full, and the next transaction finds all three again.
+        sqlx::raw_sql("DEALLOCATE idem_claim_1").execute(&pool).await.unwrap();
+        run(pool.clone(), unique("prep")).await;
+        run(pool.clone(), unique("prep")).await;
+        assert_eq!(ours(pool.clone()).await.len(), 3);
+    }
+
     /// A 40 MiB answer (bound, not sent as text) is stored exactly.
     #[tokio::test]
     async fn a_40_mib_answer_is_stored_exactly() {

@@ -9,11 +9,17 @@
 \set n :n + 1
 \set k 100000000 + :client_id * 1000000 + :n
 \set u random(1, 1000)
+-- Prepared once per client (its first transaction), as sqlx prepares each
+-- statement once per connection; EXECUTE binds the values.
+\if :n = 1
+PREPARE coupon (text, int) AS INSERT INTO shop_coupons (trade_no, user_id) VALUES ($1, $2) RETURNING id;
+PREPARE bump (int) AS UPDATE shop_users SET coupons = coupons + 1 WHERE id = $1;
+PREPARE claim (text, text, text, interval) AS INSERT INTO idem_records (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) VALUES ($1, $2, 'PROCESSING', $3, now(), now(), clock_timestamp() + $4) ON CONFLICT (scope, idem_key) DO NOTHING;
+PREPARE answer (text, text, text) AS UPDATE idem_records SET status = 'DONE', response = $3 WHERE scope = $1 AND idem_key = $2;
+\endif
 BEGIN;
-INSERT INTO idem_records (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at)
-VALUES ('pgbench.dedup', ':kp:k', 'PROCESSING', NULL, now(), now(), clock_timestamp() + '3600 seconds'::interval)
-ON CONFLICT (scope, idem_key) DO NOTHING;
-INSERT INTO shop_coupons (trade_no, user_id) VALUES (':kp:k', :u) RETURNING id \gset
-UPDATE shop_users SET coupons = coupons + 1 WHERE id = :u;
-UPDATE idem_records SET status = 'DONE', response = ':id' WHERE scope = 'pgbench.dedup' AND idem_key = ':kp:k';
+EXECUTE claim('pgbench.dedup', ':kp:k', NULL, '3600 seconds');
+EXECUTE coupon(':kp:k', :u) \gset
+EXECUTE bump(:u);
+EXECUTE answer('pgbench.dedup', ':kp:k', ':id');
 COMMIT;

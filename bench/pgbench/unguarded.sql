@@ -6,7 +6,13 @@
 \set n :n + 1
 \set k 100000000 + :client_id * 1000000 + :n
 \set u random(1, 1000)
+-- Prepared once per client (its first transaction), as sqlx prepares each
+-- statement once per connection; EXECUTE binds the values.
+\if :n = 1
+PREPARE coupon (text, int) AS INSERT INTO shop_coupons (trade_no, user_id) VALUES ($1, $2) RETURNING id;
+PREPARE bump (int) AS UPDATE shop_users SET coupons = coupons + 1 WHERE id = $1;
+\endif
 BEGIN;
-INSERT INTO shop_coupons (trade_no, user_id) VALUES (':kp:k', :u) RETURNING id \gset
-UPDATE shop_users SET coupons = coupons + 1 WHERE id = :u;
+EXECUTE coupon(':kp:k', :u) \gset
+EXECUTE bump(:u);
 COMMIT;

@@ -238,17 +238,43 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     const INLINE: bool = false;
 
-    /// The claim as text, a plain `INSERT` whose unique-key error stops the
-    /// rest of the text. Values only as server-decoded hex.
+    /// What ends an `idem::Tx`'s commit text. sqlx lowers its transaction
+    /// depth only by rolling back, so `Tx::commit` queues a `ROLLBACK`
+    /// after the text: PostgreSQL warns of a `ROLLBACK` outside a
+    /// transaction (a log line per commit), so its text begins an empty one
+    /// for it (`COMMIT; BEGIN`); MySQL ignores it silently.
     #[doc(hidden)]
-    fn claim_text(_record: &NewRecord<'_>) -> String {
+    const COMMIT_TEXT: &'static str = "COMMIT; BEGIN";
+
+    /// Statements that prepare the `*_text` statements on the server, once
+    /// per session, so that the texts name them (`EXECUTE name(...)`) and
+    /// are not planned on every call (PostgreSQL); `None` where texts carry
+    /// the statements themselves.
+    #[doc(hidden)]
+    fn prepare_texts() -> Option<String> {
+        None
+    }
+
+    /// The error a text gets when it names a statement the session has not
+    /// prepared (PostgreSQL 26000).
+    #[doc(hidden)]
+    fn is_unprepared(_err: &sqlx::Error) -> bool {
+        false
+    }
+
+    /// The claim as text, a plain `INSERT` whose unique-key error stops the
+    /// rest of the text; `prepared`: as an `EXECUTE` of the statement
+    /// [`RecordSql::prepare_texts`] prepares. Values only as literals no
+    /// value can break out of.
+    #[doc(hidden)]
+    fn claim_text(_record: &NewRecord<'_>, _prepared: bool) -> String {
         unreachable!("only backends with INLINE send text claims")
     }
 
     /// [`RecordSql::read`] as text, for autocommit (after the ROLLBACK of a
     /// refused claim: a fresh statement that sees the latest commit).
     #[doc(hidden)]
-    fn read_text(_scope: &str, _key: &str) -> String {
+    fn read_text(_scope: &str, _key: &str, _prepared: bool) -> String {
         unreachable!("only backends with INLINE send text reads")
     }
 
@@ -261,7 +287,7 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
     /// [`RecordSql::complete`] as text, failing (before a `COMMIT` after it)
     /// when it matches no record.
     #[doc(hidden)]
-    fn complete_text(_scope: &str, _key: &str, _response: &str) -> String {
+    fn complete_text(_scope: &str, _key: &str, _response: &str, _prepared: bool) -> String {
         unreachable!("only backends with INLINE send text statements")
     }
 }

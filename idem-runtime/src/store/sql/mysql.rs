@@ -308,8 +308,9 @@ impl RecordSql for MySql {
     }
 
     const INLINE: bool = true;
+    const COMMIT_TEXT: &'static str = "COMMIT";
 
-    fn claim_text(r: &NewRecord<'_>) -> String {
+    fn claim_text(r: &NewRecord<'_>, _prepared: bool) -> String {
         format!(
             "INSERT INTO {} (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
              VALUES ({}, {}, 'PROCESSING', {}, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
@@ -322,7 +323,7 @@ impl RecordSql for MySql {
         )
     }
 
-    fn read_text(scope: &str, key: &str) -> String {
+    fn read_text(scope: &str, key: &str, _prepared: bool) -> String {
         format!(
             "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) FROM {} WHERE {}",
             table(),
@@ -334,7 +335,7 @@ impl RecordSql for MySql {
         format!("DELETE FROM {} WHERE {} AND expires_at <= UTC_TIMESTAMP(6)", table(), key_where(scope, key))
     }
 
-    fn complete_text(scope: &str, key: &str, response: &str) -> String {
+    fn complete_text(scope: &str, key: &str, response: &str, _prepared: bool) -> String {
         // No record updated: the scalar subquery returns two rows (error
         // 1242), which stops the text before its COMMIT.
         format!(

@@ -250,40 +250,82 @@ impl RecordSql for Postgres {
 
     const INLINE: bool = true;
 
-    fn claim_text(r: &NewRecord<'_>) -> String {
+    fn prepare_texts() -> Option<String> {
+        let t = table();
+        Some(format!(
+            "PREPARE {CLAIM_NAME} (text, text, text, int8) AS INSERT INTO {t} \
+               (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
+               VALUES ($1, $2, 'PROCESSING', $3, now(), now(), clock_timestamp() + $4 * interval '1 microsecond'); \
+             PREPARE {READ_NAME} (text, text) AS {}; \
+             PREPARE {COMPLETE_NAME} (text, text, text) AS {}",
+            read_sql(t, "$1", "$2"),
+            complete_sql(t, "$1", "$2", "$3"),
+        ))
+    }
+
+    fn is_unprepared(err: &sqlx::Error) -> bool {
+        err.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "26000")
+    }
+
+    fn claim_text(r: &NewRecord<'_>, prepared: bool) -> String {
+        let (scope, key) = (text(r.scope), text(r.key));
+        let fingerprint = r.fingerprint.map_or_else(|| "NULL".to_owned(), text);
+        let us = retention_us(r.retention);
+        if prepared {
+            return format!("EXECUTE {CLAIM_NAME}({scope}, {key}, {fingerprint}, {us})");
+        }
         format!(
             "INSERT INTO {} (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
-             VALUES ({}, {}, 'PROCESSING', {}, now(), now(), clock_timestamp() + {} * interval '1 microsecond')",
+             VALUES ({scope}, {key}, 'PROCESSING', {fingerprint}, now(), now(), \
+             clock_timestamp() + {us} * interval '1 microsecond')",
             table(),
-            text(r.scope),
-            text(r.key),
-            r.fingerprint.map_or_else(|| "NULL".to_owned(), text),
-            retention_us(r.retention),
         )
     }
 
-    fn read_text(scope: &str, key: &str) -> String {
-        format!(
-            "SELECT status, fingerprint, response, (expires_at <= now())::int::int8 FROM {} WHERE {}",
-            table(),
-            key_where(scope, key)
-        )
+    fn read_text(scope: &str, key: &str, prepared: bool) -> String {
+        if prepared {
+            return format!("EXECUTE {READ_NAME}({}, {})", text(scope), text(key));
+        }
+        read_sql(table(), &text(scope), &text(key))
     }
 
     fn discard_expired_text(scope: &str, key: &str) -> String {
-        format!("DELETE FROM {} WHERE {} AND expires_at <= now()", table(), key_where(scope, key))
-    }
-
-    fn complete_text(scope: &str, key: &str, response: &str) -> String {
-        // No record updated: 1 / 0 fails the text before its COMMIT.
         format!(
-            "WITH done AS (UPDATE {} SET status = 'DONE', response = {} WHERE {} RETURNING 1) \
-             SELECT 1 / count(*) FROM done",
+            "DELETE FROM {} WHERE scope = {} AND idem_key = {} AND expires_at <= now()",
             table(),
-            text(response),
-            key_where(scope, key)
+            text(scope),
+            text(key)
         )
     }
+
+    fn complete_text(scope: &str, key: &str, response: &str, prepared: bool) -> String {
+        if prepared {
+            return format!("EXECUTE {COMPLETE_NAME}({}, {}, {})", text(scope), text(key), text(response));
+        }
+        complete_sql(table(), &text(scope), &text(key), &text(response))
+    }
+}
+
+/// The names `prepare_texts` gives the statements in each session (with
+/// the version of their text: a change to one gets a new name).
+const CLAIM_NAME: &str = "idem_claim_1";
+const READ_NAME: &str = "idem_read_1";
+const COMPLETE_NAME: &str = "idem_complete_1";
+
+fn read_sql(table: &str, scope: &str, key: &str) -> String {
+    format!(
+        "SELECT status, fingerprint, response, (expires_at <= now())::int::int8 FROM {table} \
+         WHERE scope = {scope} AND idem_key = {key}"
+    )
+}
+
+/// The answer, failing (1 / 0) when no record was updated: the text stops
+/// before its COMMIT.
+fn complete_sql(table: &str, scope: &str, key: &str, response: &str) -> String {
+    format!(
+        "WITH done AS (UPDATE {table} SET status = 'DONE', response = {response} \
+         WHERE scope = {scope} AND idem_key = {key} RETURNING 1) SELECT 1 / count(*) FROM done"
+    )
 }
 
 /// The record table as written into text statements (a validated name).
@@ -315,11 +357,6 @@ fn text(s: &str) -> String {
     }
     literal.push('\'');
     literal
-}
-
-/// `scope = ... AND idem_key = ...`.
-fn key_where(scope: &str, key: &str) -> String {
-    format!("scope = {} AND idem_key = {}", text(scope), text(key))
 }
 
 fn retention_us(d: std::time::Duration) -> i64 {

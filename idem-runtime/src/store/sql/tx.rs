@@ -21,11 +21,14 @@
 //! `UPDATE` finds no record the text fails before `COMMIT`, so a record is
 //! never committed unfinished by it.
 //!
-//! Values in these texts (scope, key, fingerprint, answer) are hex-decoded
-//! by the server (`convert_from(decode('…','hex'),'UTF8')` on PostgreSQL,
-//! `UNHEX('…')` on MySQL): the text holds only hex digits, integers idem
-//! formats itself and the validated record table name, whatever the key
-//! or the answer holds. An answer over 256 KiB of JSON is bound as a
+//! Values in these texts (scope, key, fingerprint, answer) are literals no
+//! value can break out of: on PostgreSQL escape-string literals in which
+//! every character but ASCII letters, digits and a few marks is a Unicode
+//! escape (`E'it\u0027s'`), on MySQL hexadecimal literals (`X'6b33'`). The
+//! rest of the text is idem's own: integers it formats and the validated
+//! record table name. On PostgreSQL the statements are prepared once per
+//! session and the texts name them (`EXECUTE idem_claim_1(...)`), so they
+//! are planned once, as sqlx's own prepared statements are. An answer over 256 KiB of JSON is bound as a
 //! parameter instead (one more round trip), so no text nears MySQL's
 //! `max_allowed_packet`. SQLite sends the same statements one by one (it
 //! has no network to save).
@@ -87,8 +90,10 @@ use crate::Error;
 
 type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 
-/// JSON answers up to this size ride with `COMMIT` (twice that as hex);
-/// larger ones are bound as a parameter, one round trip more.
+/// JSON answers up to this size ride with `COMMIT` (as a literal: at most
+/// six times as long on PostgreSQL, twice on MySQL, far below MySQL's
+/// `max_allowed_packet`); larger ones are bound as a parameter, one round
+/// trip more.
 pub(crate) const INLINE_ANSWER_MAX: usize = 256 * 1024;
 
 /// Where a [`Tx`] stands.
@@ -121,11 +126,32 @@ pub struct TxCore {
     bodies: u32,
     /// [`Tx::open`] was called: the connection may be used outside bodies.
     opened: bool,
+    /// Whether the session has idem's statements prepared
+    /// ([`RecordSql::prepare_texts`](super::RecordSql::prepare_texts)).
+    prepared: Prepared,
+}
+
+/// What a [`TxCore`] knows of its session's prepared statements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prepared {
+    /// Not known: the claim names them, and prepares them if they are missing.
+    Unknown,
+    /// A text of this transaction named them: the answer can too.
+    Yes,
+    /// Preparing them failed: texts carry the statements themselves.
+    No,
 }
 
 impl TxCore {
     fn new(begin: String) -> TxCore {
-        TxCore { state: State::Deferred, begin, pending: String::new(), bodies: 0, opened: false }
+        TxCore {
+            state: State::Deferred,
+            begin,
+            pending: String::new(),
+            bodies: 0,
+            opened: false,
+            prepared: Prepared::Unknown,
+        }
     }
 
     /// Nothing has begun: a claim can travel with `BEGIN`.
@@ -135,6 +161,14 @@ impl TxCore {
 
     pub(crate) fn is_open(&self) -> bool {
         self.state == State::Open
+    }
+
+    /// Whether the answer may name idem's prepared statement: a text of
+    /// this transaction named the claim's (they are prepared together), and
+    /// no session of this process has lost the answer's since (a
+    /// `DEALLOCATE` of the application's).
+    pub(crate) fn prepared(&self) -> bool {
+        self.prepared == Prepared::Yes && !ANSWER_UNPREPARED.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A guarded body starts on this transaction (its claim said `Run`).
@@ -247,26 +281,57 @@ impl TxCore {
             return Err(e);
         }
         debug_assert!(self.state == State::Deferred);
-        let mut text = format!("{}; ", self.begin);
-        if take_over {
-            text.push_str(&DB::discard_expired_text(record.scope, record.key));
+        let preparable = DB::prepare_texts().is_some();
+        // At most three texts: the claim naming the prepared statement; if
+        // the session has none, preparing them first; if that fails, the
+        // claim written out.
+        let mut prepare_first = false;
+        loop {
+            let exec = preparable && self.prepared != Prepared::No;
+            let mut text = String::new();
+            if prepare_first {
+                text.push_str(&DB::prepare_texts().unwrap_or_default());
+                text.push_str("; ");
+            }
+            text.push_str(&self.begin);
             text.push_str("; ");
-        }
-        text.push_str(&DB::claim_text(record));
-        self.state = State::Busy;
-        match Tm::<DB>::begin(conn, Some(sql(text))).await {
-            Ok(()) => {
-                self.state = State::Open;
-                Ok(None)
+            if take_over {
+                text.push_str(&DB::discard_expired_text(record.scope, record.key));
+                text.push_str("; ");
             }
-            Err(e) if e.as_database_error().is_some_and(|d| d.is_unique_violation()) => {
-                let read = DB::read_text(record.scope, record.key);
-                let found = self.end_failed_begin::<DB>(conn, Some(read)).await.map_err(classify::<DB>)?;
-                Ok(Some(found))
-            }
-            Err(e) => {
-                self.end_failed_begin::<DB>(conn, None).await.ok();
-                Err(classify::<DB>(e))
+            text.push_str(&DB::claim_text(record, exec));
+            self.state = State::Busy;
+            match Tm::<DB>::begin(conn, Some(sql(text))).await {
+                Ok(()) => {
+                    self.state = State::Open;
+                    if exec {
+                        self.prepared = Prepared::Yes;
+                    }
+                    return Ok(None);
+                }
+                Err(e) if e.as_database_error().is_some_and(|d| d.is_unique_violation()) => {
+                    if exec {
+                        self.prepared = Prepared::Yes;
+                    }
+                    let read = DB::read_text(record.scope, record.key, exec);
+                    let found = self.end_failed_begin::<DB>(conn, Some(read)).await.map_err(classify::<DB>)?;
+                    return Ok(Some(found));
+                }
+                Err(e) => {
+                    self.end_failed_begin::<DB>(conn, None).await.ok();
+                    if self.state != State::Deferred {
+                        return Err(classify::<DB>(e));
+                    }
+                    match (exec, prepare_first) {
+                        (true, false) if DB::is_unprepared(&e) => prepare_first = true,
+                        (true, true) => {
+                            tracing::debug!(target: "idem", error = %e,
+                                "idem's statements could not be prepared in this session; sending them in full");
+                            (prepare_first, self.prepared) = (false, Prepared::No);
+                        }
+                        _ => return Err(classify::<DB>(e)),
+                    }
+                }
             }
         }
     }
@@ -288,10 +353,14 @@ impl TxCore {
     }
 }
 
+/// Set when a commit found the answer's prepared statement missing though
+/// the claim's was there: from then on answers are sent in full.
+static ANSWER_UNPREPARED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn sql(text: String) -> sqlx::SqlStr {
     use sqlx::SqlSafeStr as _;
-    // Every dynamic value in these texts is hex, an integer idem formats,
-    // or the validated table name (see the module docs).
+    // Every dynamic value in these texts is an escaped or hex literal, an
+    // integer idem formats, or the validated table name (see the module docs).
     sqlx::AssertSqlSafe(text).into_sql_str()
 }
 
@@ -299,6 +368,9 @@ fn sql(text: String) -> sqlx::SqlStr {
 /// says so (PostgreSQL: division by zero, 22012; MySQL: a subquery of
 /// more than one row, 1242, both raised on purpose by the text).
 fn pending_error<DB: SqlBackend>(e: sqlx::Error) -> Error {
+    if DB::is_unprepared(&e) {
+        ANSWER_UNPREPARED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let ours = match DB::BACKEND {
         "postgres" => "22012",
         _ => "21000",
@@ -430,9 +502,11 @@ impl<DB: SqlBackend> Tx<DB> {
             self.core.state = State::Closed;
             return Ok(());
         }
-        // `COMMIT; BEGIN`, then sqlx's depth lowered by a queued `ROLLBACK`
-        // of the empty block: public sqlx lowers its depth no other way.
-        let text = format!("{}; COMMIT; BEGIN", std::mem::take(&mut self.core.pending));
+        // `COMMIT` (PostgreSQL: `COMMIT; BEGIN`), then sqlx's depth lowered
+        // by a queued `ROLLBACK` (of the empty block): public sqlx lowers
+        // its depth no other way. It goes out with the pool's ping when the
+        // connection is returned.
+        let text = format!("{}; {}", std::mem::take(&mut self.core.pending), DB::COMMIT_TEXT);
         let sent = DB::execute_text(&mut *conn, sql(text)).await;
         Tm::<DB>::start_rollback(conn);
         self.core.state = State::Closed;
