@@ -94,8 +94,10 @@
 //!
 //! Each statement above is a round trip to the database. Let idem begin and
 //! commit the transaction, and on PostgreSQL and MySQL/MariaDB the claim
-//! travels with `BEGIN` and the answer with `COMMIT`: a first call takes the
-//! round trips of the transaction alone, a repeat two and no commit.
+//! travels with `BEGIN` and the answer with `COMMIT`: a `dedup` first call
+//! takes the round trips of the transaction alone, a repeat two and no
+//! commit (`dedup+state` saves one round trip: its transition follows the
+//! claim as a statement of its own).
 //!
 //! ```no_run
 //! # use idem::idempotent;
@@ -127,10 +129,14 @@
 //! after it runs), then the guard rolls back and reads; the answer is an
 //! `UPDATE` that fails the text before its `COMMIT` if the record is gone
 //! (the commit returns the error and nothing commits). Values are sent as
-//! literals no value can break out of (PostgreSQL escape strings with every
-//! character but letters and digits escaped, MySQL hexadecimal literals),
-//! and on PostgreSQL the statements are prepared once per session. Answers over 256 KiB of JSON are
-//! bound as a parameter (one round trip more). SQLite runs the same steps
+//! literals no value can break out of (PostgreSQL: escape strings in which
+//! everything but letters, digits and a few marks is a Unicode escape, or
+//! for non-ASCII values hex converted by the server; MySQL: hexadecimal
+//! literals). On PostgreSQL the statements are prepared once per session
+//! (under names with a hash of their text: `idem_claim_<hash>`); a session
+//! without them, a new one or one a transaction-mode pooler hands over,
+//! prepares them on its first claim (two round trips more, once). Answers
+//! over 256 KiB of JSON are bound as a parameter (one round trip more). SQLite runs the same steps
 //! as separate statements. On PostgreSQL each repeat's refused claim is
 //! an `ERROR` line in the server log (`duplicate key value violates unique
 //! constraint`) and a dead tuple: expected, not a fault; with many repeats
@@ -144,8 +150,10 @@
 //! cancelled mid-flight closes the connection rather than return it to the
 //! pool in an unknown state. Strategies other than `dedup`, `dedup+state`
 //! and `token+dedup`, `claim = "after"`, and a second guard in the same
-//! transaction begin it first and send their statements as on a
-//! `sqlx::Transaction`.
+//! transaction begin it first (sending answers queued before them) and
+//! claim as on a `sqlx::Transaction`; their answers still wait for
+//! `COMMIT`. If queued answers cannot be stored, the guard that sent them
+//! fails and the `Tx` can only be rolled back.
 //!
 //! It pays where the database is a network hop away: measured with one
 //! client and 500 µs added to each round trip, 0.90 of an unguarded

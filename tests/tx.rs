@@ -337,6 +337,22 @@ macro_rules! tx_suite {
                 assert_eq!(coupons(&pool, &key).await, 0, "the text failed before its COMMIT");
             }
 
+            /// A guard that finds the answers queued before it cannot be
+            /// stored (here: the first call's record is gone) fails, and so
+            /// does the commit: nothing of either call commits.
+            #[tokio::test]
+            async fn a_failed_flush_of_queued_answers_forbids_the_commit() {
+                let pool = pool!();
+                let key = unique("flush");
+                let mut tx = idem::begin(&pool).await.unwrap();
+                deletes_its_record(&mut tx, &key).await.unwrap();
+                let second = call(&mut tx, "tests.tx.flush", &unique("second"), "b").await;
+                assert!(second.is_err(), "{second:?}");
+                let err = tx.commit().await.unwrap_err();
+                assert!(matches!(err, idem::Error::TxUnusable { .. }), "{err}");
+                assert_eq!(coupons(&pool, &key).await, 0);
+            }
+
             #[tokio::test]
             async fn an_expired_record_is_taken_over_in_the_claims_text() {
                 let pool = pool!();
@@ -615,21 +631,28 @@ mod postgres_only {
                 tx.commit().await.unwrap();
             }
         };
+        let deallocate = |pool: sqlx::PgPool, names: Vec<String>| async move {
+            for name in names {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {name}"))).execute(&pool).await.unwrap();
+            }
+        };
         run(pool.clone(), unique("prep")).await;
-        assert_eq!(ours(pool.clone()).await, ["idem_claim_1", "idem_complete_1", "idem_read_1"]);
+        let names = ours(pool.clone()).await;
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(names[0].starts_with("idem_claim_") && names[1].starts_with("idem_complete_"), "{names:?}");
         // All lost: prepared again.
-        sqlx::raw_sql("DEALLOCATE idem_claim_1; DEALLOCATE idem_read_1; DEALLOCATE idem_complete_1")
-            .execute(&pool)
-            .await
-            .unwrap();
+        deallocate(pool.clone(), names.clone()).await;
         run(pool.clone(), unique("prep")).await;
-        assert_eq!(ours(pool.clone()).await.len(), 3);
-        // One lost: preparing the others fails, the texts carry them in
-        // full, and the next transaction finds all three again.
-        sqlx::raw_sql("DEALLOCATE idem_claim_1").execute(&pool).await.unwrap();
+        assert_eq!(ours(pool.clone()).await, names);
+        // The claim's lost: preparing the others fails, the texts carry
+        // them in full, and the next transaction finds all three again.
+        deallocate(pool.clone(), vec![names[0].clone()]).await;
         run(pool.clone(), unique("prep")).await;
         run(pool.clone(), unique("prep")).await;
-        assert_eq!(ours(pool.clone()).await.len(), 3);
+        assert_eq!(ours(pool.clone()).await, names);
+        // The read's lost: a repeat reads with the statement written out.
+        deallocate(pool.clone(), vec![names[2].clone()]).await;
+        run(pool.clone(), unique("prep")).await;
     }
 
     /// A 40 MiB answer (bound, not sent as text) is stored exactly.

@@ -246,6 +246,11 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     const COMMIT_TEXT: &'static str = "COMMIT; BEGIN";
 
+    /// How an `idem::Tx`'s texts roll back (MySQL: whatever the session's
+    /// `completion_type`, no chained transaction and no disconnect).
+    #[doc(hidden)]
+    const ROLLBACK_TEXT: &'static str = "ROLLBACK";
+
     /// Statements that prepare the `*_text` statements on the server, once
     /// per session, so that the texts name them (`EXECUTE name(...)`) and
     /// are not planned on every call (PostgreSQL); `None` where texts carry

@@ -308,7 +308,8 @@ impl RecordSql for MySql {
     }
 
     const INLINE: bool = true;
-    const COMMIT_TEXT: &'static str = "COMMIT";
+    const COMMIT_TEXT: &'static str = "COMMIT AND NO CHAIN NO RELEASE";
+    const ROLLBACK_TEXT: &'static str = "ROLLBACK AND NO CHAIN NO RELEASE";
 
     fn claim_text(r: &NewRecord<'_>, _prepared: bool) -> String {
         format!(

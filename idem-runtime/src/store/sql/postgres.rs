@@ -251,16 +251,7 @@ impl RecordSql for Postgres {
     const INLINE: bool = true;
 
     fn prepare_texts() -> Option<String> {
-        let t = table();
-        Some(format!(
-            "PREPARE {CLAIM_NAME} (text, text, text, int8) AS INSERT INTO {t} \
-               (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
-               VALUES ($1, $2, 'PROCESSING', $3, now(), now(), clock_timestamp() + $4 * interval '1 microsecond'); \
-             PREPARE {READ_NAME} (text, text) AS {}; \
-             PREPARE {COMPLETE_NAME} (text, text, text) AS {}",
-            read_sql(t, "$1", "$2"),
-            complete_sql(t, "$1", "$2", "$3"),
-        ))
+        Some(session_statements().prepare.clone())
     }
 
     fn is_unprepared(err: &sqlx::Error) -> bool {
@@ -272,45 +263,77 @@ impl RecordSql for Postgres {
         let fingerprint = r.fingerprint.map_or_else(|| "NULL".to_owned(), text);
         let us = retention_us(r.retention);
         if prepared {
-            return format!("EXECUTE {CLAIM_NAME}({scope}, {key}, {fingerprint}, {us})");
+            return format!("EXECUTE {}({scope}, {key}, {fingerprint}, {us})", session_statements().claim);
         }
-        format!(
-            "INSERT INTO {} (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
-             VALUES ({scope}, {key}, 'PROCESSING', {fingerprint}, now(), now(), \
-             clock_timestamp() + {us} * interval '1 microsecond')",
-            table(),
-        )
+        claim_sql(table(), &scope, &key, &fingerprint, &us.to_string())
     }
 
     fn read_text(scope: &str, key: &str, prepared: bool) -> String {
         if prepared {
-            return format!("EXECUTE {READ_NAME}({}, {})", text(scope), text(key));
+            return format!("EXECUTE {}({}, {})", session_statements().read, text(scope), text(key));
         }
-        read_sql(table(), &text(scope), &text(key))
+        read_sql(table(), &key_text(scope), &key_text(key))
     }
 
     fn discard_expired_text(scope: &str, key: &str) -> String {
         format!(
             "DELETE FROM {} WHERE scope = {} AND idem_key = {} AND expires_at <= now()",
             table(),
-            text(scope),
-            text(key)
+            key_text(scope),
+            key_text(key)
         )
     }
 
     fn complete_text(scope: &str, key: &str, response: &str, prepared: bool) -> String {
         if prepared {
-            return format!("EXECUTE {COMPLETE_NAME}({}, {}, {})", text(scope), text(key), text(response));
+            let (scope, key, response) = (text(scope), text(key), text(response));
+            return format!("EXECUTE {}({scope}, {key}, {response})", session_statements().complete);
         }
-        complete_sql(table(), &text(scope), &text(key), &text(response))
+        complete_sql(table(), &key_text(scope), &key_text(key), &text(response))
     }
 }
 
-/// The names `prepare_texts` gives the statements in each session (with
-/// the version of their text: a change to one gets a new name).
-const CLAIM_NAME: &str = "idem_claim_1";
-const READ_NAME: &str = "idem_read_1";
-const COMPLETE_NAME: &str = "idem_complete_1";
+/// The statements an `idem::Tx` prepares once per session, under names
+/// that carry a hash of their text (the record table's name included): a
+/// session prepared by another version of idem, or by a service keeping
+/// its records in another table (sessions handed between applications by
+/// a transaction-mode pooler), holds other names, never a statement that
+/// writes elsewhere.
+struct SessionStatements {
+    claim: String,
+    read: String,
+    complete: String,
+    prepare: String,
+}
+
+fn session_statements() -> &'static SessionStatements {
+    static STATEMENTS: std::sync::OnceLock<SessionStatements> = std::sync::OnceLock::new();
+    STATEMENTS.get_or_init(|| {
+        use sha2::Digest as _;
+        let t = table();
+        let claim = claim_sql(t, "$1", "$2", "$3", "$4");
+        let read = read_sql(t, "$1", "$2");
+        let complete = complete_sql(t, "$1", "$2", "$3");
+        let digest = sha2::Sha256::digest(format!("{claim}\n{read}\n{complete}"));
+        let tag = super::tx::hex_bytes(&digest[..6]);
+        let names = [format!("idem_claim_{tag}"), format!("idem_read_{tag}"), format!("idem_complete_{tag}")];
+        let prepare = format!(
+            "PREPARE {} (text, text, text, int8) AS {claim}; PREPARE {} (text, text) AS {read}; \
+             PREPARE {} (text, text, text) AS {complete}",
+            names[0], names[1], names[2]
+        );
+        let [claim, read, complete] = names;
+        SessionStatements { claim, read, complete, prepare }
+    })
+}
+
+fn claim_sql(table: &str, scope: &str, key: &str, fingerprint: &str, retention_us: &str) -> String {
+    format!(
+        "INSERT INTO {table} (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
+         VALUES ({scope}, {key}, 'PROCESSING', {fingerprint}, now(), now(), \
+         clock_timestamp() + {retention_us} * interval '1 microsecond')"
+    )
+}
 
 fn read_sql(table: &str, scope: &str, key: &str) -> String {
     format!(
@@ -333,17 +356,21 @@ fn table() -> &'static str {
     super::table::record_table().qualified()
 }
 
-/// A string as a text statement carries it: an escape-string literal
-/// (`E'...'`) in which every character other than ASCII letters, digits
-/// and a few harmless marks is a Unicode escape (`\u0027`), so neither a
-/// quote nor a backslash of the value can reach the lexer, whatever the
-/// value holds. A literal, not a function of a literal: it is planned
-/// like a bound value (the primary key serves the comparisons, with the
-/// key columns' own collation), and Unicode escapes are converted to the
-/// database's encoding as bound text is. (A NUL, which no text value can
-/// hold, is refused by the server; keys and answers never contain one.)
+/// A string as a text statement carries it, so that nothing of the value
+/// can reach the lexer. An ASCII value is an escape-string literal
+/// (`E'...'`) in which every character but letters, digits and a few
+/// harmless marks is a Unicode escape (`\u0027`): a literal, planned like
+/// a bound value. A value with other characters is its UTF-8 bytes in hex,
+/// converted by the server (`convert_from(decode('..', 'hex'), 'UTF8')`),
+/// which, as bound text, works whatever the database's encoding (Unicode
+/// escapes above U+007F fail on SQL_ASCII databases, and before
+/// PostgreSQL 13 on any encoding but UTF-8). (A NUL, which no text value
+/// can hold, is refused by the server; keys and answers never contain one.)
 fn text(s: &str) -> String {
     use std::fmt::Write as _;
+    if !s.is_ascii() {
+        return format!("convert_from(decode('{}', 'hex'), 'UTF8')", super::tx::hex(s));
+    }
     let mut literal = String::with_capacity(s.len() + 3);
     literal.push_str("E'");
     for c in s.chars() {
@@ -351,12 +378,20 @@ fn text(s: &str) -> String {
             'a'..='z' | 'A'..='Z' | '0'..='9' | ' ' | '-' | '_' | '.' | ':' | ',' | '{' | '}' | '[' | ']' | '"' => {
                 literal.push(c)
             }
-            c if u32::from(c) <= 0xFFFF => write!(literal, "\\u{:04x}", u32::from(c)).unwrap(),
-            c => write!(literal, "\\U{:08x}", u32::from(c)).unwrap(),
+            c => write!(literal, "\\u{:04x}", u32::from(c)).unwrap(),
         }
     }
     literal.push('\'');
     literal
+}
+
+/// [`text`] for a key column compared in a statement written out: the
+/// converted form has no collation of its own, and without the key
+/// columns' (`COLLATE "default"`) the comparison could not use the
+/// primary key. (Prepared statements take it as a parameter: no need.)
+fn key_text(s: &str) -> String {
+    let value = text(s);
+    if s.is_ascii() { value } else { format!("{value} COLLATE \"default\"") }
 }
 
 fn retention_us(d: std::time::Duration) -> i64 {

@@ -109,6 +109,10 @@ enum State {
     /// A text failed or was cancelled with the server's state unknown: the
     /// connection is closed when the `Tx` is dropped.
     Broken,
+    /// The server is inside the transaction, but answers queued for
+    /// `COMMIT` could not be stored (their text failed): it can only be
+    /// rolled back.
+    Failed,
     /// Committed or rolled back.
     Closed,
 }
@@ -193,6 +197,9 @@ impl TxCore {
             State::Broken | State::Busy => Some(Error::TxUnusable {
                 reason: "an earlier statement of it was cancelled or failed with the server's state unknown",
             }),
+            State::Failed => Some(Error::TxUnusable {
+                reason: "the answer of an earlier guarded call in it could not be stored; roll it back",
+            }),
             State::Closed => Some(Error::TxUnusable { reason: "it was committed or rolled back" }),
             _ => None,
         }
@@ -216,8 +223,8 @@ impl TxCore {
             self.state = State::Busy;
             let sent = DB::execute_text(&mut *conn, sql(text)).await;
             // A failure leaves the server inside the transaction (aborted on
-            // PostgreSQL): the caller rolls back, as after any failed statement.
-            self.state = State::Open;
+            // PostgreSQL) without the answers: it must not commit now.
+            self.state = if sent.is_ok() { State::Open } else { State::Failed };
             sent.map_err(|e| pending_error::<DB>(e))?;
         }
         Ok(())
@@ -254,8 +261,8 @@ impl TxCore {
     ) -> Result<Option<ExistingRecord>, sqlx::Error> {
         self.state = State::Busy;
         let found = match read {
-            None => DB::execute_text(&mut *conn, sql("ROLLBACK".to_owned())).await.map(|_| None),
-            Some(read) => DB::read_text_record(&mut *conn, sql(format!("ROLLBACK; {read}"))).await,
+            None => DB::execute_text(&mut *conn, sql(DB::ROLLBACK_TEXT.to_owned())).await.map(|_| None),
+            Some(read) => DB::read_text_record(&mut *conn, sql(format!("{}; {read}", DB::ROLLBACK_TEXT))).await,
         };
         // Only an I/O error leaves the server's state unknown; an error of
         // the read itself (a missing table) came after the ROLLBACK.
@@ -283,13 +290,15 @@ impl TxCore {
         debug_assert!(self.state == State::Deferred);
         let preparable = DB::prepare_texts().is_some();
         // At most three texts: the claim naming the prepared statement; if
-        // the session has none, preparing them first; if that fails, the
-        // claim written out.
+        // the session has none, rolling that back, preparing them and the
+        // claim again, in one; if preparing fails, the claim written out.
         let mut prepare_first = false;
         loop {
             let exec = preparable && self.prepared != Prepared::No;
             let mut text = String::new();
             if prepare_first {
+                text.push_str(DB::ROLLBACK_TEXT);
+                text.push_str("; ");
                 text.push_str(&DB::prepare_texts().unwrap_or_default());
                 text.push_str("; ");
             }
@@ -305,32 +314,38 @@ impl TxCore {
                 Ok(()) => {
                     self.state = State::Open;
                     if exec {
+                        // The answer may name its statement: prepared
+                        // together with the claim's, in this very session.
                         self.prepared = Prepared::Yes;
                     }
                     return Ok(None);
                 }
                 Err(e) if e.as_database_error().is_some_and(|d| d.is_unique_violation()) => {
-                    if exec {
-                        self.prepared = Prepared::Yes;
-                    }
                     let read = DB::read_text(record.scope, record.key, exec);
-                    let found = self.end_failed_begin::<DB>(conn, Some(read)).await.map_err(classify::<DB>)?;
-                    return Ok(Some(found));
+                    let found = match self.end_failed_begin::<DB>(conn, Some(read)).await {
+                        // The session lost the read's statement only.
+                        Err(e) if exec && DB::is_unprepared(&e) => {
+                            let read = DB::read_text(record.scope, record.key, false);
+                            DB::read_text_record(&mut *conn, sql(read)).await
+                        }
+                        found => found,
+                    };
+                    return Ok(Some(found.map_err(classify::<DB>)?));
+                }
+                Err(e) if exec && !prepare_first && DB::is_unprepared(&e) => {
+                    // The block the failed text began is still open: the
+                    // next text rolls it back first (depth 0, so a dropped
+                    // future closes the connection).
+                    prepare_first = true;
                 }
                 Err(e) => {
                     self.end_failed_begin::<DB>(conn, None).await.ok();
-                    if self.state != State::Deferred {
+                    if self.state != State::Deferred || !(exec && prepare_first) {
                         return Err(classify::<DB>(e));
                     }
-                    match (exec, prepare_first) {
-                        (true, false) if DB::is_unprepared(&e) => prepare_first = true,
-                        (true, true) => {
-                            tracing::debug!(target: "idem", error = %e,
-                                "idem's statements could not be prepared in this session; sending them in full");
-                            (prepare_first, self.prepared) = (false, Prepared::No);
-                        }
-                        _ => return Err(classify::<DB>(e)),
-                    }
+                    tracing::debug!(target: "idem", error = %e,
+                        "idem's statements could not be prepared in this session; sending them in full");
+                    (prepare_first, self.prepared) = (false, Prepared::No);
                 }
             }
         }
@@ -347,7 +362,7 @@ impl TxCore {
         }
         self.pending.clear();
         self.state = State::Busy;
-        DB::execute_text(conn, sql(format!("ROLLBACK; {}", self.begin))).await?;
+        DB::execute_text(conn, sql(format!("{}; {}", DB::ROLLBACK_TEXT, self.begin))).await?;
         self.state = State::Open;
         Ok(())
     }
@@ -517,7 +532,7 @@ impl<DB: SqlBackend> Tx<DB> {
     pub async fn rollback(mut self) -> Result<(), Error> {
         match self.core.state {
             State::Deferred | State::Closed => {}
-            State::Open => {
+            State::Open | State::Failed => {
                 self.core.state = State::Busy;
                 Tm::<DB>::rollback(&mut self.conn).await?;
             }
@@ -534,7 +549,7 @@ impl<DB: SqlBackend> Tx<DB> {
             State::Open if self.core.bodies > 0 || self.core.opened => return,
             // Inside a body, a statement of a guard of its own was cut short:
             // the body's next statement reports what the server says.
-            State::Busy | State::Broken if self.core.bodies > 0 => return,
+            State::Busy | State::Broken | State::Failed if self.core.bodies > 0 => return,
             _ => {}
         }
         let why = match self.core.state {
@@ -574,7 +589,7 @@ impl<DB: SqlBackend> Drop for Tx<DB> {
             State::Busy if depth == 0 => self.conn.close_on_drop(),
             State::Broken => self.conn.close_on_drop(),
             // Queues the ROLLBACK; it goes out with the connection's next use.
-            State::Open | State::Busy => Tm::<DB>::start_rollback(&mut self.conn),
+            State::Open | State::Failed | State::Busy => Tm::<DB>::start_rollback(&mut self.conn),
         }
     }
 }
@@ -609,6 +624,10 @@ where
 /// Hex digits of `s`'s bytes, for texts the server decodes.
 pub(crate) fn hex(s: &str) -> String {
     hex::encode(s.as_bytes())
+}
+
+pub(crate) fn hex_bytes(bytes: &[u8]) -> String {
+    hex::encode(bytes)
 }
 
 #[cfg(test)]
