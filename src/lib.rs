@@ -135,7 +135,7 @@
 //! literals). On PostgreSQL the statements are prepared once per session
 //! (under names with a hash of their text: `idem_claim_<hash>`); a session
 //! without them, a new one or one a transaction-mode pooler hands over,
-//! prepares them on its first claim (two round trips more, once). Answers
+//! prepares them on its first claim (one round trip more, once). Answers
 //! over 256 KiB of JSON are bound as a parameter (one round trip more). SQLite runs the same steps
 //! as separate statements. On PostgreSQL each repeat's refused claim is
 //! an `ERROR` line in the server log (`duplicate key value violates unique
