@@ -9,7 +9,7 @@
 //! | | round trips (`sqlx::Transaction`) | round trips (`idem::Tx`) |
 //! |---|---|---|
 //! | first call | BEGIN, claim, body, answer, COMMIT | BEGIN + claim, body, answer + COMMIT |
-//! | repeat | BEGIN, claim, read, COMMIT | claim (refused) , ROLLBACK + read |
+//! | repeat | BEGIN, claim, read, COMMIT | claim (refused), ROLLBACK + read |
 //!
 //! `BEGIN` is held back until there is something to send with it: the
 //! first guard's claim (`BEGIN; INSERT ...` as one text), or
@@ -24,12 +24,14 @@
 //! Values in these texts (scope, key, fingerprint, answer) are literals no
 //! value can break out of: on PostgreSQL escape-string literals in which
 //! every character but ASCII letters, digits and a few marks is a Unicode
-//! escape (`E'it\u0027s'`), on MySQL hexadecimal literals (`X'6b33'`). The
-//! rest of the text is idem's own: integers it formats and the validated
-//! record table name. On PostgreSQL the statements are prepared once per
-//! session and the texts name them (`EXECUTE idem_claim_1(...)`), so they
-//! are planned once, as sqlx's own prepared statements are. An answer over 256 KiB of JSON is bound as a
-//! parameter instead (one more round trip), so no text nears MySQL's
+//! escape (`E'it\u0027s'`), or, for a value with non-ASCII characters, its
+//! UTF-8 in hex converted by the server; on MySQL hexadecimal literals
+//! (`X'6b33'`). The rest of the text is idem's own: integers it formats and
+//! the validated record table name. On PostgreSQL the statements are
+//! prepared once per session and the texts name them
+//! (`EXECUTE idem_claim_<hash>(...)`), so they are planned once, as sqlx's
+//! own prepared statements are. An answer over 256 KiB of JSON is bound as
+//! a parameter instead (one more round trip), so no text nears MySQL's
 //! `max_allowed_packet`. SQLite sends the same statements one by one (it
 //! has no network to save).
 //!
