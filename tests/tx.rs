@@ -604,15 +604,12 @@ mod postgres_only {
         let pool =
             sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(common::DEFAULT_PG_URL).await.unwrap();
         let ours = |pool: sqlx::PgPool| async move {
-            let names: Vec<(String,)> =
-                sqlx::raw_sql("SELECT name::text FROM pg_prepared_statements WHERE name LIKE 'idem\\_%' ORDER BY name")
-                    .fetch_all(&pool)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|row| (sqlx::Row::get::<String, _>(row, 0),))
-                    .collect();
-            names.into_iter().map(|(n,)| n).collect::<Vec<_>>()
+            sqlx::query_scalar::<_, String>(
+                "SELECT name::text FROM pg_prepared_statements WHERE name LIKE 'idem\\_%' ORDER BY name",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap()
         };
         let run = |pool: sqlx::PgPool, key: String| async move {
             for expect_ran in [true, false] {

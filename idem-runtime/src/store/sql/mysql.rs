@@ -358,12 +358,12 @@ fn table() -> &'static str {
 /// literal (`X'6b33'`), only hex digits between the quotes whatever the
 /// value holds, and a literal (no function call to plan).
 fn bytes(s: &str) -> String {
-    format!("X'{}'", super::tx::hex(s))
+    format!("X'{}'", crate::key::hex(s.as_bytes()))
 }
 
 /// A string for a text column: a hexadecimal literal read as UTF-8.
 fn text(s: &str) -> String {
-    format!("_utf8mb4 X'{}'", super::tx::hex(s))
+    format!("_utf8mb4 X'{}'", crate::key::hex(s.as_bytes()))
 }
 
 fn key_where(scope: &str, key: &str) -> String {

@@ -315,7 +315,7 @@ fn session_statements() -> &'static SessionStatements {
         let read = read_sql(t, "$1", "$2");
         let complete = complete_sql(t, "$1", "$2", "$3");
         let digest = sha2::Sha256::digest(format!("{claim}\n{read}\n{complete}"));
-        let tag = super::tx::hex_bytes(&digest[..6]);
+        let tag = crate::key::hex(&digest[..6]);
         let names = [format!("idem_claim_{tag}"), format!("idem_read_{tag}"), format!("idem_complete_{tag}")];
         let prepare = format!(
             "PREPARE {} (text, text, text, int8) AS {claim}; PREPARE {} (text, text) AS {read}; \
@@ -369,7 +369,7 @@ fn table() -> &'static str {
 fn text(s: &str) -> String {
     use std::fmt::Write as _;
     if !s.is_ascii() {
-        return format!("convert_from(decode('{}', 'hex'), 'UTF8')", super::tx::hex(s));
+        return format!("convert_from(decode('{}', 'hex'), 'UTF8')", crate::key::hex(s.as_bytes()));
     }
     let mut literal = String::with_capacity(s.len() + 3);
     literal.push_str("E'");

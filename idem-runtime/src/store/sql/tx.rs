@@ -217,8 +217,15 @@ impl TxCore {
         }
         if self.state == State::Deferred {
             self.state = State::Busy;
-            let begun = Tm::<DB>::begin(conn, Some(sql(self.begin.clone()))).await;
-            return self.after_begin::<DB>(conn, begun).await.map_err(classify::<DB>);
+            if let Err(e) = Tm::<DB>::begin(conn, Some(sql(self.begin.clone()))).await {
+                // sqlx's depth is 0 while the server may still be inside a
+                // block (sqlx 0.9 does not end it): end it, or give up the
+                // connection.
+                self.end_failed_begin::<DB>(conn, None).await.ok();
+                return Err(classify::<DB>(e));
+            }
+            self.state = State::Open;
+            return Ok(());
         }
         if !self.pending.is_empty() {
             let text = std::mem::take(&mut self.pending);
@@ -230,27 +237,6 @@ impl TxCore {
             sent.map_err(|e| pending_error::<DB>(e))?;
         }
         Ok(())
-    }
-
-    /// `BEGIN` (with whatever rode along) was sent: on success the
-    /// transaction is open; on failure sqlx's depth is 0 while the server
-    /// may still be inside a block (sqlx 0.9 does not end it), so end it
-    /// here, or give the connection up.
-    async fn after_begin<DB: SqlBackend>(
-        &mut self,
-        conn: &mut DB::Connection,
-        begun: Result<(), sqlx::Error>,
-    ) -> Result<(), sqlx::Error> {
-        match begun {
-            Ok(()) => {
-                self.state = State::Open;
-                Ok(())
-            }
-            Err(e) => {
-                self.end_failed_begin::<DB>(conn, None).await.ok();
-                Err(e)
-            }
-        }
     }
 
     /// After a refused `BEGIN` text: `ROLLBACK` (with a read riding along),
@@ -621,15 +607,6 @@ where
     fn tx_parts(&mut self) -> (&mut DB::Connection, Option<&mut TxCore>) {
         (&mut self.conn, Some(&mut self.core))
     }
-}
-
-/// Hex digits of `s`'s bytes, for texts the server decodes.
-pub(crate) fn hex(s: &str) -> String {
-    hex::encode(s.as_bytes())
-}
-
-pub(crate) fn hex_bytes(bytes: &[u8]) -> String {
-    hex::encode(bytes)
 }
 
 #[cfg(test)]
