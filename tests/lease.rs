@@ -87,6 +87,94 @@ fn holder<'a>(scope: &'a str, key: &'a str, owner: &'a str, fence: i64, lease: D
     HeldLease { scope, key, owner, fingerprint: None, fence, lease, retention: Duration::from_secs(3600) }
 }
 
+/// A real store with faults injected where a test asks: a smaller answer
+/// limit, and completions that fail (those carrying an answer, or all).
+struct Faulty {
+    store: Store,
+    limit: Option<usize>,
+    /// Completions carrying an answer fail with a store error.
+    fail_answers: bool,
+    /// Every completion fails.
+    fail_all: bool,
+    completions: AtomicUsize,
+}
+
+impl Faulty {
+    fn new(store: Store) -> Faulty {
+        Faulty { store, limit: None, fail_answers: false, fail_all: false, completions: AtomicUsize::new(0) }
+    }
+}
+
+fn injected() -> Error {
+    Error::Store { store: "faulty", source: "injected: the store went away as the answer was written".into() }
+}
+
+impl LeaseStore for Faulty {
+    fn kind(&self) -> &'static str {
+        self.store.kind()
+    }
+    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> idem::store::BoxFuture<'a, Result<LeaseClaim, Error>> {
+        self.store.claim(req)
+    }
+    fn complete<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        response: Option<&'a str>,
+    ) -> idem::store::BoxFuture<'a, Result<bool, Error>> {
+        self.completions.fetch_add(1, SeqCst);
+        if self.fail_all || (self.fail_answers && response.is_some()) {
+            return Box::pin(std::future::ready(Err(injected())));
+        }
+        self.store.complete(held, response)
+    }
+    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> idem::store::BoxFuture<'a, Result<bool, Error>> {
+        self.store.release(held)
+    }
+    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> idem::store::BoxFuture<'a, Result<bool, Error>> {
+        self.store.extend(held)
+    }
+    fn answer_limit(&self) -> idem::store::BoxFuture<'_, usize> {
+        match self.limit {
+            Some(limit) => Box::pin(std::future::ready(limit)),
+            None => self.store.answer_limit(),
+        }
+    }
+}
+
+/// A first call through `store` answering `answer`, then `repeats`
+/// repeats: what each got, and how often the body ran.
+async fn answer_then_repeat<T>(
+    store: &dyn LeaseStore,
+    scope: &'static str,
+    id: &str,
+    answer: impl Fn() -> T,
+    repeats: usize,
+) -> (Result<T, Error>, Vec<Result<T, Error>>, usize)
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let runs = AtomicUsize::new(0);
+    let call = || async {
+        match idem::Guard::new(scope).key(id).lease::<T>(store, Duration::from_secs(5)).await? {
+            idem::Claim::Replay(value) => Ok(value),
+            idem::Claim::Run(ticket) => {
+                ticket
+                    .run(async {
+                        runs.fetch_add(1, SeqCst);
+                        Ok::<T, Error>(answer())
+                    })
+                    .await
+            }
+        }
+    };
+    let first = call().await;
+    let mut later = Vec::new();
+    for _ in 0..repeats {
+        later.push(call().await);
+    }
+    (first, later, runs.load(SeqCst))
+}
+
 macro_rules! lease_suite {
     (mod $m:ident; store = $store:expr;) => {
         mod $m {
@@ -99,6 +187,79 @@ macro_rules! lease_suite {
                         None => return,
                     }
                 };
+            }
+
+            /// An answer JSON cannot carry exactly (`f64::NAN` is written as
+            /// `null`): the first call gets it, its record says "answer not
+            /// kept", and no repeat runs the body again.
+            #[tokio::test]
+            async fn an_answer_that_cannot_replay_is_returned_and_never_run_again() {
+                let store: Store = store!();
+                let id = unique("nan");
+                let (first, later, runs) = answer_then_repeat(&*store, "tests.lease.nan", &id, || f64::NAN, 2).await;
+                assert!(first.unwrap().is_nan(), "the first call gets its answer");
+                for repeat in later {
+                    assert!(matches!(repeat, Err(Error::AnswerNotKept { .. })), "{repeat:?}");
+                }
+                assert_eq!(runs, 1);
+            }
+
+            /// An answer longer than the store holds (here a limit of 65,000
+            /// bytes given by the store; MariaDB's own is its packet size) is
+            /// not sent: the record is completed without it.
+            #[tokio::test]
+            async fn an_answer_longer_than_the_store_holds_is_returned_and_never_run_again() {
+                let inner: Store = store!();
+                let store = Faulty { limit: Some(65_000), ..Faulty::new(inner) };
+                let id = unique("long");
+                let long = || "x".repeat(70_000);
+                let (first, later, runs) = answer_then_repeat(&store, "tests.lease.long_answer", &id, long, 2).await;
+                assert_eq!(first.map(|a| a.len()).unwrap(), 70_000, "the first call gets its answer");
+                for repeat in later {
+                    assert!(matches!(repeat, Err(Error::AnswerNotKept { .. })), "{repeat:?}");
+                }
+                assert_eq!(runs, 1);
+                // Under the limit, kept and replayed as ever.
+                let id = unique("short");
+                let (first, later, runs) = answer_then_repeat(&store, "tests.lease.long_answer", &id, || 5u8, 1).await;
+                assert_eq!((first.unwrap(), later.into_iter().next().unwrap().unwrap(), runs), (5, 5, 1));
+            }
+
+            /// The store fails each time the answer is written (a packet
+            /// refused, a value it will not take): after three tries the
+            /// record is completed without the answer, the first call still
+            /// gets it, and repeats are told it was not kept.
+            #[tokio::test]
+            async fn a_store_failing_as_the_answer_is_written_keeps_the_record_without_it() {
+                let inner: Store = store!();
+                let store = Faulty { fail_answers: true, ..Faulty::new(inner) };
+                let id = unique("store-fails");
+                let (first, later, runs) = answer_then_repeat(&store, "tests.lease.fails", &id, || 9u32, 2).await;
+                assert_eq!(first.unwrap(), 9, "the first call gets its answer");
+                for repeat in later {
+                    assert!(matches!(repeat, Err(Error::AnswerNotKept { .. })), "{repeat:?}");
+                }
+                assert_eq!(runs, 1);
+                assert_eq!(store.completions.load(SeqCst), 4, "three tries with the answer, one without");
+            }
+
+            /// A store that takes no completion while the lease lasts leaves
+            /// the record as a crash would: taken over once the lease passed.
+            /// The first call still gets its answer (not an error its caller
+            /// would retry on at once), within about the lease.
+            #[tokio::test]
+            async fn a_store_down_at_completion_still_answers_the_first_call() {
+                let inner: Store = store!();
+                let store = Faulty { fail_all: true, ..Faulty::new(inner) };
+                let id = unique("store-down");
+                let started = std::time::Instant::now();
+                let claim = idem::Guard::new("tests.lease.down").key(&id).lease::<u32>(&store, Duration::from_secs(1));
+                let Ok(idem::Claim::Run(ticket)) = claim.await else { panic!("first call") };
+                assert_eq!(ticket.run(async { Ok::<u32, Error>(3) }).await.unwrap(), 3);
+                assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+                let retry = idem::Guard::new("tests.lease.down").key(&id).lease::<u32>(&*store.store, Duration::from_secs(1));
+                let retry = format!("{:?}", retry.await);
+                assert!(retry.contains("Run(") && retry.contains("reclaimed: true"), "{retry}");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -201,7 +362,7 @@ macro_rules! lease_suite {
                 let (d, _) = claim("d", short).await;
                 assert!(d > c, "{c} then {d}");
                 // A comes back with its old token: refused, nothing written.
-                assert!(!store.complete(&held("a", a), "\"stale\"").await.unwrap());
+                assert!(!store.complete(&held("a", a), Some("\"stale\"")).await.unwrap());
             }
 
             #[tokio::test]
@@ -221,7 +382,7 @@ macro_rules! lease_suite {
                 // lease keeps its deadline: when it passes, the next caller
                 // takes over (the taker stopped too, say).
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                assert!(!store.complete(&holder(scope, &key, "stale", stale, lease), "1").await.unwrap());
+                assert!(!store.complete(&holder(scope, &key, "stale", stale, lease), Some("1")).await.unwrap());
                 tokio::time::sleep(Duration::from_millis(170)).await;
                 let next = store.claim(&request(scope, &key, "next", lease)).await.unwrap();
                 assert!(matches!(next, LeaseClaim::Acquired { reclaimed: true, .. }), "{next:?}");
@@ -263,18 +424,18 @@ macro_rules! lease_suite {
                 assert_eq!(winners.len(), 1, "{winners:?}");
                 let held = |owner, fence| holder(scope, &key, owner, fence, lease);
                 // The worker that stalled comes back: its completion is refused.
-                assert!(!store.complete(&held("dead", old_fence), "\"stale\"").await.unwrap());
+                assert!(!store.complete(&held("dead", old_fence), Some("\"stale\"")).await.unwrap());
                 assert!(!store.release(&held("dead", old_fence)).await.unwrap());
                 assert!(!store.extend(&held("dead", old_fence)).await.unwrap());
                 // The refused completion left the winner's lease as it was.
                 let busy = store.claim(&request(scope, &key, "late", lease)).await.unwrap();
                 assert!(matches!(busy, LeaseClaim::Busy { .. }), "{busy:?}");
                 let (owner, fence) = &winners[0];
-                assert!(store.complete(&held(owner, *fence), "\"fresh\"").await.unwrap());
+                assert!(store.complete(&held(owner, *fence), Some("\"fresh\"")).await.unwrap());
                 // Once the winner is done, the stale worker cannot overwrite its answer either.
-                assert!(!store.complete(&held("dead", old_fence), "\"stale\"").await.unwrap());
+                assert!(!store.complete(&held("dead", old_fence), Some("\"stale\"")).await.unwrap());
                 let replay = store.claim(&request(scope, &key, "late", lease)).await.unwrap();
-                assert_eq!(replay, LeaseClaim::Done { response: "\"fresh\"".into() });
+                assert_eq!(replay, LeaseClaim::Done { response: Some("\"fresh\"".into()) });
             }
 
             #[tokio::test]
@@ -289,11 +450,11 @@ macro_rules! lease_suite {
                 };
                 // A holder built by hand without the fingerprint: the record keeps the claim's.
                 let held = holder(scope, &key, "w", fence, lease);
-                assert!(store.complete(&held, "7").await.unwrap());
+                assert!(store.complete(&held, Some("7")).await.unwrap());
                 // Nor does the same completion repeated (its first reply lost) clear it.
-                assert!(store.complete(&held, "7").await.unwrap());
+                assert!(store.complete(&held, Some("7")).await.unwrap());
                 assert_eq!(store.claim(&with("x", &theirs)).await.unwrap(), LeaseClaim::Mismatch);
-                assert_eq!(store.claim(&with("y", &mine)).await.unwrap(), LeaseClaim::Done { response: "7".into() });
+                assert_eq!(store.claim(&with("y", &mine)).await.unwrap(), LeaseClaim::Done { response: Some("7".into()) });
             }
 
             #[tokio::test]
@@ -307,12 +468,12 @@ macro_rules! lease_suite {
                 };
                 let held = holder(scope, &key, "w", fence, lease);
                 // The first reply was lost: the runtime sends it again.
-                assert!(store.complete(&held, "[1]").await.unwrap());
-                assert!(store.complete(&held, "[1]").await.unwrap());
+                assert!(store.complete(&held, Some("[1]")).await.unwrap());
+                assert!(store.complete(&held, Some("[1]")).await.unwrap());
                 let other = HeldLease { owner: "x", ..held.clone() };
-                assert!(!store.complete(&other, "[2]").await.unwrap(), "another owner is refused");
+                assert!(!store.complete(&other, Some("[2]")).await.unwrap(), "another owner is refused");
                 let replay = store.claim(&request(scope, &key, "late", lease)).await.unwrap();
-                assert_eq!(replay, LeaseClaim::Done { response: "[1]".into() });
+                assert_eq!(replay, LeaseClaim::Done { response: Some("[1]".into()) });
             }
 
             #[tokio::test]
@@ -492,10 +653,10 @@ async fn a_routed_record_lives_on_the_shard_of_its_key() {
             panic!("{key} is on shard {other} too")
         };
         assert!(shards[other].release(&holder(scope, &key, "p", probe, lease)).await.unwrap());
-        assert!(routed.complete(&holder(scope, &key, "w", fence, lease), "\"done\"").await.unwrap());
+        assert!(routed.complete(&holder(scope, &key, "w", fence, lease), Some("\"done\"")).await.unwrap());
         assert_eq!(
             shards[home].claim(&request(scope, &key, "y", lease)).await.unwrap(),
-            LeaseClaim::Done { response: "\"done\"".into() }
+            LeaseClaim::Done { response: Some("\"done\"".into()) }
         );
     }
     let err = routed.claim(&request(scope, "JP-1", "w", lease)).await.unwrap_err();
@@ -576,13 +737,13 @@ mod redis_batching {
         let LeaseClaim::Acquired { fence, reclaimed: true } = store.claim(&req("taker")).await.unwrap() else {
             panic!("take-over")
         };
-        assert!(store.complete(&held("taker", fence, hour), "1").await.unwrap());
+        assert!(store.complete(&held("taker", fence, hour), Some("1")).await.unwrap());
         let record = store.key(RecordKind::Lease, scope, &key);
         let get = ::redis::cmd("GET").arg(&record).clone();
         let before: String = get.query_async(&mut conn).await.unwrap();
         // The stale holder comes back, configured with a shorter retention:
         // refused, and the taker's answer keeps its content and its retention.
-        assert!(!store.complete(&held("stale", stale, Duration::from_secs(1)), "2").await.unwrap());
+        assert!(!store.complete(&held("stale", stale, Duration::from_secs(1)), Some("2")).await.unwrap());
         let after: String = get.query_async(&mut conn).await.unwrap();
         assert_eq!(before, after);
         let ttl: i64 = ::redis::cmd("PTTL").arg(&record).query_async(&mut conn).await.unwrap();

@@ -61,7 +61,7 @@ async fn done_lease_record(store: &dyn LeaseStore, scope: &str, key: &str) {
     };
     let held =
         HeldLease { scope, key, owner: "w", fingerprint: None, fence, lease: 5 * SECOND, retention: 60 * SECOND };
-    assert!(store.complete(&held, "\"first\"").await.unwrap());
+    assert!(store.complete(&held, Some("\"first\"")).await.unwrap());
 }
 
 macro_rules! suite {
@@ -109,7 +109,7 @@ macro_rules! suite {
                 // The lease records are untouched.
                 for scope in ["lock", "fence", "lock:x", "x}lock"] {
                     let claim = store.claim(&request(scope, &key)).await.unwrap();
-                    assert_eq!(claim, LeaseClaim::Done { response: "\"first\"".into() }, "{scope}");
+                    assert_eq!(claim, LeaseClaim::Done { response: Some("\"first\"".into()) }, "{scope}");
                 }
             }
 

@@ -48,8 +48,8 @@ async fn every_script_and_command_touches_one_slot() {
     let held =
         HeldLease { scope, key: &key, owner: "w", fingerprint: None, fence, lease, retention: Duration::from_secs(60) };
     assert!(LeaseStore::extend(&store, &held).await.unwrap());
-    assert!(store.complete(&held, "\"done\"").await.unwrap());
-    assert_eq!(store.claim(&req("y")).await.unwrap(), LeaseClaim::Done { response: "\"done\"".into() });
+    assert!(store.complete(&held, Some("\"done\"")).await.unwrap());
+    assert_eq!(store.claim(&req("y")).await.unwrap(), LeaseClaim::Done { response: Some("\"done\"".into()) });
     let other = LeaseRequest { scope: other_scope, ..req("z") };
     let LeaseClaim::Acquired { fence: f2, .. } = store.claim(&other).await.unwrap() else { panic!("claim") };
     assert!(

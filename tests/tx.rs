@@ -677,10 +677,11 @@ mod postgres_only {
 mod mysql_only {
     use super::*;
 
-    /// An answer over what MySQL's column and packet hold fails its first
-    /// call before anything reaches the server, and leaves no record.
+    /// An answer over what MySQL's column and packet hold never reaches the
+    /// server: the first call gets it back, its record is committed
+    /// "completed, answer not kept", and a repeat does not run.
     #[tokio::test]
-    async fn a_40_mib_answer_is_refused_and_leaves_nothing() {
+    async fn a_40_mib_answer_is_returned_and_its_record_says_not_kept() {
         let Some(pool) = common::mysql().await else { return };
         let key = unique("40mib");
         let answer: String = "x".repeat(40 << 20);
@@ -688,11 +689,14 @@ mod mysql_only {
         let Claim::Run(t) = Guard::new("tests.tx.40mib").key(&key).dedup::<String, _>(&mut tx).await.unwrap() else {
             panic!("claims")
         };
-        let err = t.complete(&mut tx, Ok::<_, idem::Error>(answer)).await.unwrap_err();
-        assert!(matches!(err, idem::Error::Response { .. }), "{err}");
+        let returned = t.complete(&mut tx, Ok::<_, idem::Error>(answer)).await.unwrap().unwrap();
+        assert_eq!(returned.len(), 40 << 20, "the first call gets its answer");
         tx.commit().await.unwrap();
-        let found = idem::find_record(&pool, "tests.tx.40mib", &Key::new(&key).unwrap()).await.unwrap();
-        assert!(found.is_none());
+        let found = idem::find_record(&pool, "tests.tx.40mib", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+        assert_eq!((found.status, found.response), (idem::RecordStatus::Done, None));
+        let mut tx = idem::begin(&pool).await.unwrap();
+        let err = Guard::new("tests.tx.40mib").key(&key).dedup::<String, _>(&mut tx).await.map(|_| ()).unwrap_err();
+        assert!(matches!(err, idem::Error::AnswerNotKept { .. }), "{err}");
     }
 }
 

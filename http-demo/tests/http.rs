@@ -329,7 +329,8 @@ macro_rules! http_suite {
                     .unwrap();
                 assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
                 assert_eq!(shop.runs(), 0);
-                // A response over the limit: passed through whole, not kept.
+                // A response over the limit: sent whole, not kept; its
+                // retries are told so (410) and never run the handler again.
                 let key = unique("k");
                 let padded = PaymentRequest {
                     amount_cents: 5,
@@ -341,9 +342,15 @@ macro_rules! http_suite {
                 assert_eq!(first.status(), StatusCode::CREATED);
                 let payment: Payment = first.json().await.unwrap();
                 assert_eq!(payment.padding.len(), 100_000, "never cut short");
-                let second = post(&client, &base, Some(&key), &padded).await;
-                assert!(!replayed(&second), "not kept: the retry runs again");
-                assert_eq!(shop.runs(), 2);
+                for _ in 0..2 {
+                    let retry = post(&client, &base, Some(&key), &padded).await;
+                    assert_eq!(retry.status(), StatusCode::GONE);
+                    assert!(replayed(&retry), "a repeat, marked as one");
+                    assert_eq!(retry.headers()["content-type"], "application/problem+json");
+                    let problem: serde_json::Value = retry.json().await.unwrap();
+                    assert!(problem["detail"].as_str().unwrap().contains("not kept"), "{problem}");
+                }
+                assert_eq!(shop.runs(), 1);
                 // A streamed response within the limit: kept and replayed exactly.
                 let key = unique("k");
                 let streamed = PaymentRequest {
@@ -356,7 +363,45 @@ macro_rules! http_suite {
                 let again = post(&client, &base, Some(&key), &streamed).await;
                 assert!(replayed(&again));
                 assert_eq!(snapshot(again).await, first);
-                assert_eq!(shop.runs(), 3);
+                assert_eq!(shop.runs(), 2);
+            }
+
+            /// `pass_through_oversized(true)`: a response over the limit is
+            /// passed through and its record removed, so a retry runs again
+            /// (for handlers that are safe to run twice).
+            #[tokio::test]
+            async fn pass_through_oversized_lets_a_retry_run_again() {
+                let (base, shop) = server(store!(), |l| l.pass_through_oversized(true)).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let padded = PaymentRequest { amount_cents: 5, response_bytes: Some(100_000), ..Default::default() };
+                for runs in 1..=2 {
+                    let response = post(&client, &base, Some(&key), &padded).await;
+                    assert_eq!(response.status(), StatusCode::CREATED);
+                    assert!(!replayed(&response));
+                    assert_eq!(response.json::<Payment>().await.unwrap().padding.len(), 100_000);
+                    assert_eq!(shop.runs(), runs);
+                }
+            }
+
+            /// A response limit whose stored form the store cannot hold is
+            /// refused at the first guarded request, the handler not run.
+            #[tokio::test]
+            async fn a_response_limit_the_store_cannot_hold_is_refused_before_anything_runs() {
+                let store = store!();
+                if store.answer_limit().await == usize::MAX {
+                    return; // memory: no limit
+                }
+                let huge = 1 << 31;
+                let (base, shop) = server(store.clone(), |l| l.max_response_body(huge)).await;
+                let client = reqwest::Client::new();
+                let body = PaymentRequest { amount_cents: 5, ..Default::default() };
+                let response = post(&client, &base, Some(&unique("k")), &body).await;
+                assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+                let problem: serde_json::Value = response.json().await.unwrap();
+                let detail = problem["detail"].as_str().unwrap();
+                assert!(detail.contains("max_response_body") && detail.contains(store.kind()), "{detail}");
+                assert_eq!(shop.runs(), 0);
             }
 
             #[tokio::test]

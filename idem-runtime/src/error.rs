@@ -58,6 +58,26 @@ pub enum Error {
         key_hash: String,
     },
 
+    /// The first call with this key ran to success, but its answer could not
+    /// be kept (too large for the store, a value JSON cannot carry exactly,
+    /// or the store failed as it was written): its record says "completed,
+    /// answer not kept". The body is never run again within the record's
+    /// retention, and there is no answer to replay. Not retryable: look the
+    /// outcome up by other means (the business row, the order's status).
+    /// The first call itself returned its answer; its log line
+    /// (`answer not kept`, WARN) says why it could not be stored.
+    #[error(
+        "the call with idempotency key {key_hash} in scope `{scope}` already ran to success, but its answer was \
+         not kept (too large or not storable; see the first call's log); it will not run again: look its \
+         outcome up instead of retrying"
+    )]
+    AnswerNotKept {
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the key.
+        key_hash: String,
+    },
+
     /// A state change the entity's state machine does not allow from its current
     /// state: the entity is neither in a source state of the transition nor
     /// already in its target (which would be a repeat, a silent success).

@@ -246,7 +246,7 @@ mod tests {
         T::deserialize(d).map(Some)
     }
 
-    /// What `stored_response` does: encode, decode, compare.
+    /// What `record::fit` does: encode, decode, compare.
     fn round_trip<T: Serialize + serde::de::DeserializeOwned>(value: &T) -> Result<(), String> {
         let back: T = serde_json::from_str(&serde_json::to_string(value).unwrap()).unwrap();
         check(value, &back)

@@ -312,6 +312,23 @@ impl Prepared {
         Error::Unfinished { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
+    /// A repeat of a call that ran to success but whose answer was not kept.
+    pub fn not_kept(&self) -> Error {
+        self.report(crate::Outcome::NotKept);
+        Error::AnswerNotKept { scope: self.scope.to_string(), key_hash: self.key.hash() }
+    }
+
+    /// The first call's answer cannot go into its record (`why`): the record
+    /// says "completed, answer not kept", and the first call still gets the
+    /// answer its body gave.
+    pub fn answer_not_kept(&self, why: impl std::fmt::Display) {
+        crate::metrics::answer_not_kept(&self.scope, self.store);
+        tracing::warn!(target: "idem", scope = %self.scope, key = %self.key.hash(), strategy = self.strategy,
+            store = self.store, reason = %why,
+            "answer not kept: the body ran to success, but its answer cannot be stored; the record says so, and \
+             repeats get Error::AnswerNotKept (never a second run)");
+    }
+
     pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {
         self.report(crate::Outcome::InProgress);
         Error::InProgress { scope: self.scope.to_string(), key_hash: self.key.hash(), retry_after }

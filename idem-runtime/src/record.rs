@@ -49,7 +49,9 @@ pub struct DedupRecord {
     pub status: RecordStatus,
     /// Hex SHA-256 of the request payload, when the guard declares a fingerprint.
     pub fingerprint: Option<String>,
-    /// JSON of the first call's `Ok` value, once `Done`.
+    /// JSON of the first call's `Ok` value, once `Done`. `None` on a `Done`
+    /// record: the call ran to success but its answer could not be kept
+    /// (repeats get [`crate::Error::AnswerNotKept`]).
     pub response: Option<String>,
     /// Worker that holds the lease (lease strategy).
     pub owner: Option<String>,
@@ -86,11 +88,14 @@ pub enum Outcome {
     /// The key came with another payload than its first call's
     /// ([`crate::Error::KeyMismatch`]).
     Mismatched,
+    /// A repeat of a call that ran to success but whose answer could not be
+    /// kept ([`crate::Error::AnswerNotKept`]): the body did not run again.
+    NotKept,
 }
 
 impl Outcome {
-    /// `executed`, `replayed`, `rejected`, `in_progress` or `mismatched`,
-    /// as in the tracing events and metrics.
+    /// `executed`, `replayed`, `rejected`, `in_progress`, `mismatched` or
+    /// `not_kept`, as in the tracing events and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Executed => "executed",
@@ -98,6 +103,7 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::InProgress => "in_progress",
             Outcome::Mismatched => "mismatched",
+            Outcome::NotKept => "not_kept",
         }
     }
 }

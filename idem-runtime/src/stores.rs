@@ -225,7 +225,7 @@ impl LeaseStore for Missing {
     fn claim<'a>(&'a self, _: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         self.fail()
     }
-    fn complete<'a>(&'a self, _: &'a HeldLease<'a>, _: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn complete<'a>(&'a self, _: &'a HeldLease<'a>, _: Option<&'a str>) -> BoxFuture<'a, Result<bool, Error>> {
         self.fail()
     }
     fn release<'a>(&'a self, _: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
@@ -287,7 +287,11 @@ impl LeaseStore for Stores {
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         self.lease_or_missing().claim(req)
     }
-    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn complete<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        response: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
         self.lease_or_missing().complete(held, response)
     }
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
@@ -299,8 +303,8 @@ impl LeaseStore for Stores {
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         self.lease_or_missing().peek(req)
     }
-    fn max_response(&self) -> usize {
-        self.lease_or_missing().max_response()
+    fn answer_limit(&self) -> BoxFuture<'_, usize> {
+        self.lease_or_missing().answer_limit()
     }
 }
 

@@ -60,10 +60,13 @@ pub(crate) enum Collected {
     /// All of it, within the limit, data only.
     Whole(Bytes),
     /// Over the limit, with trailers, or failing: what was read, then the
-    /// rest as it comes (or the error), to pass through unstored; never cut
-    /// short.
-    Partial(ResponseBody),
+    /// rest as it comes (or the error), to pass on unstored; never cut
+    /// short. With why it cannot be stored.
+    Partial(ResponseBody, &'static str),
 }
+
+/// Why [`Collected::Partial`]: the body is longer than the limit.
+pub(crate) const OVER_LIMIT: &str = "the response body is longer than the layer's max_response_body";
 
 /// Read `body` to its end if it holds at most `max` bytes of data and no
 /// trailers.
@@ -93,26 +96,21 @@ where
                     Some(n) => {
                         len += n;
                         if len > max {
-                            return Collected::Partial(ResponseBody::stream(Prefixed {
-                                read,
-                                error: None,
-                                rest: Some(body),
-                            }));
+                            let rest = ResponseBody::stream(Prefixed { read, error: None, rest: Some(body) });
+                            return Collected::Partial(rest, OVER_LIMIT);
                         }
                     }
                     // Trailers: not kept (a replay could not carry them the same way).
                     None => {
-                        return Collected::Partial(ResponseBody::stream(Prefixed {
-                            read,
-                            error: None,
-                            rest: Some(body),
-                        }));
+                        let rest = ResponseBody::stream(Prefixed { read, error: None, rest: Some(body) });
+                        return Collected::Partial(rest, "the response has trailers, which a replay cannot carry");
                     }
                 }
             }
             Some(Err(e)) => {
                 let error = Some(e.into());
-                return Collected::Partial(ResponseBody::stream(Prefixed::<B> { read, error, rest: None }));
+                let rest = ResponseBody::stream(Prefixed::<B> { read, error, rest: None });
+                return Collected::Partial(rest, "the response body failed before its end");
             }
         }
     }

@@ -20,7 +20,9 @@
 //! | a body over the request limit | `413 Content Too Large`, the handler not run |
 //! | the handler fails (5xx by default; 401, 403, 407, 408, 409, 429), or panics | nothing stored: a retry runs again |
 //! | its client goes away while the handler runs | the handler runs to its end (on a task of its own) and its response is kept: the retry gets it |
-//! | a response over the response limit, or streamed with trailers | passed through as it comes, not stored: a retry runs again |
+//! | a response over the response limit, with trailers, or whose body fails mid-way | sent as it comes, its record completed without it: a retry gets `410 Gone` (problem+json, `Idempotent-Replayed: true`) and the handler never runs again ([`pass_through_oversized`](IdempotencyLayer::pass_through_oversized): removed instead, a retry runs again) |
+//! | a response the store cannot hold, or a store that fails as it is written | the client gets the handler's response; retries get `410 Gone`, as above |
+//! | a retry of a request whose response was not kept | `410 Gone`, the handler not run |
 //! | a method the layer does not guard (GET, PUT, DELETE by default) | passed through |
 //!
 //! Errors are `application/problem+json` (RFC 9457) and name the problem.
@@ -75,7 +77,7 @@ mod body;
 mod stored;
 
 pub use body::ResponseBody;
-use body::{Collected, collect_up_to};
+use body::{Collected, OVER_LIMIT, collect_up_to};
 use stored::StoredResponse;
 
 /// The errors a body can carry.
@@ -110,6 +112,10 @@ struct Config {
     keep: Arc<StoreFn>,
     max_request: usize,
     max_response: usize,
+    pass_through_oversized: bool,
+    /// Whether a response of `max_response` bytes fits the store's records,
+    /// once asked (`Err`: the problem to answer every guarded request with).
+    fits: std::sync::OnceLock<Result<(), String>>,
     lease: Duration,
     retention: Duration,
     /// Whether the warning about keys shared by every caller was logged.
@@ -197,6 +203,8 @@ impl IdempotencyLayer {
                 keep: Arc::new(keeps_by_default),
                 max_request: 1 << 20,
                 max_response: 1 << 20,
+                pass_through_oversized: false,
+                fits: std::sync::OnceLock::new(),
                 lease: Duration::from_secs(30),
                 retention: Duration::from_secs(24 * 3600),
                 warned_shared: std::sync::atomic::AtomicBool::new(false),
@@ -275,10 +283,26 @@ impl IdempotencyLayer {
         self.with(|c| c.max_request = bytes)
     }
 
-    /// The largest response body kept (default 1 MiB): a longer one passes
-    /// through as it comes, not stored.
+    /// The largest response body kept (default 1 MiB). A longer one is sent
+    /// as it comes, and its record completed without it: its retries get
+    /// `410 Gone` and the handler never runs again (see
+    /// [`pass_through_oversized`](Self::pass_through_oversized) for the
+    /// other choice). Kept responses live in the store's records, base64 in
+    /// JSON (a third longer than the body): a limit whose records the store
+    /// cannot hold (16 MiB on MariaDB's default `max_allowed_packet`) is
+    /// refused at the first guarded request, with a `500` naming both sizes
+    /// and nothing run.
     pub fn max_response_body(self, bytes: usize) -> IdempotencyLayer {
         self.with(|c| c.max_response = bytes)
+    }
+
+    /// Pass a response over [`max_response_body`](Self::max_response_body)
+    /// through unstored and remove its record, so that a retry runs the
+    /// handler again (default `false`). Only for handlers that are safe to
+    /// run twice: a payment answered with a long body would be made again
+    /// by its retry.
+    pub fn pass_through_oversized(self, pass: bool) -> IdempotencyLayer {
+        self.with(|c| c.pass_through_oversized = pass)
     }
 
     /// How long a first request holds its key without news (default 30 s;
@@ -292,6 +316,35 @@ impl IdempotencyLayer {
         self.with(|c| c.retention = retention)
     }
 }
+
+impl Config {
+    /// Whether the store's records hold a response of `max_response` bytes
+    /// (asked of the store once): its body in base64, a third longer, and
+    /// room for its headers.
+    async fn fits_store(&self) -> Result<(), &str> {
+        if let Some(fits) = self.fits.get() {
+            return fits.as_ref().map_err(String::as_str).copied();
+        }
+        let limit = self.store.answer_limit().await;
+        let stored = self.max_response.div_ceil(3).saturating_mul(4).saturating_add(HEADROOM);
+        let fits = if stored <= limit {
+            Ok(())
+        } else {
+            let detail = format!(
+                "the idempotency layer is misconfigured: max_response_body ({} bytes) would be stored as up to {stored} \
+                 bytes, more than its {} store holds ({limit}); lower max_response_body",
+                self.max_response,
+                self.store.kind()
+            );
+            tracing::error!(target: "idem", scope = %self.scope, "{detail}");
+            Err(detail)
+        };
+        self.fits.get_or_init(|| fits).as_ref().map_err(String::as_str).copied()
+    }
+}
+
+/// Room for a stored response's status and headers beside its body.
+const HEADROOM: usize = 64 * 1024;
 
 impl<S> tower_layer::Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
@@ -438,29 +491,61 @@ where
     if let Some(fingerprint) = &fingerprint {
         guard = guard.fingerprint(fingerprint);
     }
+    if let Err(detail) = config.fits_store().await {
+        return Ok(problem(StatusCode::INTERNAL_SERVER_ERROR, detail));
+    }
     let ticket = match guard.lease::<StoredResponse>(&*config.store, config.lease).await {
         Ok(Claim::Replay(stored)) => return Ok(stored.into_response(true)),
         Ok(Claim::Run(ticket)) => ticket,
         Err(e) => return Ok(refused(&e)),
     };
     let ran = ticket
-        .run(async {
+        .run_body(async {
             let response = inner.call(request).await.map_err(Failure::Inner)?;
-            keep(&config, response).await
+            handled(&config, response).await
         })
         .await;
-    match ran {
-        Ok(stored) => Ok(stored.into_response(false)),
-        Err(Failure::PassThrough(response)) => Ok(response),
-        Err(Failure::Inner(e)) => Err(e),
-        Err(Failure::Guard(e)) => Ok(refused(&e)),
+    // The handler answered: from here it never runs again for this key,
+    // and its client gets its answer, whatever becomes of the record.
+    let unkept = match ran {
+        Ok(Handled::Whole(stored)) => {
+            return Ok(match ticket.completed(stored).await {
+                Ok(stored) => stored.into_response(false),
+                Err(e) => refused(&e),
+            });
+        }
+        Ok(Handled::Unkept(response, why)) => (response, why),
+        Err(Failure::Release(response)) => {
+            ticket.release_failed("answered with a response not to keep").await;
+            return Ok(response);
+        }
+        Err(Failure::Inner(e)) => return Err(e),
+        Err(Failure::Guard(e)) => return Ok(refused(&e)),
+    };
+    let (response, why) = unkept;
+    if let Err(e) = ticket.completed_without_answer(why).await {
+        tracing::warn!(target: "idem", scope = %config.scope, error = %e,
+            "idempotency layer: a response not kept, and its record could not say so");
     }
+    Ok(response)
 }
 
-/// Why a first request's response is not stored.
+/// A first request's response, once the handler answered.
+enum Handled {
+    /// Read whole: to store, and send.
+    Whole(StoredResponse),
+    /// Worth keeping, but it cannot be stored (over the response limit,
+    /// trailers, a body that failed mid-way): sent as it comes, and the
+    /// record completed without it.
+    Unkept(Response<ResponseBody>, &'static str),
+}
+
+/// Why a first request's response does not complete its record.
 enum Failure<E> {
-    /// Not worth keeping (a 5xx, too long, trailers): passed as it came.
-    PassThrough(Response<ResponseBody>),
+    /// Not worth keeping (a 5xx, by its status; or over the response limit
+    /// with `pass_through_oversized`): passed as it came, and the record
+    /// removed (a retry runs again).
+    Release(Response<ResponseBody>),
     /// The handler's service failed.
     Inner(E),
     /// The guard failed (the lease lost, the store down).
@@ -473,8 +558,8 @@ impl<E> From<Error> for Failure<E> {
     }
 }
 
-/// The handler's response, stored if it is worth keeping and fits.
-async fn keep<RB, E>(config: &Config, response: Response<RB>) -> Result<StoredResponse, Failure<E>>
+/// The handler's response: read whole if it is worth keeping and fits.
+async fn handled<RB, E>(config: &Config, response: Response<RB>) -> Result<Handled, Failure<E>>
 where
     RB: HttpBody<Data = Bytes> + Send + 'static,
     RB::Error: Into<BoxError>,
@@ -483,16 +568,17 @@ where
     if !(config.keep)(parts.status) {
         tracing::debug!(target: "idem", scope = %config.scope, status = %parts.status,
             "idempotency layer: a response not kept (by its status); a retry runs again");
-        return Err(Failure::PassThrough(Response::from_parts(parts, ResponseBody::stream(body))));
+        return Err(Failure::Release(Response::from_parts(parts, ResponseBody::stream(body))));
     }
     match collect_up_to(body, config.max_response).await {
-        Collected::Whole(bytes) => Ok(StoredResponse::of(&parts, bytes)),
-        Collected::Partial(body) => {
+        Collected::Whole(bytes) => Ok(Handled::Whole(StoredResponse::of(&parts, bytes))),
+        Collected::Partial(body, why) if why == OVER_LIMIT && config.pass_through_oversized => {
             tracing::warn!(target: "idem", scope = %config.scope, status = %parts.status, max = config.max_response,
-                "idempotency layer: a response over the limit, with trailers or failing mid-body passed through \
-                 unstored; a retry runs the handler again");
-            Err(Failure::PassThrough(Response::from_parts(parts, body)))
+                "idempotency layer: a response over the limit passed through unstored (pass_through_oversized); \
+                 a retry runs the handler again");
+            Err(Failure::Release(Response::from_parts(parts, body)))
         }
+        Collected::Partial(body, why) => Ok(Handled::Unkept(Response::from_parts(parts, body), why)),
     }
 }
 
@@ -651,6 +737,15 @@ fn refused(e: &Error) -> Response<ResponseBody> {
             StatusCode::UNPROCESSABLE_ENTITY,
             "this idempotency key was first used with another request; a retry must repeat the request, a new request needs a new key",
         ),
+        Error::AnswerNotKept { .. } => {
+            let mut response = problem(
+                StatusCode::GONE,
+                "the first request with this idempotency key was processed, but its response was not kept (too \
+                 large to store); it will not run again: look its outcome up instead of retrying",
+            );
+            response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
+            response
+        }
         Error::InvalidKey { reason, .. } => {
             problem(StatusCode::BAD_REQUEST, &format!("invalid idempotency key: {reason}"))
         }

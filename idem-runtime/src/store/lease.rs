@@ -38,8 +38,10 @@ pub enum LeaseClaim {
     },
     /// A completed call: replay its response.
     Done {
-        /// JSON of the first call's `Ok` value.
-        response: String,
+        /// JSON of the first call's `Ok` value; `None` when the call ran to
+        /// success but its answer could not be kept (a repeat gets
+        /// [`Error::AnswerNotKept`]).
+        response: Option<String>,
     },
     /// Another call holds a live lease.
     Busy {
@@ -86,8 +88,11 @@ pub trait LeaseStore: Send + Sync {
     fn kind(&self) -> &'static str;
     /// Claim, replay, report busy, or report a fingerprint mismatch.
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>>;
-    /// Mark the record `DONE` with `response`, if still held.
-    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+    /// Mark the record `DONE` with `response`, if still held; without one
+    /// (`None`), the record says "completed, answer not kept". Repeated by
+    /// the same holder, it changes nothing and answers `true`.
+    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: Option<&'a str>)
+    -> BoxFuture<'a, Result<bool, Error>>;
     /// Remove the record (the body failed), if still held.
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>>;
     /// Renew the lease from the store's now, if still held.
@@ -101,11 +106,12 @@ pub trait LeaseStore: Send + Sync {
         let _ = req;
         Box::pin(std::future::ready(Ok(None)))
     }
-    /// The longest response, in bytes of JSON, a record can hold: a longer
-    /// answer fails its call with [`Error::Response`] and the record is
-    /// released. Unlimited by default; MySQL's `MEDIUMTEXT` holds 16 MiB.
-    fn max_response(&self) -> usize {
-        usize::MAX
+    /// The longest answer, in bytes of JSON, a record can hold (a longer
+    /// one is not kept: its record is completed without it). Unlimited by
+    /// default; MySQL's is asked of the server once per store, Redis's
+    /// (`proto-max-bulk-len`) once per store where `CONFIG GET` is allowed.
+    fn answer_limit(&self) -> BoxFuture<'_, usize> {
+        Box::pin(std::future::ready(usize::MAX))
     }
 }
 
@@ -116,7 +122,11 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         (**self).claim(req)
     }
-    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn complete<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        response: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
         (**self).complete(held, response)
     }
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
@@ -128,8 +138,8 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         (**self).peek(req)
     }
-    fn max_response(&self) -> usize {
-        (**self).max_response()
+    fn answer_limit(&self) -> BoxFuture<'_, usize> {
+        (**self).answer_limit()
     }
 }
 
@@ -140,7 +150,11 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         (**self).claim(req)
     }
-    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn complete<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        response: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
         (**self).complete(held, response)
     }
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
@@ -152,7 +166,7 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         (**self).peek(req)
     }
-    fn max_response(&self) -> usize {
-        (**self).max_response()
+    fn answer_limit(&self) -> BoxFuture<'_, usize> {
+        (**self).answer_limit()
     }
 }

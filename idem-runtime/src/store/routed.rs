@@ -114,7 +114,11 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
         self.on(req.scope, req.key, |s| s.claim(req))
     }
 
-    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn complete<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        response: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
         self.on(held.scope, held.key, |s| s.complete(held, response))
     }
 
@@ -130,7 +134,13 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
         self.on(req.scope, req.key, |s| s.peek(req))
     }
 
-    fn max_response(&self) -> usize {
-        self.shards.iter().map(LeaseStore::max_response).min().unwrap_or(usize::MAX)
+    fn answer_limit(&self) -> BoxFuture<'_, usize> {
+        Box::pin(async move {
+            let mut limit = usize::MAX;
+            for shard in &self.shards {
+                limit = limit.min(shard.answer_limit().await);
+            }
+            limit
+        })
     }
 }

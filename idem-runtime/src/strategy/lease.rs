@@ -8,7 +8,7 @@ use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, Leas
 use crate::precheck::{Sight, confirmed as precheck_confirmed, look};
 use crate::record::Outcome;
 use crate::store::new_owner;
-use crate::strategy::record::{replayed, stored_response};
+use crate::strategy::record::{keep, replayed};
 use crate::strategy::renew::{bounded, under_renewal};
 use crate::{Claim, Error, Replayable};
 
@@ -84,7 +84,7 @@ impl Guard<'_> {
             match store.peek(&req).await? {
                 Some(LeaseClaim::Done { response }) => {
                     precheck_confirmed(true);
-                    return replayed(&p, &response).map(Claim::Replay);
+                    return replay(&p, response).map(Claim::Replay);
                 }
                 Some(LeaseClaim::Mismatch) => return Err(p.mismatch()),
                 // The claim answers; a completed record still replays from it.
@@ -105,7 +105,7 @@ impl Guard<'_> {
                 p.claimed();
                 Ok(Claim::Run(LeaseTicket { prepared: p, store, owner, fence, reclaimed, lease }))
             }
-            LeaseClaim::Done { response } => replayed(&p, &response).map(Claim::Replay),
+            LeaseClaim::Done { response } => replay(&p, response).map(Claim::Replay),
             LeaseClaim::Busy { retry_after } => Err(p.in_progress(Some(retry_after))),
             LeaseClaim::Mismatch => Err(p.mismatch()),
         }
@@ -115,9 +115,18 @@ impl Guard<'_> {
 impl LeaseTicket<'_> {
     /// Run the body under the lease, renewing it every third of its length;
     /// then store the `Ok` value, or remove the record on `Err` (or a panic,
-    /// which then goes on). If a renewal
-    /// finds the lease taken over, the body is stopped (dropped): another
-    /// worker owns the key now, and this one's completion would be refused.
+    /// which then goes on). If a renewal finds the lease taken over, the
+    /// body is stopped (dropped): another worker owns the key now, and this
+    /// one's completion would be refused.
+    ///
+    /// Once the body returned `Ok`, it never runs again for this key within
+    /// the retention, whatever becomes of its answer: an answer that cannot
+    /// be kept (longer than the store holds, a value JSON cannot carry
+    /// exactly, a store that fails as it is written) is still returned, and
+    /// the record says "completed, answer not kept" (a repeat gets
+    /// [`Error::AnswerNotKept`]). Only a store that fails for the whole
+    /// lease leaves the record as a crash would: taken over once the lease
+    /// passes (logged at ERROR).
     #[tracing::instrument(level = "debug", target = "idem", name = "idem.run", skip_all, fields(scope = %self.prepared.scope, strategy = "lease", fence = self.fence))]
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
     where
@@ -125,16 +134,22 @@ impl LeaseTicket<'_> {
         E: GuardError,
         F: Future<Output = Result<T, E>>,
     {
+        let value = self.run_body(body).await?;
+        Ok(self.completed(value).await?)
+    }
+
+    /// The body under the lease (see [`run`](Self::run)): its `Ok` value
+    /// with the record still held, to be settled by [`completed`](Self::completed)
+    /// or [`completed_without_answer`](Self::completed_without_answer).
+    /// An `Err` or a panic removes the record (a retry runs again); a lost
+    /// lease is [`Error::LeaseLost`].
+    pub(crate) async fn run_body<T, E, F>(&self, body: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
         let p = &self.prepared;
-        let held = HeldLease {
-            scope: &p.stored_scope,
-            key: p.key.as_str(),
-            owner: &self.owner,
-            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
-            fence: self.fence,
-            lease: self.lease,
-            retention: p.retention,
-        };
+        let held = self.held();
         let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
         let body = catching(CURRENT.scope(info, body));
         let renew = || self.store.extend(&held);
@@ -144,55 +159,93 @@ impl LeaseTicket<'_> {
         };
         // A panic fails the call like an `Err`: the record goes, so a retry
         // runs at once rather than after the lease; then the panic goes on.
-        let result = match result {
-            Ok(result) => result,
+        match result {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                self.release_failed("failed").await;
+                Err(e)
+            }
             Err(panic) => {
-                self.release_failed(&held, "panicked").await;
+                self.release_failed("panicked").await;
                 std::panic::resume_unwind(panic)
-            }
-        };
-        let value = match result {
-            Ok(value) => value,
-            Err(e) => {
-                self.release_failed(&held, "failed").await;
-                return Err(e);
-            }
-        };
-        let (json, value) = match stored_response(&value, self.store.max_response()) {
-            Ok(stored) => stored,
-            Err(source) => {
-                let _ = bounded(self.lease, self.store.kind(), self.store.release(&held)).await;
-                return Err(Error::Response { scope: p.scope.to_string(), action: "stored", source }.into());
-            }
-        };
-        // A completion that failed on the store is tried again (a repeat by
-        // the same holder is harmless on every store): a record left
-        // PROCESSING would make the next caller run the body again.
-        let mut attempt = 0;
-        let started = std::time::Instant::now();
-        loop {
-            let completed = self.store.complete(&held, &json).await;
-            crate::metrics::complete(p.labels(), started.elapsed());
-            match completed {
-                Ok(true) => {
-                    p.report(Outcome::Executed);
-                    return Ok(value);
-                }
-                Ok(false) => return Err(self.lost().into()),
-                Err(e) if attempt < 2 => {
-                    attempt += 1;
-                    tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e, attempt,
-                        "storing the response failed; trying again");
-                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
-                }
-                Err(e) => return Err(e.into()),
             }
         }
     }
 
-    /// The body `failed` or `panicked`: remove the record so a retry runs again.
-    async fn release_failed(&self, held: &HeldLease<'_>, how: &str) {
-        if let Err(e) = bounded(self.lease, self.store.kind(), self.store.release(held)).await {
+    /// The body ran to success with `value`: store it, and return what
+    /// every repeat will get (decoded back from the record), or `value`
+    /// itself if it cannot be kept.
+    pub(crate) async fn completed<T: Replayable>(&self, value: T) -> Result<T, Error> {
+        let (json, value) = keep(&self.prepared, value, || self.store.answer_limit()).await.split();
+        self.write_completion(json).await?;
+        Ok(value)
+    }
+
+    /// The body ran to success, and its answer is not to be kept (`why`):
+    /// the record says so, and repeats get [`Error::AnswerNotKept`].
+    pub(crate) async fn completed_without_answer(&self, why: &str) -> Result<(), Error> {
+        self.prepared.answer_not_kept(why);
+        self.write_completion(None).await
+    }
+
+    /// Write the completion. One that failed on the store is tried again
+    /// (a repeat by the same holder is harmless on every store), then
+    /// written without its answer (a shorter write, and the record no
+    /// longer `PROCESSING`: the next caller must not run the body again),
+    /// for as long as the lease lasts; past that, the record is left as a
+    /// crash leaves it, and the body's answer still returned.
+    async fn write_completion(&self, mut json: Option<String>) -> Result<(), Error> {
+        let p = &self.prepared;
+        let held = self.held();
+        let started = std::time::Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let completed = bounded(self.lease, self.store.kind(), self.store.complete(&held, json.as_deref())).await;
+            crate::metrics::complete(p.labels(), started.elapsed());
+            let e = match completed {
+                Ok(true) => {
+                    p.report(Outcome::Executed);
+                    return Ok(());
+                }
+                Ok(false) => return Err(self.lost()),
+                Err(e) => e,
+            };
+            attempt += 1;
+            if started.elapsed() >= self.lease {
+                tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e, store = self.store.kind(),
+                    "the body ran to success, but its record could not be completed while the lease lasted; it is \
+                     left as a crash leaves it: once the lease passes, a retry takes it over and runs the body again");
+                p.report(Outcome::Executed);
+                return Ok(());
+            }
+            if json.is_some() && attempt >= 3 {
+                p.answer_not_kept(format_args!("the store failed as it was written: {e}"));
+                json = None;
+            } else {
+                tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e, attempt,
+                    "storing the response failed; trying again");
+            }
+            tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt.min(10)))).await;
+        }
+    }
+
+    fn held(&self) -> HeldLease<'_> {
+        let p = &self.prepared;
+        HeldLease {
+            scope: &p.stored_scope,
+            key: p.key.as_str(),
+            owner: &self.owner,
+            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
+            fence: self.fence,
+            lease: self.lease,
+            retention: p.retention,
+        }
+    }
+
+    /// The body `failed` or `panicked` (or, from the HTTP layer, gave an
+    /// answer not to keep): remove the record so a retry runs again.
+    pub(crate) async fn release_failed(&self, how: &str) {
+        if let Err(e) = bounded(self.lease, self.store.kind(), self.store.release(&self.held())).await {
             let p = &self.prepared;
             tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
                 "the body {how} and its record could not be removed; a retry waits for the lease to pass");
@@ -205,6 +258,15 @@ impl LeaseTicket<'_> {
         tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence = self.fence,
             store = self.store.kind(), "lease lost: another worker took the record over, the store lost it, or it could not be renewed in time");
         Error::LeaseLost { scope: p.scope.to_string(), key_hash: p.key.hash() }
+    }
+}
+
+/// A completed record's answer for a repeat: replayed, or, for a call whose
+/// answer was not kept, [`Error::AnswerNotKept`].
+fn replay<T: Replayable>(p: &Prepared, response: Option<String>) -> Result<T, Error> {
+    match response {
+        Some(json) => replayed(p, &json),
+        None => Err(p.not_kept()),
     }
 }
 

@@ -149,7 +149,10 @@ async fn claim_with_begin<DB: SqlBackend>(
 pub(crate) fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Result<T, Error> {
     p.check_fingerprint(existing.fingerprint.as_deref())?;
     match RecordStatus::parse(&existing.status) {
-        Some(RecordStatus::Done) => replayed(p, existing.response.as_deref().unwrap_or("null")),
+        Some(RecordStatus::Done) => match existing.response.as_deref() {
+            Some(json) => replayed(p, json),
+            None => Err(p.not_kept()),
+        },
         // A committed PROCESSING record in dedup mode means the guarded future
         // was dropped mid-body and the caller committed anyway: whether the
         // effect happened is unknown, so never run it again silently, and do
@@ -158,20 +161,45 @@ pub(crate) fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Re
     }
 }
 
-/// The JSON to store, after checking it decodes back into `T` and holds no
-/// `Some` that would come back as `None`: a value JSON cannot carry
-/// (`f64::NAN` becomes `null`, `Some(())` is written like `None`) fails the
-/// first call, which rolls back, instead of failing or changing every repeat
-/// later. With it, the value decoded back: what the first call returns, so
-/// that it gets what every repeat will (a `#[serde(skip)]` field at its
-/// default, a map in the order JSON gives it), not a richer value.
-pub(crate) fn stored_response<T: Replayable>(value: &T, max: usize) -> Result<(String, T), serde_json::Error> {
+/// A first call's answer as its record keeps it.
+pub(crate) enum Kept<T> {
+    /// Its JSON, and the value decoded back from it: what the first call
+    /// returns, so that it gets what every repeat will (a `#[serde(skip)]`
+    /// field at its default, a map in the order JSON gives it).
+    Answer(String, T),
+    /// It cannot be kept (see [`encode`] and [`fit`]): the record is
+    /// completed without it, and the first call returns the value as the
+    /// body gave it. A repeat gets [`Error::AnswerNotKept`], never a second run.
+    NotKept(T),
+}
+
+impl<T> Kept<T> {
+    /// The JSON to write (`None`: completed, answer not kept) and the value
+    /// the first call returns.
+    pub(crate) fn split(self) -> (Option<String>, T) {
+        match self {
+            Kept::Answer(json, value) => (Some(json), value),
+            Kept::NotKept(value) => (None, value),
+        }
+    }
+}
+
+/// The answer as JSON, or why it has none.
+pub(crate) fn encode<T: Replayable>(value: &T) -> Result<String, serde_json::Error> {
+    serde_json::to_string(value)
+}
+
+/// `json` as the record keeps it, once checked: at most `max` bytes (what
+/// the store holds), and decoding back into `T` with no `Some` that would
+/// come back as `None`. A value JSON cannot carry exactly (`f64::NAN`
+/// becomes `null`, `Some(())` is written like `None`) would replay as
+/// another answer than the first call's.
+pub(crate) fn fit<T: Replayable>(value: &T, json: String, max: usize) -> Result<(String, T), serde_json::Error> {
     use serde::ser::Error as _;
-    let json = serde_json::to_string(value)?;
     if json.len() > max {
         return Err(serde_json::Error::custom(format_args!(
-            "its JSON is {} bytes, more than the {max} the store's response column holds; return less (an id to \
-             look the rest up by), or keep the records where responses may be larger",
+            "its JSON is {} bytes, more than the {max} the store holds; return less (an id to look the rest up by), \
+             or keep the records where answers may be larger",
             json.len()
         )));
     }
@@ -182,6 +210,39 @@ pub(crate) fn stored_response<T: Replayable>(value: &T, max: usize) -> Result<(S
     }
     Ok((json, back))
 }
+
+/// [`encode`] then [`fit`], the store's limit asked of `limit` only for an
+/// answer too long to be sure of (see [`SURE_FIT`]): the answer kept, or
+/// (logged and counted) not kept.
+pub(crate) async fn keep<T: Replayable, L: Future<Output = usize>>(
+    p: &Prepared,
+    value: T,
+    limit: impl FnOnce() -> L,
+) -> Kept<T> {
+    let json = match encode(&value) {
+        Ok(json) => json,
+        Err(e) => {
+            p.answer_not_kept(format_args!("it does not serialize: {e}"));
+            return Kept::NotKept(value);
+        }
+    };
+    let max = if json.len() <= SURE_FIT { SURE_FIT } else { limit().await };
+    match fit(&value, json, max) {
+        Ok((json, back)) => Kept::Answer(json, back),
+        Err(e) => {
+            p.answer_not_kept(&e);
+            Kept::NotKept(value)
+        }
+    }
+}
+
+/// Answers up to this long are not checked against the store's limit (on
+/// MySQL, asking costs a round trip): it is below every store's default
+/// (MySQL's `max_allowed_packet` is 4 MiB to 64 MiB by version). On a
+/// server configured below it, the write fails instead: in the caller's
+/// transaction its connection is dropped and everything rolls back; a lease
+/// store's completion then writes the record without its answer.
+pub(crate) const SURE_FIT: usize = 64 * 1024;
 
 /// Decode a stored first answer for a repeat, and report the replay.
 pub(crate) fn replayed<T: Replayable>(p: &Prepared, json: &str) -> Result<T, Error> {

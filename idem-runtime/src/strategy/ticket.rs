@@ -8,7 +8,7 @@ use crate::guard::{GuardError, Prepared};
 use crate::record::Outcome;
 use crate::store::sql::tx::{INLINE_ANSWER_MAX, TxCore};
 use crate::store::sql::{InsertDone, SqlBackend, TxContext, classify};
-use crate::strategy::record::{discard, judge, new_record, stored_response};
+use crate::strategy::record::{discard, judge, keep, new_record};
 use crate::strategy::transition::{Moved, revert};
 use crate::{Claim, Error, Replayable};
 
@@ -55,13 +55,15 @@ impl<DB: SqlBackend> Ticket<DB> {
     /// made in: an `Ok` answer is stored in the record (and returned), an
     /// `Err` removes the record and undoes the state change, so nothing of
     /// this call survives even if the caller commits anyway (and a retry
-    /// runs again). The outer `Err` is a guard failure (the answer cannot
-    /// be stored, the database failed), the inner one the body's own.
+    /// runs again). The outer `Err` is a guard failure (the database
+    /// failed: roll back), the inner one the body's own.
     ///
-    /// An answer JSON cannot carry exactly (`f64::NAN`, a `Some` around a
-    /// value written as `null`) or that is too large for the store fails
-    /// here with [`Error::Response`] and its record is removed: roll the
-    /// transaction back, or the body's writes commit without a record.
+    /// An answer that cannot be kept (too large for the store, or a value
+    /// JSON cannot carry exactly: `f64::NAN`, a `Some` around a value
+    /// written as `null`) is still returned, and its record completed
+    /// without it ("answer not kept", logged at WARN): committed, a repeat
+    /// gets [`Error::AnswerNotKept`] and the body never runs again; rolled
+    /// back, the record goes with the body's writes.
     #[tracing::instrument(level = "debug", target = "idem", name = "idem.complete", skip_all, fields(scope = %self.prepared.scope, strategy = self.prepared.strategy))]
     pub async fn complete<T: Replayable, E, C: TxContext<Db = DB> + ?Sized>(
         self,
@@ -109,34 +111,31 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
         p.report(Outcome::Executed);
         return Ok(Ok(value));
     }
-    let (json, value) = match stored_response(&value, DB::MAX_RESPONSE) {
-        Ok(stored) => stored,
-        Err(source) => {
-            if !p.claim_after {
-                undo::<DB>(conn, &p, record, moved.as_ref()).await;
-            }
-            return Err(Error::Response { scope: p.scope.to_string(), action: "stored", source });
-        }
-    };
+    // An answer that cannot be kept leaves the record in the transaction,
+    // completed without it: committed with the body's writes, a repeat is
+    // told so and never runs the body again; rolled back, both go.
+    let (json, value) =
+        keep(&p, value, || async { DB::answer_limit(&mut *conn).await.unwrap_or(DB::MAX_RESPONSE) }).await.split();
     let started = std::time::Instant::now();
     let mut core = core;
-    if let Some(core) =
-        core.as_deref_mut().filter(|c| DB::INLINE && c.is_open() && !p.claim_after && json.len() <= INLINE_ANSWER_MAX)
-    {
+    if let (Some(core), Some(json)) = (
+        core.as_deref_mut().filter(|c| DB::INLINE && c.is_open() && !p.claim_after),
+        json.as_deref().filter(|json| json.len() <= INLINE_ANSWER_MAX),
+    ) {
         // An `idem::Tx`: the answer goes out with COMMIT (a text that fails
         // before its COMMIT if the record is gone).
         let prepared = core.prepared();
-        core.queue(&DB::complete_text(&p.stored_scope, p.key.as_str(), &json, prepared));
+        core.queue(&DB::complete_text(&p.stored_scope, p.key.as_str(), json, prepared));
         crate::metrics::complete(p.labels(), started.elapsed());
         p.report(Outcome::Executed);
         return Ok(Ok(value));
     }
     if p.claim_after {
-        let done = complete_after::<T, E, DB>(conn, core, &p, value, &json).await;
+        let done = complete_after::<T, E, DB>(conn, core, &p, value, json.as_deref()).await;
         crate::metrics::complete(p.labels(), started.elapsed());
         return done;
     }
-    let completed = DB::complete(conn, &p.stored_scope, p.key.as_str(), &json).await;
+    let completed = DB::complete(conn, &p.stored_scope, p.key.as_str(), json.as_deref()).await;
     crate::metrics::complete(p.labels(), started.elapsed());
     match completed {
         Ok(1) => {
@@ -160,7 +159,7 @@ async fn complete_after<T: Replayable, E, DB: SqlBackend>(
     core: Option<&mut TxCore>,
     p: &Prepared,
     value: T,
-    json: &str,
+    json: Option<&str>,
 ) -> Result<Result<T, E>, Error> {
     match DB::insert_done(conn, &new_record(p), json).await.map_err(classify::<DB>)? {
         InsertDone::Written => {
@@ -223,7 +222,7 @@ fn vanished(p: &Prepared) -> Error {
     p.in_progress(Some(std::time::Duration::ZERO))
 }
 
-/// The body failed (or its answer cannot be stored): remove the record and
+/// The body failed: remove the record and
 /// undo the transition, so nothing of this call survives even if the caller
 /// commits anyway.
 async fn undo<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared, record: bool, moved: Option<&Moved>) {

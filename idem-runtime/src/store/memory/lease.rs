@@ -11,7 +11,7 @@ use crate::store::{BoxFuture, RecordKind, millis};
 pub(super) struct Rec {
     done: bool,
     fingerprint: Option<String>,
-    response: String,
+    response: Option<String>,
     owner: String,
     fence: i64,
     lease_until: i64,
@@ -32,7 +32,7 @@ impl MemoryStore {
         let fresh = |fence| Rec {
             done: false,
             fingerprint: req.fingerprint.map(str::to_owned),
-            response: String::new(),
+            response: None,
             owner: req.owner.to_owned(),
             fence,
             lease_until,
@@ -96,7 +96,11 @@ impl LeaseStore for MemoryStore {
         Box::pin(std::future::ready(Ok(claimed)))
     }
 
-    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn complete<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        response: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
         let id = self.id(held.scope, held.key);
         let now = self.now();
         let mut map = self.shards.lock(&id);
@@ -105,7 +109,7 @@ impl LeaseStore for MemoryStore {
                 // Already done by this holder: a repeated completion.
                 if !rec.done {
                     rec.done = true;
-                    rec.response = response.to_owned();
+                    rec.response = response.map(str::to_owned);
                     rec.expires_at = now.saturating_add(millis(held.retention));
                 }
                 true

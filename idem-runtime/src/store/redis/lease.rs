@@ -445,7 +445,8 @@ fn claim_reply(reply: redis::Value, fingerprint: Option<&str>) -> Result<LeaseCl
                 let mut b = b;
                 b.drain(..66 + at);
                 let response = String::from_utf8(b).map_err(|_| store_message("a stored response is not UTF-8"))?;
-                LeaseClaim::Done { response }
+                // No JSON is empty: an empty answer is one not kept.
+                LeaseClaim::Done { response: Some(response).filter(|r| !r.is_empty()) }
             }
             None => return Err(unexpected(&redis::Value::BulkString(b))),
         },
@@ -487,11 +488,17 @@ where
         })
     }
 
-    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn complete<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        response: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            // The done record whole, as the script swaps it in.
+            // The done record whole, as the script swaps it in; an answer not
+            // kept is an empty one.
             let fp = held.fingerprint.map_or(Cow::Borrowed(NO_FINGERPRINT), fingerprint64);
             let retention = millis(held.retention);
+            let response = response.unwrap_or("");
             let op = Op::new(&self.names, held.scope, held.key)
                 .arg(format_args!("D{fp}{}:{retention}:{}|{response}", held.fence, held.owner))
                 .arg(Holder(held));
@@ -501,6 +508,26 @@ where
 
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(self.held('r', held, None))
+    }
+
+    fn answer_limit(&self) -> BoxFuture<'_, usize> {
+        Box::pin(async move {
+            if let Some(&limit) = self.shared.answer_limit.get() {
+                return limit;
+            }
+            // A record is one bulk string: the answer and its head (at most
+            // about 200 bytes). Where `CONFIG` is not allowed (managed
+            // services rename it), Redis's default (512 MiB) stands, and the
+            // next long answer asks again.
+            let mut conn = self.conn.clone();
+            let asked: Result<std::collections::HashMap<String, String>, _> =
+                redis::cmd("CONFIG").arg("GET").arg("proto-max-bulk-len").query_async(&mut conn).await;
+            let bulk = asked.ok().and_then(|m| m.get("proto-max-bulk-len").and_then(|v| v.parse::<usize>().ok()));
+            match bulk {
+                Some(bulk) => *self.shared.answer_limit.get_or_init(|| bulk.saturating_sub(1024)),
+                None => (512 << 20) - 1024,
+            }
+        })
     }
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {

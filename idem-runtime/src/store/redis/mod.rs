@@ -26,6 +26,8 @@ pub(super) struct Shared {
     batching: AtomicBool,
     calls: AtomicU64,
     operations: AtomicU64,
+    /// The longest answer a record holds, once the server said.
+    answer_limit: std::sync::OnceLock<usize>,
 }
 
 impl Shared {
@@ -123,6 +125,7 @@ where
                 batching: AtomicBool::new(!cluster),
                 calls: AtomicU64::new(0),
                 operations: AtomicU64::new(0),
+                answer_limit: std::sync::OnceLock::new(),
             }),
         }
     }

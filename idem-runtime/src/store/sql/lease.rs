@@ -1,6 +1,8 @@
 //! Lease records in SQLite, PostgreSQL or MySQL/MariaDB: the `idem_records`
 //! table of the dedup strategy, each step its own short autocommit statement.
 
+use std::sync::{Arc, OnceLock};
+
 use super::{SqlBackend, classify};
 use crate::Error;
 use crate::store::BoxFuture;
@@ -19,19 +21,21 @@ use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 #[derive(Debug)]
 pub struct SqlStore<DB: SqlBackend> {
     pool: sqlx::Pool<DB>,
+    /// The longest answer the server holds, once asked (see `answer_limit`).
+    answer_limit: Arc<OnceLock<usize>>,
 }
 
 // By hand: derived, it would ask `DB: Clone` of the database type.
 impl<DB: SqlBackend> Clone for SqlStore<DB> {
     fn clone(&self) -> Self {
-        SqlStore { pool: self.pool.clone() }
+        SqlStore { pool: self.pool.clone(), answer_limit: self.answer_limit.clone() }
     }
 }
 
 impl<DB: SqlBackend> SqlStore<DB> {
     /// A store on `pool` (run [`crate::migrate`] on it first).
     pub fn new(pool: sqlx::Pool<DB>) -> SqlStore<DB> {
-        SqlStore { pool }
+        SqlStore { pool, answer_limit: Arc::default() }
     }
 
     /// The pool.
@@ -44,7 +48,8 @@ impl<DB: SqlBackend> SqlStore<DB> {
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug)]
 pub enum LeaseAction<'a> {
-    Complete(&'a str),
+    /// The answer, or `None`: completed, answer not kept.
+    Complete(Option<&'a str>),
     Release,
     Extend,
 }
@@ -81,7 +86,7 @@ pub(crate) fn judge_row(req: &LeaseRequest<'_>, row: LeaseRow) -> LeaseClaim {
         return LeaseClaim::Mismatch;
     }
     if row.status == "DONE" {
-        return LeaseClaim::Done { response: row.response.unwrap_or_else(|| "null".to_owned()) };
+        return LeaseClaim::Done { response: row.response };
     }
     // At most the lease: on MySQL/MariaDB `UTC_TIMESTAMP(6)` is the time the
     // statement began, and a read that began before the claim and waited on
@@ -98,8 +103,19 @@ where
         DB::BACKEND
     }
 
-    fn max_response(&self) -> usize {
-        DB::MAX_RESPONSE
+    fn answer_limit(&self) -> BoxFuture<'_, usize> {
+        Box::pin(async move {
+            if let Some(&limit) = self.answer_limit.get() {
+                return limit;
+            }
+            // Asked once; if the server cannot be asked now, the column's
+            // limit stands for this answer and the next one asks again.
+            let Ok(mut conn) = self.pool.acquire().await else { return DB::MAX_RESPONSE };
+            match DB::answer_limit(&mut conn).await {
+                Ok(limit) => *self.answer_limit.get_or_init(|| limit),
+                Err(_) => DB::MAX_RESPONSE,
+            }
+        })
     }
 
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
@@ -116,7 +132,11 @@ where
         })
     }
 
-    fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn complete<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        response: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(self.finish(held, LeaseAction::Complete(response)))
     }
 
@@ -139,9 +159,7 @@ where
                     return Some(LeaseClaim::Mismatch);
                 }
                 match crate::record::RecordStatus::parse(&e.status) {
-                    Some(crate::record::RecordStatus::Done) => {
-                        Some(LeaseClaim::Done { response: e.response.unwrap_or_else(|| "null".to_owned()) })
-                    }
+                    Some(crate::record::RecordStatus::Done) => Some(LeaseClaim::Done { response: e.response }),
                     _ => None,
                 }
             }))

@@ -140,6 +140,16 @@ pub trait SqlBackend: sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaS
     /// instead of reaching the server (where MySQL, by its `sql_mode`, might
     /// cut it short or drop the connection).
     const MAX_RESPONSE: usize = usize::MAX;
+
+    /// The most bytes of JSON an answer on this connection's server can
+    /// have: [`MAX_RESPONSE`](Self::MAX_RESPONSE), less where the server's
+    /// configuration sets a lower bound (MySQL's `max_allowed_packet`, asked
+    /// of the server). A longer answer is not kept.
+    #[doc(hidden)]
+    fn answer_limit(conn: &mut Self::Connection) -> impl Future<Output = Result<usize, sqlx::Error>> + Send {
+        let _ = conn;
+        std::future::ready(Ok(Self::MAX_RESPONSE))
+    }
 }
 
 /// The statements of the dedup record in the caller's transaction: claim, read, complete, remove. Sealed: implemented for the supported databases only.
@@ -176,7 +186,7 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
         conn: &mut Self::Connection,
         scope: &str,
         key: &str,
-        response: &str,
+        response: Option<&str>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// `claim = "after"`: write the record `DONE` with its response in one
@@ -187,7 +197,7 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
     fn insert_done(
         conn: &mut Self::Connection,
         record: &NewRecord<'_>,
-        response: &str,
+        response: Option<&str>,
     ) -> impl Future<Output = Result<InsertDone, sqlx::Error>> + Send;
 
     /// Roll the caller's transaction back to its start (see [`restart_sql`]).

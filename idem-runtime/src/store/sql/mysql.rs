@@ -175,6 +175,15 @@ impl SqlBackend for MySql {
     const MAX_RESPONSE: usize = (1 << 24) - (1 << 16);
     const TEXT_IGNORES_CASE: bool = true;
     const BACKEND: &'static str = "mysql";
+
+    /// A statement longer than the session's `max_allowed_packet` is refused
+    /// by the server, which then closes the connection: an answer must
+    /// leave room in it for the statement around it (64 KiB: the scope,
+    /// key and fingerprint hold at most 1 KiB).
+    async fn answer_limit(conn: &mut MySqlConnection) -> Result<usize, sqlx::Error> {
+        let packet = sqlx::query_scalar::<_, u64>("SELECT @@max_allowed_packet").fetch_one(conn).await?;
+        Ok(Self::MAX_RESPONSE.min(usize::try_from(packet).unwrap_or(usize::MAX).saturating_sub(1 << 16)))
+    }
 }
 
 impl RecordSql for MySql {
@@ -222,7 +231,12 @@ impl RecordSql for MySql {
         row.map(|row| super::decode_existing(&row)).transpose()
     }
 
-    async fn complete(conn: &mut MySqlConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
+    async fn complete(
+        conn: &mut MySqlConnection,
+        scope: &str,
+        key: &str,
+        response: Option<&str>,
+    ) -> Result<u64, sqlx::Error> {
         let done = sqlx::query(super::table::sql(
             "UPDATE idem_records SET status = 'DONE', response = ?, updated_at = UTC_TIMESTAMP(6) \
              WHERE scope = ? AND idem_key = ?",
@@ -238,7 +252,7 @@ impl RecordSql for MySql {
     async fn insert_done(
         conn: &mut MySqlConnection,
         r: &NewRecord<'_>,
-        response: &str,
+        response: Option<&str>,
     ) -> Result<InsertDone, sqlx::Error> {
         let micros = super::retention_us(r.retention);
         let inserted = sqlx::query(super::table::sql(INSERT_DONE))

@@ -147,6 +147,9 @@ impl SqlBackend for Postgres {
     ];
 
     const BACKEND: &'static str = "postgres";
+    /// A `text` value holds at most 1 GB (and a protocol message as much):
+    /// a longer answer would fail its statement, aborting the transaction.
+    const MAX_RESPONSE: usize = (1 << 30) - (1 << 16);
 }
 
 impl RecordSql for Postgres {
@@ -178,7 +181,12 @@ impl RecordSql for Postgres {
         row.map(|row| super::decode_existing(&row)).transpose()
     }
 
-    async fn complete(conn: &mut PgConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
+    async fn complete(
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+        response: Option<&str>,
+    ) -> Result<u64, sqlx::Error> {
         // No `updated_at = now()`: the record was claimed in this same
         // transaction, and PostgreSQL's now() is the transaction's start, so
         // the claim already wrote that value.
@@ -196,7 +204,7 @@ impl RecordSql for Postgres {
     async fn insert_done(
         conn: &mut PgConnection,
         r: &NewRecord<'_>,
-        response: &str,
+        response: Option<&str>,
     ) -> Result<InsertDone, sqlx::Error> {
         let written = |sql| {
             sqlx::query(super::table::sql(sql))

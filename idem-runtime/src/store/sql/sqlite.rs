@@ -160,6 +160,9 @@ impl SqlBackend for Sqlite {
     ];
 
     const BACKEND: &'static str = "sqlite";
+    /// SQLite's default `SQLITE_MAX_LENGTH`: a longer value is refused
+    /// ("string or blob too big").
+    const MAX_RESPONSE: usize = 1_000_000_000;
 }
 
 impl RecordSql for Sqlite {
@@ -201,7 +204,12 @@ impl RecordSql for Sqlite {
         row.map(|row| super::decode_existing(&row)).transpose()
     }
 
-    async fn complete(conn: &mut SqliteConnection, scope: &str, key: &str, response: &str) -> Result<u64, sqlx::Error> {
+    async fn complete(
+        conn: &mut SqliteConnection,
+        scope: &str,
+        key: &str,
+        response: Option<&str>,
+    ) -> Result<u64, sqlx::Error> {
         let done = sqlx::query(super::table::sql(concat!(
             "UPDATE idem_records SET status = 'DONE', response = ?3, updated_at = ",
             now_ms!(),
@@ -218,7 +226,7 @@ impl RecordSql for Sqlite {
     async fn insert_done(
         conn: &mut SqliteConnection,
         r: &NewRecord<'_>,
-        response: &str,
+        response: Option<&str>,
     ) -> Result<InsertDone, sqlx::Error> {
         let done = sqlx::query(super::table::sql(INSERT_DONE))
             .bind(r.scope)
