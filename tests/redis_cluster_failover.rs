@@ -1,19 +1,20 @@
 //! A Redis Cluster master killed under a stream of lease calls, its replica
 //! promoted.
 //!
-//! A test binary of its own (cargo runs test binaries one after another):
-//! while a master is down the whole cluster answers `CLUSTERDOWN` (with
-//! `cluster-require-full-coverage yes`, the default), which no other
-//! cluster test should meet. Only a cluster on this machine can have a
-//! node killed and started again; elsewhere the test says it skipped (or
-//! fails, with `IDEM_REQUIRE_SERVICES=1`). Whatever happens, it starts the
-//! killed node again and waits for the cluster to be whole (3 masters, each
-//! with a replica) before it ends, so later runs find it healthy.
+//! On a cluster of the test's own (tests/common/redis_server.rs): 3
+//! masters and 3 replicas on free ports, nothing kept on disk, every node
+//! stopped when the test ends (a failing one included). While a master is
+//! down the whole cluster answers `CLUSTERDOWN` (with
+//! `cluster-require-full-coverage yes`, the default): killing a node of
+//! the shared cluster (7000-7005) would take it down for every other test
+//! and person using it. Without `redis-server` installed the test says it
+//! skipped (or fails, with `IDEM_REQUIRE_SERVICES=1`).
 
 mod common;
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ use common::{AppError, unique};
 use idem::lease::LeaseStore;
 use idem::store::RecordKind;
 use idem::{Error, Outcome, RedisStore, idempotent};
+use redis_server::{RedisCluster, nodes};
 
 const SCOPE: &str = "tests.cluster.failover";
 
@@ -75,175 +77,13 @@ async fn transfer(store: &dyn LeaseStore, id: &str, log: &Log) -> Result<u32, Ap
     Ok(1)
 }
 
-fn cli(port: u16, args: &[&str]) -> Option<String> {
-    let out = Command::new("redis-cli").args(["-h", "127.0.0.1", "-p", &port.to_string()]).args(args).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).replace('\r', ""))
-}
-
-/// One line of `CLUSTER NODES`.
-#[derive(Debug)]
-struct Node {
-    id: String,
-    port: u16,
-    flags: String,
-    master: String,
-    slots: Vec<(u16, u16)>,
-}
-
-fn nodes(port: u16) -> Vec<Node> {
-    let text = cli(port, &["cluster", "nodes"]).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let port = f.get(1)?.split('@').next()?.rsplit(':').next()?.parse().ok()?;
-            let slots = f
-                .iter()
-                .skip(8)
-                .filter(|s| !s.starts_with('['))
-                .filter_map(|s| match s.split_once('-') {
-                    Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
-                    None => s.parse().ok().map(|n| (n, n)),
-                })
-                .collect();
-            Some(Node { id: f[0].into(), port, flags: f[2].into(), master: f[3].into(), slots })
-        })
-        .collect()
-}
-
-/// Whole: every node answers and sees `cluster_state:ok`, none is flagged
-/// failing, and every master serving slots has a replica.
-fn healthy(any_port: u16) -> bool {
-    let all = nodes(any_port);
-    if all.len() < 2 || all.iter().any(|n| n.flags.contains("fail") || n.flags.contains("noaddr")) {
-        return false;
-    }
-    let masters: Vec<&Node> = all.iter().filter(|n| n.flags.contains("master") && !n.slots.is_empty()).collect();
-    // Each replica in sync: one that is not could not take over.
-    let in_sync = |n: &Node| {
-        !n.flags.contains("slave")
-            || cli(n.port, &["info", "replication"]).is_some_and(|i| i.contains("master_link_status:up"))
-    };
-    masters.iter().all(|m| all.iter().any(|r| r.master == m.id))
-        && all.iter().all(|n| cli(n.port, &["cluster", "info"]).is_some_and(|i| i.contains("cluster_state:ok")))
-        && all.iter().all(in_sync)
-}
-
-fn wait_healthy(any_port: u16, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if healthy(any_port) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
-}
-
-/// The node to kill, with what it takes to start it again as it was.
-struct Victim {
-    /// Another node's port, to ask about the cluster.
-    witness: u16,
-    args: Vec<String>,
-    /// Its RDB file, which a full sync as a replica may have left: stale
-    /// (the node is started empty, as it was, and syncs from its master).
-    dump: String,
-    pid: String,
-    killed: bool,
-}
-
-impl Victim {
-    fn new(port: u16, witness: u16) -> Option<Victim> {
-        let get = |name: &str| cli(port, &["config", "get", name])?.lines().nth(1).map(str::to_owned);
-        let args = vec![
-            "--daemonize".into(),
-            "yes".into(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--port".into(),
-            port.to_string(),
-            "--cluster-enabled".into(),
-            "yes".into(),
-            "--cluster-config-file".into(),
-            get("cluster-config-file")?,
-            "--cluster-node-timeout".into(),
-            get("cluster-node-timeout")?,
-            "--dir".into(),
-            get("dir")?,
-            "--logfile".into(),
-            get("logfile")?,
-            "--save".into(),
-            get("save")?,
-            "--appendonly".into(),
-            get("appendonly")?,
-            "--repl-diskless-load".into(),
-            get("repl-diskless-load")?,
-        ];
-        let dump = format!("{}/{}", get("dir")?, get("dbfilename")?);
-        let info = cli(port, &["info", "server"])?;
-        let pid = info.lines().find_map(|l| l.strip_prefix("process_id:"))?.trim().to_owned();
-        Some(Victim { witness, args, dump, pid, killed: false })
-    }
-
-    /// SIGKILL: a crash, nothing flushed, no goodbye to the replica.
-    fn kill(&mut self) {
-        let pid = &self.pid;
-        self.killed = true;
-        assert!(Command::new("kill").args(["-9", pid]).status().unwrap().success(), "kill -9 {pid}");
-    }
-
-    /// Start the node again (it rejoins, from its nodes.conf, as a replica
-    /// of the master that took over) and wait until the cluster is whole.
-    fn restore(&mut self) -> Result<(), String> {
-        if self.killed {
-            let _ = std::fs::remove_file(&self.dump);
-            let started = Command::new("redis-server").args(&self.args).status().map_err(|e| e.to_string())?;
-            if !started.success() {
-                return Err(format!("redis-server {:?} failed", self.args));
-            }
-            self.killed = false;
-        }
-        if wait_healthy(self.witness, Duration::from_secs(45)) {
-            Ok(())
-        } else {
-            Err(format!("the cluster is not whole again: {:?}", nodes(self.witness)))
-        }
-    }
-}
-
-impl Drop for Victim {
-    fn drop(&mut self) {
-        // The test failed before it restored the node: restore it anyway.
-        if self.killed
-            && let Err(e) = self.restore()
-        {
-            eprintln!("could not restore the cluster: {e}");
-        }
-    }
-}
-
-fn local_ports(urls: &[String]) -> Option<Vec<u16>> {
-    urls.iter()
-        .map(|u| {
-            let info = redis::Client::open(u.as_str()).ok()?.get_connection_info().addr().to_string();
-            let (host, port) = info.rsplit_once(':')?;
-            (host == "127.0.0.1" || host == "localhost").then_some(port.parse().ok()?)
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_killed_mid_stream_fails_calls_retryably_and_never_runs_a_held_key_twice() {
-    let urls = common::redis_cluster_urls();
-    let Some(mut conn) = common::redis_cluster().await else { return };
-    let Some(ports) = local_ports(&urls) else {
-        common::cannot_run(format!("the Redis Cluster at {urls:?} is not on this machine"));
-        return;
-    };
-    if Command::new("redis-server").arg("--version").output().is_err() {
-        common::cannot_run("redis-server is not installed here: the killed node could not be started again");
-        return;
-    }
-    assert!(wait_healthy(ports[0], Duration::from_secs(45)), "the cluster is not whole: {:?}", nodes(ports[0]));
+    // Started healthy: 3 masters, each with a replica in sync.
+    let Some(mut cluster) = RedisCluster::start() else { return };
+    let urls = cluster.urls();
+    let seed = cluster.nodes[0].port;
+    let mut conn = common::redis_cluster_client(&urls).unwrap().get_async_connection().await.unwrap();
 
     // A client as the README advises: bounded waits, so a call in the
     // window fails (retryably) within a second instead of queueing.
@@ -255,7 +95,7 @@ async fn a_master_killed_mid_stream_fails_calls_retryably_and_never_runs_a_held_
     let store = Arc::new(RedisStore::new(client.get_async_connection().await.unwrap(), format!("{}:", unique("fo"))));
 
     // Keys whose records live on one master: the first key's.
-    let all = nodes(ports[0]);
+    let all = nodes(seed);
     let master_of = |slot: u16| {
         all.iter().find(|n| n.flags.contains("master") && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b))
     };
@@ -274,9 +114,7 @@ async fn a_master_killed_mid_stream_fails_calls_retryably_and_never_runs_a_held_
             keys.push(key);
         }
     }
-    let victim = all.iter().find(|n| Some(&n.id) == victim_id.as_ref()).unwrap();
-    let witness = all.iter().find(|n| n.id != victim.id && n.master != victim.id).unwrap().port;
-    let mut victim = Victim::new(victim.port, witness).expect("the victim's configuration");
+    let victim = all.iter().find(|n| Some(&n.id) == victim_id.as_ref()).unwrap().port;
 
     // Eight callers, each key called twice in a row (the second call finds
     // the first running or done), until told to stop.
@@ -318,7 +156,8 @@ async fn a_master_killed_mid_stream_fails_calls_retryably_and_never_runs_a_held_
     let mut workers: Vec<_> = (0..8).map(|_| worker()).collect();
 
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    victim.kill();
+    // SIGKILL: a crash, nothing flushed, no goodbye to the replica.
+    cluster.node(victim).kill();
     let killed_at = Instant::now();
     // One more caller, from now on: its first calls meet the dead master
     // (a failover takes longer than the node timeout), whatever the others
@@ -397,6 +236,5 @@ async fn a_master_killed_mid_stream_fails_calls_retryably_and_never_runs_a_held_
     let (result, outcome) = idem::observe(transfer(&*store, &unique("after"), &log)).await;
     assert_eq!((result.unwrap(), outcome), (1, Some(Outcome::Executed)));
 
-    victim.restore().unwrap();
     assert!(window < Duration::from_secs(20), "window {window:?}");
 }

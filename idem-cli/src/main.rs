@@ -9,7 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
 use idem_runtime::admin::{self, PurgePreview, Record, RecordId, RecordState, Release, StuckQuery};
-use idem_runtime::{Key, PurgeOptions, PurgeReport};
+use idem_runtime::{Key, PurgeOptions, PurgeReport, RecordStatus};
 use serde_json::{Value, json};
 
 mod connect;
@@ -26,7 +26,16 @@ Exit codes:
 Stores: --database-url (postgres://, postgresql://, mysql://, mariadb://,
 sqlite:) and/or --redis-url (redis://, rediss://); or IDEM_DATABASE_URL and
 IDEM_REDIS_URL. inspect, stuck and release act on each store given;
-migrate and purge on the database.";
+migrate and purge on the database.
+
+HTTP records (the Idempotency-Key layer, idem::http): the scope is the
+layer's (default `http`); --key is the header's key without its quotes;
+a layer with a tenant function keys its records by tenant, then key: give
+the tenant with --tenant. Stored responses are shown as status, headers
+and body.
+
+With --json, every outcome is one JSON document on stdout, bad arguments
+included ({\"error\": ..., \"exit_code\": 2}).";
 
 /// Operate idem's records: create the schema, look a record up, list and
 /// release stuck records, purge old ones.
@@ -121,7 +130,9 @@ enum Command {
         /// Also delete records written longer ago than this (e.g. 30d, 12h),
         /// whatever their retention; PROCESSING records are never deleted
         /// this way (see `idem stuck` and `idem release`).
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        // Hyphen values reach the parser, which says that a duration is
+        // never negative (clap alone would call `-5d` an unknown flag).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
         older_than: Option<Duration>,
         /// Copy completed records into idem_records_archive before deleting
         /// them.
@@ -139,14 +150,22 @@ enum Command {
 /// Which record.
 #[derive(Args, Debug)]
 struct Target {
-    /// The guard's scope (its `scope = "..."`, or `module::function`).
+    /// The guard's scope (its `scope = "..."`, or `module::function`; for
+    /// the HTTP layer its `.scope(...)`, default `http`).
     #[arg(long)]
     scope: String,
     /// The business key as the guard was given it (`key = "order.id"`: the
-    /// id's value); idem derives the stored key as the guard does (escaping,
-    /// hashing of keys over 128 bytes).
+    /// id's value; for the HTTP layer the Idempotency-Key header's value
+    /// without its quotes); idem derives the stored key as the guard does
+    /// (escaping, hashing of keys over 128 bytes).
     #[arg(long)]
     key: String,
+    /// The tenant, for a record of the HTTP layer with a tenant function
+    /// (`IdempotencyLayer::tenant`): such a layer keys its records by the
+    /// tenant its function named, then the header's key (a composite key,
+    /// `Guard::new(scope).key(tenant).key(key)`).
+    #[arg(long, conflicts_with = "stored")]
+    tenant: Option<String>,
     /// --scope and --key are as stored, exactly as `idem stuck` lists them
     /// (a composite key's joined parts, a hashed `\sha256:...` key or scope).
     #[arg(long)]
@@ -158,15 +177,38 @@ impl Target {
         if self.stored {
             return Ok(RecordId::stored(self.scope.clone(), self.key.clone()));
         }
-        let key = Key::new(self.key.as_str()).map_err(|e| match e {
-            idem_runtime::Error::InvalidKey { reason, .. } => Failure::usage(format!("--key {:?}: {reason}", self.key)),
-            e => Failure::usage(format!("--key {:?}: {e}", self.key)),
-        })?;
+        let key = Key::new(self.key.as_str()).map_err(|e| bad_part("--key", &self.key, e))?;
+        let key = match &self.tenant {
+            None => key,
+            Some(tenant) => {
+                Key::new(tenant.as_str()).map_err(|e| bad_part("--tenant", tenant, e))?;
+                Key::from_parts(&[tenant, &self.key]).map_err(|e| bad_part("--key", &self.key, e))?
+            }
+        };
         Ok(RecordId::new(&self.scope, &key))
     }
 }
 
+/// `flag`'s value is no key (part): say which and why.
+fn bad_part(flag: &str, value: &str, e: idem_runtime::Error) -> Failure {
+    match e {
+        idem_runtime::Error::InvalidKey { reason, .. } => {
+            let reason = reason.strip_prefix("the key ").unwrap_or(&reason);
+            Failure::usage(format!("{flag} {value:?} {reason}"))
+        }
+        e => Failure::usage(format!("{flag} {value:?}: {e}")),
+    }
+}
+
+/// A length of time back from now (--older-than). clap names the flag and
+/// the value in front of the message.
 fn parse_duration(text: &str) -> Result<Duration, String> {
+    if let Some(magnitude) = text.trim_start().strip_prefix('-') {
+        return Err(format!(
+            "a duration cannot be negative: it counts back from now (write {magnitude} for records written \
+             longer ago than that)"
+        ));
+    }
     let d = humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 30d, 12h, 90min)"))?;
     if d.is_zero() { Err("give a duration above zero".to_owned()) } else { Ok(d) }
 }
@@ -199,7 +241,10 @@ pub(crate) fn store_failure(store: &str, e: idem_runtime::Error) -> Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return argument_error(e),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -231,6 +276,38 @@ fn main() -> ExitCode {
     }
 }
 
+/// Bad arguments, as clap says them on stderr, and with `--json` also as the
+/// JSON document on stdout: a script reading stdout gets one whatever went
+/// wrong. `--help` and `--version` are no error.
+fn argument_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    // Whether --json was given: the parse failed, so look at the words (up
+    // to a `--`, after which everything is a value).
+    let json = std::env::args_os().skip(1).take_while(|a| a != "--").any(|a| a == "--json");
+    if json {
+        let message = match e.kind() {
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+                "no command given: migrate, inspect, stuck, release or purge (see idem --help)".to_owned()
+            }
+            // clap's message up to its first blank line (the required
+            // arguments missing are listed on lines of their own); the rest is
+            // usage and a hint to --help.
+            _ => {
+                let text = e.to_string();
+                let lines: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+                let message = lines.join(" ");
+                message.strip_prefix("error: ").unwrap_or(&message).to_owned()
+            }
+        };
+        println!("{}", json!({ "error": message, "exit_code": e.exit_code() }));
+    }
+    let _ = e.print();
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
+}
+
 /// What a command printed as JSON (with `--json`), and whether it failed
 /// after producing it (a refused release).
 struct Done {
@@ -259,6 +336,10 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
         ));
     }
     idem_runtime::set_record_table(&cli.table).map_err(|e| Failure::usage(e.to_string()))?;
+    // A key that is none is a usage error, whether or not the stores answer.
+    if let Command::Inspect(target) | Command::Release { target, .. } = &cli.command {
+        target.id()?;
+    }
     let create = matches!(cli.command, Command::Migrate);
     let redis_url = if wants_sql_only { None } else { cli.redis_url.as_deref() };
     let stores = Stores::connect(cli.database_url.as_deref(), redis_url, &cli.redis_prefix, create).await?;
@@ -302,7 +383,9 @@ async fn inspect(stores: &Stores, target: &Target, out: &Out) -> Result<Done, Fa
     for (name, record) in read_everywhere(stores, &id).await? {
         match &record {
             Some(r) => out.say(text_record(name, r)),
-            None => out.say(format_args!("{name}: no record for scope {} key {}", shown(id.scope()), shown(id.key()))),
+            None => {
+                out.say(format_args!("{name}: no record for scope {} key {}", shown(id.scope()), shown_key(id.key())))
+            }
         }
         found.push(json!({ "store": name, "record": record.as_ref().map(json_record) }));
     }
@@ -310,6 +393,7 @@ async fn inspect(stores: &Stores, target: &Target, out: &Out) -> Result<Done, Fa
         "command": "inspect",
         "scope": id.scope(),
         "key": id.key(),
+        "key_parts": key_parts(id.key()),
         "stores": found,
     })))
 }
@@ -367,7 +451,10 @@ async fn stuck(stores: &Stores, scope: Option<String>, limit: u32, out: &Out) ->
         }));
     }
     if total > 0 {
-        out.say("Release one with: idem release --stored --scope SCOPE --key KEY (as listed)");
+        out.say(
+            "Release one with: idem release --scope SCOPE --key KEY (a key of two parts: --tenant PART1 --key \
+             PART2), or --stored with the scope and stored key as listed",
+        );
     }
     Ok(Done::ok(json!({ "command": "stuck", "stores": documents })))
 }
@@ -379,7 +466,7 @@ async fn release(stores: &Stores, target: &Target, yes: bool, out: &Out) -> Resu
     let mut released = 0;
     for (name, record) in read_everywhere(stores, &id).await? {
         let Some(record) = record else {
-            out.say(format_args!("{name}: no record for scope {} key {}", shown(id.scope()), shown(id.key())));
+            out.say(format_args!("{name}: no record for scope {} key {}", shown(id.scope()), shown_key(id.key())));
             documents.push(json!({ "store": name, "outcome": "not_found", "record": null }));
             continue;
         };
@@ -444,7 +531,11 @@ async fn release(stores: &Stores, target: &Target, yes: bool, out: &Out) -> Resu
         }));
     }
     if released == 0 && failures.is_empty() {
-        failures.push(format!("no record for scope {} key {} in any store given", shown(id.scope()), shown(id.key())));
+        failures.push(format!(
+            "no record for scope {} key {} in any store given",
+            shown(id.scope()),
+            shown_key(id.key())
+        ));
     }
     let document = json!({ "command": "release", "released": released, "stores": documents });
     let failure = (!failures.is_empty()).then(|| Failure::error(failures.join("; ")));
@@ -547,8 +638,11 @@ mod sql {
     }
 }
 
-/// How many characters of a stored response are shown.
+/// How many characters of a stored response (or of a text body) are shown.
 const PREVIEW_CHARS: usize = 200;
+
+/// How many bytes of a body that is not text are shown, in hex.
+const PREVIEW_BYTES: usize = 64;
 
 /// `text` cut to at most `max` characters, and whether it was cut.
 fn preview(text: &str, max: usize) -> (&str, bool) {
@@ -558,14 +652,130 @@ fn preview(text: &str, max: usize) -> (&str, bool) {
     }
 }
 
+/// A record's answer, as shown.
+enum Answer<'a> {
+    /// None yet (not done).
+    Pending,
+    /// Done, and its answer was not kept (NULL or empty): "completed,
+    /// answer not kept".
+    NotKept,
+    /// A response the HTTP layer stored, decoded.
+    Http(HttpResponse),
+    /// Any other answer: its JSON.
+    Json(&'a str),
+}
+
+fn answer(r: &Record) -> Answer<'_> {
+    match r.response.as_deref() {
+        None | Some("") if r.status == RecordStatus::Done => Answer::NotKept,
+        None | Some("") => Answer::Pending,
+        Some(text) => http_response(text).map_or(Answer::Json(text), Answer::Http),
+    }
+}
+
+/// A response as the HTTP layer (`idem::http`) stores it.
+struct HttpResponse {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+/// `text` decoded if it is the HTTP layer's stored form, JSON
+/// `{"status": 201, "headers": [[name, base64]], "body": base64}` (exactly
+/// those fields, the base64 valid); `None` for any other answer.
+fn http_response(text: &str) -> Option<HttpResponse> {
+    use base64::Engine as _;
+    let base64 = base64::engine::general_purpose::STANDARD;
+    let Value::Object(fields) = serde_json::from_str::<Value>(text).ok()? else { return None };
+    if fields.len() != 3 {
+        return None;
+    }
+    let status = u16::try_from(fields.get("status")?.as_u64()?).ok().filter(|s| (100..=999).contains(s))?;
+    let headers = fields
+        .get("headers")?
+        .as_array()?
+        .iter()
+        .map(|pair| match pair.as_array()?.as_slice() {
+            [name, value] => Some((name.as_str()?.to_owned(), base64.decode(value.as_str()?).ok()?)),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let body = base64.decode(fields.get("body")?.as_str()?).ok()?;
+    Some(HttpResponse { status, headers, body })
+}
+
+/// `bytes` as text when they are UTF-8 with no control characters but
+/// tabs and line ends (a JSON or HTML body, a header value); `None` for
+/// anything else, shown in hex.
+fn as_text(bytes: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    (!text.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))).then_some(text)
+}
+
+/// A body's preview, and whether it was cut.
+enum BodyPreview<'a> {
+    /// Text, cut to [`PREVIEW_CHARS`].
+    Text(&'a str, bool),
+    /// Hex of the first [`PREVIEW_BYTES`].
+    Hex(String, bool),
+}
+
+fn body_preview(body: &[u8]) -> BodyPreview<'_> {
+    match as_text(body) {
+        Some(text) => {
+            let (p, cut) = preview(text, PREVIEW_CHARS);
+            BodyPreview::Text(p, cut)
+        }
+        None => {
+            let shown = &body[..body.len().min(PREVIEW_BYTES)];
+            BodyPreview::Hex(hex(shown), shown.len() < body.len())
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Text for one line of a terminal: control characters (line ends in a
+/// body) escaped.
+fn one_line(text: &str) -> String {
+    text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect()
+}
+
+fn json_http(response: &HttpResponse) -> Value {
+    let (text, hex_preview, truncated) = match body_preview(&response.body) {
+        BodyPreview::Text(text, cut) => (Some(text), None, cut),
+        BodyPreview::Hex(hex, cut) => (None, Some(hex), cut),
+    };
+    let headers: Vec<Value> = response
+        .headers
+        .iter()
+        .map(|(name, value)| match as_text(value) {
+            Some(text) => json!({ "name": name, "value": text }),
+            None => json!({ "name": name, "value_hex": hex(value) }),
+        })
+        .collect();
+    json!({
+        "status": response.status,
+        "headers": headers,
+        "body_bytes": response.body.len(),
+        "body_text": text,
+        "body_hex": hex_preview,
+        "body_truncated": truncated,
+    })
+}
+
 fn json_record(r: &Record) -> Value {
     let (response_preview, truncated) = match r.response.as_deref().map(|t| preview(t, PREVIEW_CHARS)) {
         Some((p, cut)) => (Some(p), cut),
         None => (None, false),
     };
+    let answer = answer(r);
     json!({
         "scope": r.scope,
         "key": r.key,
+        "key_parts": r.key_parts(),
         "status": r.status.as_str(),
         "state": r.state.as_str(),
         "stuck": r.state.is_stuck(),
@@ -583,14 +793,20 @@ fn json_record(r: &Record) -> Value {
         "expires_at": r.expires_at_ms.map(timestamp),
         "expires_at_ms": r.expires_at_ms,
         "now_ms": r.now_ms,
+        // Whether a DONE record kept its answer (null while not done).
+        "answer_kept": (r.status == RecordStatus::Done).then_some(!matches!(answer, Answer::NotKept)),
         "response_preview": response_preview,
         "response_truncated": truncated,
         "response_bytes": r.response.as_ref().map(String::len),
+        "http_response": match &answer {
+            Answer::Http(response) => json_http(response),
+            _ => Value::Null,
+        },
     })
 }
 
 fn text_record(store: &str, r: &Record) -> String {
-    let mut lines = vec![format!("{store}: scope {} key {}", shown(&r.scope), shown(&r.key))];
+    let mut lines = vec![format!("{store}: scope {} key {}", shown(&r.scope), shown_key(&r.key))];
     let mut field = |name: &str, value: String| lines.push(format!("  {name:<12}{value}"));
     let meaning = match r.state {
         RecordState::Running => "running: a worker holds a live lease",
@@ -625,22 +841,47 @@ fn text_record(store: &str, r: &Record) -> String {
         },
     );
     field("fingerprint", r.fingerprint.clone().unwrap_or_else(|| "-".to_owned()));
-    field(
-        "response",
-        match r.response.as_deref() {
-            None => "-".to_owned(),
-            Some(text) => match preview(text, PREVIEW_CHARS) {
-                (p, false) => p.to_owned(),
-                (p, true) => format!("{p}… ({} bytes in all)", text.len()),
+    match answer(r) {
+        Answer::Pending => field("response", "-".to_owned()),
+        Answer::NotKept => field("response", "answer not kept (the call completed; its answer was not stored)".into()),
+        Answer::Json(text) => field(
+            "response",
+            match preview(text, PREVIEW_CHARS) {
+                (p, false) => one_line(p),
+                (p, true) => format!("{}… ({} bytes in all)", one_line(p), text.len()),
             },
-        },
-    );
+        ),
+        Answer::Http(response) => {
+            let headers = response.headers.len();
+            field(
+                "response",
+                format!("HTTP {} ({headers} header{}, stored by the HTTP layer)", response.status, plural(headers)),
+            );
+            for (name, value) in &response.headers {
+                let value = match as_text(value) {
+                    Some(text) => one_line(text),
+                    None => format!("(hex) {}", hex(value)),
+                };
+                lines.push(format!("    {name}: {value}"));
+            }
+            let body = match body_preview(&response.body) {
+                _ if response.body.is_empty() => "(empty)".to_owned(),
+                BodyPreview::Text(text, false) => one_line(text),
+                BodyPreview::Text(text, true) => format!("{}… ({} bytes in all)", one_line(text), response.body.len()),
+                BodyPreview::Hex(hex, false) => format!("(hex, {} bytes) {hex}", response.body.len()),
+                BodyPreview::Hex(hex, true) => {
+                    format!("(hex, {} bytes, the first {PREVIEW_BYTES} shown) {hex}…", response.body.len())
+                }
+            };
+            lines.push(format!("  {:<12}{body}", "body"));
+        }
+    }
     lines.join("\n")
 }
 
 fn stuck_line(r: &Record) -> String {
     let mut line =
-        format!("{:<13} scope {} key {} fence {}", r.state.as_str(), shown(&r.scope), shown(&r.key), r.fence);
+        format!("{:<13} scope {} key {} fence {}", r.state.as_str(), shown(&r.scope), shown_key(&r.key), r.fence);
     if let Some(owner) = &r.owner {
         line.push_str(&format!(" owner {owner}"));
     }
@@ -651,6 +892,27 @@ fn stuck_line(r: &Record) -> String {
         line.push_str(&format!(", age {}", span(age)));
     }
     line
+}
+
+/// The parts of a stored key (the guard's key parts; the HTTP layer's
+/// tenant and key), `None` when hashed.
+fn key_parts(stored: &str) -> Option<Vec<String>> {
+    Key::from_stored(stored.to_owned()).parts()
+}
+
+/// A stored key for a terminal: as the guard was given it (a composite
+/// key's parts in parentheses), and the stored form after it when that
+/// differs (what `--stored --key` takes).
+fn shown_key(stored: &str) -> String {
+    match key_parts(stored).as_deref() {
+        Some([one]) if one == stored => shown(one),
+        Some([one]) => format!("{} (stored {})", shown(one), shown(stored)),
+        Some(parts) => {
+            let parts: Vec<String> = parts.iter().map(|p| format!("{p:?}")).collect();
+            format!("({}) (stored {})", parts.join(", "), shown(stored))
+        }
+        None => shown(stored),
+    }
 }
 
 /// A scope or key for a terminal: as it is when it is plain, quoted and

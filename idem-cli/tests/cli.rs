@@ -18,13 +18,19 @@ extern crate idem_runtime as idem;
 mod common;
 
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use common::unique;
+use http_body_util::Full;
 use idem::admin::{self, RecordId, RecordState};
+use idem::http::{IdempotencyLayer, ResponseBody};
 use idem::lease::LeaseStore;
 use idem::{Claim, Guard, Key};
 use serde_json::Value;
+use tower_service::Service as _;
 
 /// A lease short enough to pass within a test.
 const SHORT_LEASE: Duration = Duration::from_millis(800);
@@ -100,6 +106,175 @@ fn stored(key: &str) -> String {
     Key::new(key).unwrap().as_str().to_owned()
 }
 
+/// A handler behind the HTTP layer: answers 201 with these headers and body.
+#[derive(Clone)]
+struct Handler {
+    headers: Vec<(&'static str, &'static [u8])>,
+    body: Bytes,
+}
+
+impl tower_service::Service<http::Request<Full<Bytes>>> for Handler {
+    type Response = http::Response<Full<Bytes>>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<Full<Bytes>>) -> Self::Future {
+        let mut response = http::Response::new(Full::new(self.body.clone()));
+        *response.status_mut() = http::StatusCode::CREATED;
+        for (name, value) in &self.headers {
+            response.headers_mut().append(*name, http::HeaderValue::from_bytes(value).unwrap());
+        }
+        std::future::ready(Ok(response))
+    }
+}
+
+/// A POST with `Idempotency-Key: "<key>"` through the HTTP layer of
+/// `scope` (with a tenant function naming `tenant`, if given), answered by
+/// `handler`: the record is the layer's own.
+async fn post(
+    store: &Arc<dyn LeaseStore>,
+    scope: &str,
+    tenant: Option<&str>,
+    key: &str,
+    handler: Handler,
+) -> http::Response<ResponseBody> {
+    let mut layer = IdempotencyLayer::new(store.clone()).scope(scope.to_owned());
+    if let Some(tenant) = tenant {
+        let tenant = tenant.to_owned();
+        layer = layer.tenant(move |_| Some(tenant.clone()));
+    }
+    let mut service = tower_layer::Layer::layer(&layer, handler);
+    let request = http::Request::post("/orders")
+        .header("idempotency-key", format!("\"{key}\""))
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    service.call(request).await.unwrap()
+}
+
+fn json_handler() -> Handler {
+    Handler {
+        headers: vec![("content-type", b"application/json"), ("x-order", b"7")],
+        body: Bytes::from_static("{\"id\":7,\n\"note\":\"für\"}".as_bytes()),
+    }
+}
+
+/// A record the HTTP layer wrote for a tenant is found by `--tenant` and
+/// `--key` (the header's key), by inspect and by release, and by nothing
+/// else: not by the key alone, not under another tenant. A layer without
+/// tenants is found by the key alone.
+async fn http_records_are_found_by_tenant_and_key(store: Arc<dyn LeaseStore>, cli: &Store<'_>) {
+    let scope = unique("cli.http");
+    let tenant = "ac:me\\ é";
+    let key = "order:1{x}%";
+    assert_eq!(post(&store, &scope, Some(tenant), key, json_handler()).await.status(), 201);
+
+    let doc = idem_json(cli, &["inspect", "--scope", &scope, "--tenant", tenant, "--key", key], 0);
+    let record = record_in(&doc);
+    assert_eq!(record["status"], "DONE", "{doc}");
+    assert_eq!(record["key_parts"], serde_json::json!([tenant, key]), "{doc}");
+    assert_eq!(record["key"].as_str(), Some(Key::from_parts(&[&tenant, &key]).unwrap().as_str()));
+    let text = stdout(&idem(cli, &["inspect", "--scope", &scope, "--tenant", tenant, "--key", key]));
+    assert!(text.contains(&format!("key ({tenant:?}, {key:?})")), "{text}");
+
+    for other in [vec!["--key", key], vec!["--tenant", "someone-else", "--key", key]] {
+        let mut args = vec!["inspect", "--scope", &scope];
+        args.extend(other);
+        let doc = idem_json(cli, &args, 0);
+        assert!(record_in(&doc).is_null(), "{args:?}: {doc}");
+    }
+    // release reads the same record (and refuses it: it is DONE).
+    let out = idem(cli, &["release", "--scope", &scope, "--tenant", tenant, "--key", key, "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("DONE"), "{}", stderr(&out));
+    // --tenant names a guard's key parts, --stored the stored key: not both.
+    let out = idem(cli, &["inspect", "--stored", "--scope", &scope, "--tenant", tenant, "--key", key]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    let shared = unique("cli.http.shared");
+    assert_eq!(post(&store, &shared, None, key, json_handler()).await.status(), 201);
+    let doc = idem_json(cli, &["inspect", "--scope", &shared, "--key", key], 0);
+    assert_eq!(record_in(&doc)["key_parts"], serde_json::json!([key]), "{doc}");
+}
+
+/// A response the HTTP layer stored shows as its status, headers and body
+/// (text, or hex when it is not text), not as the base64 the record holds;
+/// any other answer shows as its JSON, as before.
+async fn http_responses_show_decoded(store: Arc<dyn LeaseStore>, cli: &Store<'_>) {
+    let scope = unique("cli.http.show");
+    assert_eq!(post(&store, &scope, Some("t1"), "text", json_handler()).await.status(), 201);
+    let inspect = ["inspect", "--scope", &scope, "--tenant", "t1", "--key", "text"];
+    let text = stdout(&idem(cli, &inspect));
+    for line in [
+        "HTTP 201 (2 headers",
+        "    content-type: application/json",
+        "    x-order: 7",
+        "{\"id\":7,\\n\"note\":\"für\"}",
+    ] {
+        assert!(text.contains(line), "{line:?} in {text}");
+    }
+    assert!(!text.contains("eyJpZCI6"), "no base64 of the body: {text}");
+    let doc = idem_json(cli, &inspect, 0);
+    let response = &record_in(&doc)["http_response"];
+    assert_eq!(response["status"], 201, "{doc}");
+    assert_eq!(response["headers"][0], serde_json::json!({ "name": "content-type", "value": "application/json" }));
+    assert_eq!(response["body_text"], "{\"id\":7,\n\"note\":\"für\"}");
+    assert_eq!(response["body_bytes"], 23);
+
+    let binary: Vec<u8> = (0..100u8).map(|i| i.wrapping_mul(37)).collect();
+    let handler = Handler { headers: vec![("content-type", b"image/png")], body: Bytes::from(binary.clone()) };
+    assert_eq!(post(&store, &scope, Some("t1"), "binary", handler).await.status(), 201);
+    let inspect = ["inspect", "--scope", &scope, "--tenant", "t1", "--key", "binary"];
+    let hex: String = binary[..64].iter().map(|b| format!("{b:02x}")).collect();
+    let text = stdout(&idem(cli, &inspect));
+    assert!(text.contains(&format!("(hex, 100 bytes, the first 64 shown) {hex}…")), "{text}");
+    let doc = idem_json(cli, &inspect, 0);
+    let response = &record_in(&doc)["http_response"];
+    assert_eq!((response["body_hex"].as_str(), response["body_text"].as_str()), (Some(hex.as_str()), None), "{doc}");
+    assert_eq!(response["body_truncated"], true);
+
+    // An answer of another guard is no HTTP response.
+    let other = unique("plain");
+    assert!(run(&*store, &scope, &other).await);
+    let doc = idem_json(cli, &["inspect", "--scope", &scope, "--key", &other], 0);
+    assert_eq!(
+        (record_in(&doc)["response_preview"].as_str(), &record_in(&doc)["http_response"]),
+        (Some("7"), &Value::Null)
+    );
+}
+
+/// A DONE record whose answer was not kept (`drop_answer` empties it as
+/// the store writes that) reads "answer not kept", in text and JSON.
+async fn a_done_record_without_its_answer_reads_answer_not_kept<F, Fut>(
+    store: &dyn LeaseStore,
+    cli: &Store<'_>,
+    drop_answer: F,
+) where
+    F: FnOnce(String, String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let scope = unique("cli.not-kept");
+    let (kept, dropped) = (unique("kept"), unique("dropped"));
+    assert!(run(store, &scope, &kept).await);
+    assert!(run(store, &scope, &dropped).await);
+    drop_answer(scope.clone(), stored(&dropped)).await;
+
+    let doc = idem_json(cli, &["inspect", "--scope", &scope, "--key", &dropped], 0);
+    assert_eq!(
+        (record_in(&doc)["status"].as_str(), &record_in(&doc)["answer_kept"]),
+        (Some("DONE"), &Value::Bool(false)),
+        "{doc}"
+    );
+    let text = stdout(&idem(cli, &["inspect", "--scope", &scope, "--key", &dropped]));
+    assert!(text.contains("answer not kept"), "{text}");
+    let doc = idem_json(cli, &["inspect", "--scope", &scope, "--key", &kept], 0);
+    assert_eq!(record_in(&doc)["answer_kept"], true, "{doc}");
+    assert!(!stdout(&idem(cli, &["inspect", "--scope", &scope, "--key", &kept])).contains("not kept"));
+}
+
 /// Scope and key text that SQL quoting, `LIKE`, Redis glob patterns,
 /// record names and terminals could each get wrong.
 fn hostile(prefix: &str) -> String {
@@ -149,6 +324,7 @@ async fn lease_lifecycle(store: &dyn LeaseStore, cli: &Store<'_>) {
     let done_record = record_in(&done_doc);
     assert_eq!((done_record["status"].as_str(), done_record["state"].as_str()), (Some("DONE"), Some("done")));
     assert_eq!(done_record["response_preview"], "7");
+    assert_eq!((&done_record["http_response"], &done_record["answer_kept"]), (&Value::Null, &Value::Bool(true)));
 
     // stuck lists the crashed records of this scope, not the completed one.
     let listed = idem_json(cli, &["stuck", "--scope", &scope], 0);
@@ -234,7 +410,7 @@ where
 }
 
 macro_rules! sql_tests {
-    ($backend:ident, $db:ty, $connect:expr, $count_archived:expr) => {
+    ($backend:ident, $db:ty, $connect:expr, $count_archived:expr, $drop_answer:expr) => {
         mod $backend {
             use super::*;
 
@@ -380,6 +556,34 @@ macro_rules! sql_tests {
             }
 
             #[tokio::test]
+            async fn an_http_record_of_a_tenant_is_found_with_tenant_and_key() {
+                let Some((pool, url)) = setup().await else { return };
+                let store: Arc<dyn LeaseStore> = Arc::new(idem::lease::SqlStore::new(pool));
+                http_records_are_found_by_tenant_and_key(store, &Store::Sql(&url)).await;
+            }
+
+            #[tokio::test]
+            async fn a_stored_http_response_shows_as_status_headers_and_body() {
+                let Some((pool, url)) = setup().await else { return };
+                let store: Arc<dyn LeaseStore> = Arc::new(idem::lease::SqlStore::new(pool));
+                http_responses_show_decoded(store, &Store::Sql(&url)).await;
+            }
+
+            #[tokio::test]
+            async fn a_done_record_with_no_response_reads_answer_not_kept() {
+                let Some((pool, url)) = setup().await else { return };
+                let store = idem::lease::SqlStore::new(pool.clone());
+                a_done_record_without_its_answer_reads_answer_not_kept(&store, &Store::Sql(&url), |scope, key| {
+                    let pool = pool.clone();
+                    async move {
+                        let done = sqlx::query($drop_answer).bind(scope).bind(key).execute(&pool).await.unwrap();
+                        assert_eq!(done.rows_affected(), 1);
+                    }
+                })
+                .await;
+            }
+
+            #[tokio::test]
             async fn errors_name_the_problem() {
                 let Some((_pool, url)) = setup().await else { return };
                 let out = idem(&Store::Sql(&url), &["inspect", "--scope", "s", "--key", " "]);
@@ -404,13 +608,15 @@ sql_tests!(
     postgres,
     sqlx::Postgres,
     async { Some((common::postgres().await?, pg_url())) },
-    "SELECT count(*) FROM idem_records_archive WHERE scope = $1 AND idem_key = $2"
+    "SELECT count(*) FROM idem_records_archive WHERE scope = $1 AND idem_key = $2",
+    "UPDATE idem_records SET response = NULL WHERE scope = $1 AND idem_key = $2"
 );
 sql_tests!(
     mysql,
     sqlx::MySql,
     async { Some((common::mysql().await?, mysql_url())) },
-    "SELECT count(*) FROM idem_records_archive WHERE scope = ? AND idem_key = ?"
+    "SELECT count(*) FROM idem_records_archive WHERE scope = ? AND idem_key = ?",
+    "UPDATE idem_records SET response = NULL WHERE scope = ? AND idem_key = ?"
 );
 sql_tests!(
     sqlite,
@@ -431,7 +637,8 @@ sql_tests!(
         let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(4).connect_with(options).await.unwrap();
         Some((pool, url))
     },
-    "SELECT count(*) FROM idem_records_archive WHERE scope = ?1 AND idem_key = ?2"
+    "SELECT count(*) FROM idem_records_archive WHERE scope = ?1 AND idem_key = ?2",
+    "UPDATE idem_records SET response = NULL WHERE scope = ?1 AND idem_key = ?2"
 );
 
 #[test]
@@ -458,6 +665,38 @@ fn unknown_schemes_and_missing_stores_are_usage_errors() {
     let out = idem(&Store::Redis { url: "redis://127.0.0.1:1/", prefix: "x:" }, &["purge"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--database-url"), "{}", stderr(&out));
+}
+
+/// With --json a script reads one JSON document on stdout whatever went
+/// wrong, bad arguments included; a duration that is negative or not one
+/// is refused naming the flag.
+#[test]
+fn with_json_bad_arguments_are_a_json_error_naming_the_flag() {
+    let cli = Store::Sql("sqlite:/nonexistent/never-opened.db");
+    for (args, says) in [
+        (&["purge", "--older-than", "-5d"][..], &["--older-than", "-5d", "cannot be negative"][..]),
+        (&["purge", "--older-than=-5d"], &["--older-than", "cannot be negative"]),
+        (&["purge", "--older-than", "5x"], &["--older-than", "5x", "unknown time unit"]),
+        (&["purge", "--older-than", "0s"], &["--older-than", "above zero"]),
+        (&["stuck", "--limit", "0"], &["--limit"]),
+        (&["stuck", "--frobnicate"], &["--frobnicate"]),
+        (&["inspect", "--key", "k"], &["--scope"]),
+        (&[], &["no command given"]),
+    ] {
+        let doc = idem_json(&cli, args, 2);
+        let error = doc["error"].as_str().unwrap_or_else(|| panic!("{args:?}: {doc}"));
+        for word in says {
+            assert!(error.contains(word), "{args:?}: {word:?} in {error:?}");
+        }
+        assert_eq!(doc["exit_code"], 2);
+        // Without --json: clap's message on stderr, nothing on stdout.
+        let out = idem(&cli, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty() && stderr(&out).starts_with("error: "), "{args:?}: {}", stderr(&out));
+    }
+    let help = idem(&cli, &["--json", "purge", "--help"]);
+    assert_eq!(help.status.code(), Some(0), "--help is no error");
+    assert!(stdout(&help).contains("--older-than"));
 }
 
 #[test]
@@ -529,6 +768,105 @@ mod redis_store {
             let store = store.clone();
             async move { store.release_lease(&id, fence).await.unwrap() }
         })
+        .await;
+        cleanup.run().await;
+    }
+
+    /// `stuck` on Redis shows the key as the guard was given it (a
+    /// composite key's parts), with the stored form `--stored` takes, and the
+    /// record's times: its age from its fence (Redis's clock at the claim)
+    /// and how long ago its lease passed (from the key's TTL).
+    #[tokio::test]
+    async fn stuck_shows_the_users_key_and_the_records_age() {
+        let Some((store, url, cleanup)) = setup().await else { return };
+        let prefix = cleanup.prefix.clone();
+        let cli = Store::Redis { url: &url, prefix: &prefix };
+        let scope = unique("cli.redis.stuck");
+        let now_ms = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+        let before = now_ms();
+        crash(&store, &scope, "cr{as}h:ed").await;
+        match Guard::new(scope.clone()).key("ten:ant").key("k").lease::<u32>(&store, SHORT_LEASE).await.unwrap() {
+            Claim::Run(ticket) => drop(ticket),
+            Claim::Replay(_) => panic!("a fresh key"),
+        }
+        let claimed = now_ms();
+        tokio::time::sleep(SHORT_LEASE + Duration::from_millis(300)).await;
+
+        let text = stdout(&idem(&cli, &["stuck", "--scope", &scope]));
+        assert!(text.contains("key cr{as}h:ed (stored cr{as}h\\:ed)"), "{text}");
+        assert!(text.contains("key (\"ten:ant\", \"k\") (stored ten\\:ant:k)"), "{text}");
+        assert_eq!(text.matches(", age ").count(), 2, "{text}");
+        assert_eq!(text.matches(", lease passed ").count(), 2, "{text}");
+
+        let doc = idem_json(&cli, &["stuck", "--scope", &scope], 0);
+        let records = doc["stores"][0]["records"].as_array().unwrap();
+        assert_eq!(records.len(), 2, "{doc}");
+        for r in records {
+            // Redis's clock and this one are the same machine's.
+            let created = r["created_at_ms"].as_i64().unwrap_or_else(|| panic!("{r}"));
+            assert!(before - 50 <= created && created <= claimed + 50, "{before} <= {created} <= {claimed}: {r}");
+            assert!(r["age_ms"].as_i64().unwrap() >= SHORT_LEASE.as_millis() as i64, "{r}");
+            assert!(r["lease_left_ms"].as_i64().unwrap() < 0, "{r}");
+            assert!(r["updated_at_ms"].as_i64().unwrap() >= created, "{r}");
+        }
+        let parts: Vec<&Value> = records.iter().map(|r| &r["key_parts"]).collect();
+        assert!(
+            parts.contains(&&serde_json::json!(["cr{as}h:ed"]))
+                && parts.contains(&&serde_json::json!(["ten:ant", "k"])),
+            "{doc}"
+        );
+
+        // What it shows is what release takes.
+        let out = idem(&cli, &["release", "--scope", &scope, "--tenant", "ten:ant", "--key", "k", "--yes"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let out = idem(&cli, &["release", "--stored", "--scope", &scope, "--key", "cr{as}h\\:ed", "--yes"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        cleanup.run().await;
+    }
+
+    #[tokio::test]
+    async fn an_http_record_of_a_tenant_is_found_with_tenant_and_key() {
+        let Some((store, url, cleanup)) = setup().await else { return };
+        let prefix = cleanup.prefix.clone();
+        http_records_are_found_by_tenant_and_key(Arc::new(store), &Store::Redis { url: &url, prefix: &prefix }).await;
+        cleanup.run().await;
+    }
+
+    #[tokio::test]
+    async fn a_stored_http_response_shows_as_status_headers_and_body() {
+        let Some((store, url, cleanup)) = setup().await else { return };
+        let prefix = cleanup.prefix.clone();
+        http_responses_show_decoded(Arc::new(store), &Store::Redis { url: &url, prefix: &prefix }).await;
+        cleanup.run().await;
+    }
+
+    /// A done record written without its answer (`D...|` and nothing after
+    /// the bar) reads "answer not kept".
+    #[tokio::test]
+    async fn a_done_record_with_no_response_reads_answer_not_kept() {
+        let Some((store, url, cleanup)) = setup().await else { return };
+        let prefix = cleanup.prefix.clone();
+        let conn = cleanup.conn.clone();
+        let names = store.clone();
+        a_done_record_without_its_answer_reads_answer_not_kept(
+            &store,
+            &Store::Redis { url: &url, prefix: &prefix },
+            |scope, key| {
+                let mut conn = conn.clone();
+                async move {
+                    let name = names.key(idem::store::RecordKind::Lease, &scope, &key);
+                    let value: String = redis::cmd("GET").arg(&name).query_async(&mut conn).await.unwrap();
+                    let (head, _answer) = value.split_once('|').unwrap();
+                    let _: () = redis::cmd("SET")
+                        .arg(&name)
+                        .arg(format!("{head}|"))
+                        .arg("KEEPTTL")
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                }
+            },
+        )
         .await;
         cleanup.run().await;
     }

@@ -214,6 +214,26 @@ impl Key {
         KeyBuilder::new("key").part(value).finish("")
     }
 
+    /// Build a key from several parts, exactly as a guard with
+    /// `.key(a).key(b)` (or `key = "a, b"`) does: each part escaped, joined
+    /// by `:`, the whole hashed when long. The HTTP layer keys a tenant's
+    /// records with `[tenant, key]`.
+    pub fn from_parts(parts: &[&dyn IdempotencyKey]) -> Result<Key, Error> {
+        let mut key = KeyBuilder::new("key");
+        for part in parts {
+            key = key.part(*part);
+        }
+        key.finish("")
+    }
+
+    /// The parts the key was built from, each as its type wrote it (an
+    /// integer as its digits), read back from the stored text: one for a
+    /// one-part key. `None` for a hashed key (`\sha256:...`, whose parts
+    /// are gone) and for text no guard stores.
+    pub fn parts(&self) -> Option<Vec<String>> {
+        parts(&self.stored)
+    }
+
     /// The text stored in the record's key column.
     pub fn as_str(&self) -> &str {
         &self.stored
@@ -230,6 +250,33 @@ impl std::fmt::Debug for Key {
         // Never print the key itself: it may be an e-mail address or a card token.
         write!(f, "Key({})", self.hash())
     }
+}
+
+/// The parts of a key as stored (see [`Key::parts`]): split at each `:`
+/// the escaping left bare, each part unescaped.
+pub(crate) fn parts(stored: &str) -> Option<Vec<String>> {
+    if stored.is_empty() || stored.starts_with("\\sha256:") {
+        return None;
+    }
+    let mut parts = vec![String::new()];
+    let mut chars = stored.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ':' => parts.push(String::new()),
+            '\\' => {
+                let unescaped = match chars.next()? {
+                    ':' => ':',
+                    '\\' => '\\',
+                    '0' => '\0',
+                    _ => return None,
+                };
+                parts.last_mut()?.push(unescaped);
+            }
+            c => parts.last_mut()?.push(c),
+        }
+    }
+    // An empty part is never stored: the builder refuses it.
+    (!parts.iter().any(String::is_empty)).then_some(parts)
 }
 
 /// `text` as stored when it is too long (or, for a scope, holds a
@@ -504,6 +551,21 @@ mod tests {
         // A backslash elsewhere (a Windows-style path) keeps the scope as is.
         assert_eq!(stored_scope("jobs\\nightly"), "jobs\\nightly");
         assert_ne!(stored_scope("a\0b"), "a\0b");
+    }
+
+    #[test]
+    fn stored_keys_read_back_into_their_parts() {
+        let parts = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let composite = Key::from_parts(&[&"ac:me\\", &"k:1", &7]).unwrap();
+        assert_eq!(composite, KeyBuilder::new("a, b, c").part("ac:me\\").part("k:1").part(&7).finish("s").unwrap());
+        assert_eq!(composite.parts(), Some(parts(&["ac:me\\", "k:1", "7"])));
+        assert_eq!(Key::new("cr{as}h:ed").unwrap().parts(), Some(parts(&["cr{as}h:ed"])));
+        assert_eq!(Key::new("a\0b").unwrap().parts(), Some(parts(&["a\0b"])));
+        assert_eq!(Key::new(&"x".repeat(500)).unwrap().parts(), None, "a hashed key's parts are gone");
+        for not_stored in ["a\\xb", "a:", ":a", "a\\"] {
+            assert_eq!(super::parts(not_stored), None, "{not_stored}");
+        }
+        assert!(Key::from_parts(&[&"acme", &" "]).is_err());
     }
 
     #[test]

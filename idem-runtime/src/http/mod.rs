@@ -38,6 +38,15 @@
 //! `Set-Cookie`, its payment). Give a tenant function on any API with more
 //! than one caller; the layer logs a warning once when it has none.
 //!
+//! A request's record is a lease record of the layer's [scope](IdempotencyLayer::scope)
+//! (default `http`) keyed by the header's key (without its quotes), or, with
+//! a tenant function, by the composite key of tenant then key (as
+//! `Guard::new(scope).key(tenant).key(key)` builds it: [`Key::from_parts`](crate::Key::from_parts)).
+//! From a shell: `idem inspect --scope http --tenant <tenant> --key <key>`
+//! (no `--tenant` for a layer without a tenant function), which shows the
+//! stored response (JSON `{"status", "headers": [[name, base64]], "body":
+//! base64}`) as its status, headers and body.
+//!
 //! A response is read whole (up to [`max_response_body`](IdempotencyLayer::max_response_body))
 //! before it is stored and sent: a streaming endpoint (server-sent events,
 //! a long download) sends nothing until its end or the limit. Don't put

@@ -60,9 +60,13 @@ where
 {
     /// The lease record of `id` with its state, by Redis's clock (one
     /// atomic script call). `None` when there is none. Redis keeps no
-    /// creation time: [`Record::created_at_ms`] and
-    /// [`Record::updated_at_ms`] are `None`; [`Record::expires_at_ms`] is
-    /// when the key's TTL runs out.
+    /// timestamps, but a record's fence is Redis's clock in microseconds
+    /// when it was first claimed (a take-over adds one): that is
+    /// [`Record::created_at_ms`]. While it is held,
+    /// [`Record::lease_until_ms`] is the key's TTL less the retention, and
+    /// [`Record::updated_at_ms`] that less the lease (when the lease was last
+    /// claimed, taken over or extended); [`Record::expires_at_ms`] is when
+    /// the key's TTL runs out.
     pub async fn inspect_lease(&self, id: &RecordId) -> Result<Option<Record>, Error> {
         let name = self.names.name(RecordKind::Lease, id.scope(), id.key());
         let mut read = self.read(std::slice::from_ref(&name)).await?;
@@ -246,8 +250,8 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
         let (_ttl, rest) = rest.split_once(':')?;
         let (owner, rest) = rest.split_once('|')?;
         let mut times = rest.splitn(3, ':');
-        let (_lease, retention, fp) = (times.next()?, times.next()?, times.next()?);
-        let retention: i64 = retention.parse().ok()?;
+        let (lease, retention, fp) = (times.next()?, times.next()?, times.next()?);
+        let (lease, retention): (i64, i64) = (lease.parse().ok()?, retention.parse().ok()?);
         // The lease left is the TTL less the retention (the lease script's
         // reckoning); a key without a TTL counts as passed, as it does there.
         let left = pttl - retention;
@@ -255,6 +259,7 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
         record.owner = Some(owner.to_owned());
         record.fingerprint = fingerprint(fp);
         record.lease_until_ms = Some(now_ms + left);
+        record.updated_at_ms = (pttl >= 0).then(|| now_ms + left - lease);
         record.state = if left > 0 { RecordState::Running } else { RecordState::LeasePassed };
     } else if let Some(done) = value.strip_prefix('D') {
         let fp = done.get(..64)?;
@@ -270,7 +275,18 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
     } else {
         return None;
     }
+    record.created_at_ms = claimed_at_ms(record.fence, now_ms);
     Some(record)
+}
+
+/// When a record with `fence` was first claimed: a new record's fence is
+/// Redis's `TIME` in microseconds (see `lease.rs`), and each take-over adds
+/// one. `None` for a fence that is no such reading (before 2001, or more
+/// than a day ahead of the clock: a record written otherwise).
+fn claimed_at_ms(fence: i64, now_ms: i64) -> Option<i64> {
+    const YEAR_2001_US: i64 = 978_307_200_000_000;
+    let at_ms = fence / 1000;
+    (fence >= YEAR_2001_US && at_ms <= now_ms + 24 * 3600 * 1000).then_some(at_ms)
 }
 
 /// `text` matched literally by a `SCAN MATCH` pattern.
@@ -306,6 +322,26 @@ mod tests {
         assert_eq!((r.status, r.state, r.fence), (RecordStatus::Done, RecordState::Done, 18));
         assert_eq!(r.response.as_deref(), Some("{\"a\":\"x|y\"}"));
         assert!(decode(&id, b"something else".to_vec(), 10, 0).is_none());
+    }
+
+    #[test]
+    fn times_come_from_the_fence_and_the_ttl() {
+        let id = RecordId::stored("s", "k");
+        // Claimed at 1_700_000_000.123456 s (Redis TIME) and taken over
+        // twice since; read 5 s later, its 1 s lease passed half a second ago.
+        let now_ms = 1_700_000_005_123;
+        let held = format!("P1700000000123458.3000:o|1000:2000:{}", ".".repeat(64));
+        let r = decode(&id, held.into_bytes(), 1500, now_ms).unwrap();
+        assert_eq!(r.created_at_ms, Some(1_700_000_000_123));
+        assert_eq!(r.age_ms(), Some(5000));
+        assert_eq!(r.lease_left_ms(), Some(-500));
+        assert_eq!(r.updated_at_ms, Some(now_ms - 1500), "the lease last granted 1.5 s ago");
+        let done = format!("D{}1700000000123456:2000:o|7", "a".repeat(64));
+        let r = decode(&id, done.into_bytes(), 1500, now_ms).unwrap();
+        assert_eq!((r.created_at_ms, r.updated_at_ms), (Some(1_700_000_000_123), None));
+        // A fence that is no clock reading gives no time.
+        let small = format!("P17.3000:o|1000:2000:{}", ".".repeat(64));
+        assert_eq!(decode(&id, small.into_bytes(), 1500, now_ms).unwrap().created_at_ms, None);
     }
 
     #[test]

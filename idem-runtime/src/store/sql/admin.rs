@@ -176,9 +176,11 @@ pub struct Record {
     pub fence: i64,
     /// End of the lease (lease records while `PROCESSING`).
     pub lease_until_ms: Option<i64>,
-    /// When the record was written or last taken over (SQL only).
+    /// When the record was written or last taken over (SQL); when it was
+    /// first claimed (Redis, from its fence: see `RedisStore::inspect_lease`).
     pub created_at_ms: Option<i64>,
-    /// Last change (SQL only).
+    /// Last change (SQL); when its lease was last claimed, taken over or
+    /// extended (Redis, while held).
     pub updated_at_ms: Option<i64>,
     /// When its retention ends (SQL), or its key's TTL runs out (Redis).
     pub expires_at_ms: Option<i64>,
@@ -192,7 +194,15 @@ impl Record {
         RecordId::stored(self.scope.clone(), self.key.clone())
     }
 
-    /// How long ago it was written or last taken over (SQL records).
+    /// The key's parts as the guard was given them (see [`Key::parts`]):
+    /// for a record of the HTTP layer with a tenant function, `[tenant,
+    /// key]`. `None` for a hashed key.
+    pub fn key_parts(&self) -> Option<Vec<String>> {
+        crate::key::parts(&self.key)
+    }
+
+    /// How long ago it was written (SQL: or last taken over; Redis: first
+    /// claimed).
     pub fn age_ms(&self) -> Option<i64> {
         self.created_at_ms.map(|c| self.now_ms - c)
     }
