@@ -5,7 +5,8 @@
 //! `{"amount_cents": 500}` pays; `"delay_ms"` makes it slow (a duplicate
 //! arrives while it runs); `"fail_with"` answers that status instead;
 //! `"response_bytes"` pads the answer (over the layer's limit, say);
-//! `"chunks"` streams the answer in that many chunks.
+//! `"chunks"` streams the answer in that many chunks; `"panic": true`
+//! makes the handler panic.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +33,8 @@ pub struct PaymentRequest {
     pub response_bytes: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunks: Option<usize>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub panic: bool,
 }
 
 /// What the endpoint answers.
@@ -60,6 +63,9 @@ async fn pay(State(shop): State<Shop>, axum::Json(req): axum::Json<PaymentReques
     let payment_id = shop.runs.fetch_add(1, Ordering::SeqCst) + 1;
     if let Some(ms) = req.delay_ms {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if req.panic {
+        panic!("the payment handler panicked (asked to, by the request)");
     }
     if let Some(status) = req.fail_with {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -252,6 +252,24 @@ macro_rules! http_suite {
                 assert_eq!(shop.runs(), 7);
             }
 
+            /// A handler that panics: the client gets a 500 problem (not a
+            /// dropped connection), and nothing is kept, so a retry runs again.
+            #[tokio::test]
+            async fn a_panicking_handler_is_a_500_and_leaves_no_record() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let panics = PaymentRequest { amount_cents: 5, panic: true, ..Default::default() };
+                let response = post(&client, &base, Some(&key), &panics).await;
+                assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+                assert_eq!(response.headers()["content-type"], "application/problem+json");
+                let ok = PaymentRequest { amount_cents: 5, ..Default::default() };
+                let retried = post(&client, &base, Some(&key), &ok).await;
+                assert_eq!(retried.status(), StatusCode::CREATED);
+                assert!(!replayed(&retried));
+                assert_eq!(shop.runs(), 2);
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn an_abandoned_request_still_completes_and_its_retry_replays() {
                 // The client goes away mid-request: the handler is not

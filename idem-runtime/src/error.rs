@@ -331,6 +331,14 @@ impl Error {
     }
 }
 
+impl Error {
+    /// A deadlock or serialization failure: the server rolled the statement
+    /// (or its transaction) back, and sending it again can succeed.
+    pub(crate) fn is_deadlock(&self) -> bool {
+        matches!(self, Error::Database(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+    }
+}
+
 /// The longest duration any store keeps: 100 years as humantime counts them
 /// (the attribute's arguments have the same bound, checked at compile time).
 pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);

@@ -465,11 +465,20 @@ where
     // away) could leave a payment sent and no answer stored, and its retry
     // would send it again.
     // The task carries the request's span, so the handler's logs keep it.
+    let scope = config.scope.clone();
     let guarded = guarded(config, inner, request, tenant, key, fingerprint);
     let task = tokio::spawn(tracing::Instrument::instrument(guarded, tracing::Span::current()));
     match task.await {
         Ok(answer) => answer,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) if e.is_panic() => {
+            // Its record was removed as the panic went by: a retry runs again.
+            let panic = e.into_panic();
+            let what =
+                panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+            tracing::error!(target: "idem", scope = %scope, panic = what.unwrap_or("(not a string)"),
+                "idempotency layer: the handler panicked");
+            Ok(problem(StatusCode::INTERNAL_SERVER_ERROR, "the handler failed; nothing was kept, a retry runs again"))
+        }
         Err(e) => {
             tracing::error!(target: "idem", error = %e, "idempotency layer: the request's task was cancelled");
             Ok(problem(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; retry later"))
@@ -500,13 +509,20 @@ where
     if let Some(fingerprint) = &fingerprint {
         guard = guard.fingerprint(fingerprint);
     }
-    if let Err(detail) = config.fits_store().await {
+    // Whether the store holds responses of the layer's limit is asked of it
+    // once, beside the first claims (not before: a store that is down then
+    // fails both within one bound).
+    let (fits, claim) = tokio::join!(config.fits_store(), guard.lease::<StoredResponse>(&*config.store, config.lease));
+    if let Err(detail) = fits {
+        if let Ok(Claim::Run(ticket)) = claim {
+            ticket.release_failed("was refused (the layer is misconfigured)").await;
+        }
         return Ok(problem(StatusCode::INTERNAL_SERVER_ERROR, detail));
     }
-    let ticket = match guard.lease::<StoredResponse>(&*config.store, config.lease).await {
+    let ticket = match claim {
         Ok(Claim::Replay(stored)) => return Ok(stored.into_response(true)),
         Ok(Claim::Run(ticket)) => ticket,
-        Err(e) => return Ok(refused(&e)),
+        Err(e) => return Ok(refused(&e, config.lease)),
     };
     let ran = ticket
         .run_body(async {
@@ -520,7 +536,7 @@ where
         Ok(Handled::Whole(stored)) => {
             return Ok(match ticket.completed(stored).await {
                 Ok(stored) => stored.into_response(false),
-                Err(e) => refused(&e),
+                Err(e) => refused(&e, config.lease),
             });
         }
         Ok(Handled::Unkept(response, why)) => (response, why),
@@ -529,7 +545,7 @@ where
             return Ok(response);
         }
         Err(Failure::Inner(e)) => return Err(e),
-        Err(Failure::Guard(e)) => return Ok(refused(&e)),
+        Err(Failure::Guard(e)) => return Ok(refused(&e, config.lease)),
     };
     let (response, why) = unkept;
     if let Err(e) = ticket.completed_without_answer(why).await {
@@ -729,9 +745,22 @@ fn scan_json(text: &[u8]) -> (usize, bool) {
     (keys, true)
 }
 
-/// A guard's refusal as an HTTP answer.
-fn refused(e: &Error) -> Response<ResponseBody> {
+/// A guard's refusal as an HTTP answer (`lease`: the layer's).
+fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {
     match e {
+        Error::LeaseLost { .. } => {
+            // The handler was stopped: its lease could not be renewed (the
+            // store is down) or was taken over. A retry once the lease has
+            // passed takes the record over, or replays another's answer.
+            tracing::warn!(target: "idem", error = %e, "idempotency layer: the handler was stopped, its lease lost");
+            let mut response = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the request was stopped: its idempotency record could not be kept alive (the store did not answer); \
+                 retry after the time given",
+            );
+            response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(lease.as_secs().max(1)));
+            response
+        }
         Error::InProgress { .. } => {
             let mut response = problem(
                 StatusCode::CONFLICT,

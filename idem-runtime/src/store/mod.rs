@@ -31,6 +31,34 @@ pub use redis::{RedisStats, RedisStore};
 /// store can sit behind `dyn LeaseStore` (or any other store trait).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// How long a store of idem's own ([`RedisStore`], [`SqlStore`](crate::lease::SqlStore))
+/// waits for one call (a connection from its pool included) before the
+/// guard fails with a retryable error ([`Error::Store`](crate::Error::Store),
+/// or a pool time-out): 3 s, unless the store is given another with its
+/// `timeout` method. A store that is down is reported within it, not after
+/// a client's own reconnect cycle (a Redis `ConnectionManager` retries for
+/// about 9 s, a sqlx pool for its 30 s `acquire_timeout`). A call cut off
+/// may still have landed: every lease step is safe to repeat, and a claim
+/// that landed waits for its lease before a retry takes it over.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `call` within `timeout`, else a retryable store error of `store`.
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    store: &'static str,
+    call: impl Future<Output = Result<T, crate::Error>>,
+) -> Result<T, crate::Error> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result,
+        Err(_) => Err(no_answer(store, timeout)),
+    }
+}
+
+/// The error of a store call that did not answer within `timeout`.
+pub(crate) fn no_answer(store: &'static str, timeout: Duration) -> crate::Error {
+    crate::Error::Store { store, source: format!("no answer within {timeout:?}").into() }
+}
+
 /// A fresh owner id: this process (its id and start time) and a counter.
 pub(crate) fn new_owner() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};

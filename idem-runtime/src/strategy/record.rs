@@ -15,6 +15,9 @@ use crate::{Error, Replayable};
 /// transaction rolled back, or it expired and was purged). Bounded.
 pub(crate) const MAX_ATTEMPTS: usize = 5;
 
+/// Deadlock victims among claims a guard sends again (see `claim_with_begin`).
+const MAX_DEADLOCKS: u64 = 10;
+
 /// `precheck`: a "seen" marker first; a seen key whose completed record is
 /// there replays from a plain read (SQLite: taking the write lock first),
 /// before any claim, token or state change. `None`: go on and claim.
@@ -120,9 +123,24 @@ async fn claim_with_begin<DB: SqlBackend>(
     record: &NewRecord<'_>,
     cas: Option<&Cas<'_>>,
 ) -> Result<Claimed, Error> {
-    let mut take_over = false;
-    for _ in 0..MAX_ATTEMPTS {
-        match core.claim_with_begin::<DB>(conn, record, take_over).await? {
+    let (mut take_over, mut deadlocks) = (false, 0);
+    let mut attempts = 0;
+    while attempts < MAX_ATTEMPTS {
+        attempts += 1;
+        let claimed = match core.claim_with_begin::<DB>(conn, record, take_over).await {
+            // InnoDB picks claims waiting on a record whose first call rolls
+            // back as deadlock victims (1213). The claim was the first
+            // statement of the Tx's own BEGIN: nothing of the caller's went
+            // with the rollback, so it is sent again.
+            Err(e) if e.is_deadlock() && core.is_deferred() && deadlocks < MAX_DEADLOCKS => {
+                deadlocks += 1;
+                attempts -= 1;
+                tokio::time::sleep(std::time::Duration::from_millis(2 * deadlocks)).await;
+                continue;
+            }
+            claimed => claimed?,
+        };
+        match claimed {
             None => {
                 let Some(cas) = cas else { return Ok(Claimed::Fresh { moved: 0 }) };
                 return match DB::transition(conn, cas).await {

@@ -149,6 +149,10 @@ where
     /// Run one operation: at once while fewer than [`IN_FLIGHT`] calls are
     /// out, else in the next batch.
     async fn run(&self, op: Op) -> Result<redis::Value, Error> {
+        self.bounded(self.run_unbounded(op)).await
+    }
+
+    async fn run_unbounded(&self, op: Op) -> Result<redis::Value, Error> {
         if !self.shared.batching.load(Ordering::Relaxed) {
             self.shared.count(1);
             return single(&mut self.conn.clone(), &op).await;
@@ -520,8 +524,16 @@ where
             // services rename it), Redis's default (512 MiB) stands, and the
             // next long answer asks again.
             let mut conn = self.conn.clone();
-            let asked: Result<std::collections::HashMap<String, String>, _> =
-                redis::cmd("CONFIG").arg("GET").arg("proto-max-bulk-len").query_async(&mut conn).await;
+            let asked: Result<std::collections::HashMap<String, String>, _> = self
+                .bounded(async {
+                    redis::cmd("CONFIG")
+                        .arg("GET")
+                        .arg("proto-max-bulk-len")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(super::store_error)
+                })
+                .await;
             let bulk = asked.ok().and_then(|m| m.get("proto-max-bulk-len").and_then(|v| v.parse::<usize>().ok()));
             match bulk {
                 Some(bulk) => *self.shared.answer_limit.get_or_init(|| bulk.saturating_sub(1024)),

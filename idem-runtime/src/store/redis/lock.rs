@@ -46,7 +46,7 @@ where
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
-        Box::pin(async move {
+        Box::pin(self.bounded(async move {
             let (lock, fence) = (self.key(RecordKind::Lock, scope, key), self.key(RecordKind::Fence, scope, key));
             let (ttl, keep) = (millis(ttl).max(1), millis(FENCE_KEEP));
             // Safe to repeat (a cluster client resends a command whose
@@ -72,11 +72,11 @@ where
                 // else); report a short hint rather than none.
                 LockAttempt::Busy { retry_after: Duration::from_millis(n.max(1) as u64) }
             })
-        })
+        }))
     }
 
     fn release<'a>(&'a self, scope: &'a str, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
+        Box::pin(self.bounded(async move {
             let lock = self.key(RecordKind::Lock, scope, key);
             // Not retried after a dropped connection: if the first attempt
             // deleted the lock, a second would find it gone and report it
@@ -87,7 +87,7 @@ where
             });
             let reply = reply.await.map_err(store_error)?;
             Ok(matches!(reply, redis::Value::Int(1)))
-        })
+        }))
     }
 
     fn release_detached(&self, scope: &str, key: &str, owner: &str) {
@@ -110,13 +110,13 @@ where
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
+        Box::pin(self.bounded(async move {
             let (lock, ttl) = (self.key(RecordKind::Lock, scope, key), millis(ttl).max(1));
             let mut conn = self.connection();
             let reply = EXTEND.eval_retrying(&mut conn, |c| {
                 c.arg(1).arg(&lock).arg(owner).arg(ttl);
             });
             Ok(matches!(reply.await.map_err(store_error)?, redis::Value::Int(1)))
-        })
+        }))
     }
 }

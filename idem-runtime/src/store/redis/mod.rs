@@ -94,6 +94,8 @@ pub struct RedisStats {
 #[derive(Clone)]
 pub struct RedisStore<C = redis::aio::ConnectionManager> {
     conn: C,
+    /// The bound on each call (see [`RedisStore::timeout`]).
+    timeout: std::time::Duration,
     prefix: String,
     names: Keyspace,
     shared: Arc<Shared>,
@@ -118,6 +120,7 @@ where
         let cluster = std::any::TypeId::of::<C>() == std::any::TypeId::of::<redis::cluster_async::ClusterConnection>();
         RedisStore {
             conn,
+            timeout: super::DEFAULT_TIMEOUT,
             names: Keyspace::new(&prefix),
             prefix,
             shared: Arc::new(Shared {
@@ -128,6 +131,23 @@ where
                 answer_limit: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// How long one call may take before the guard fails with a retryable
+    /// [`Error::Store`] (default [`DEFAULT_TIMEOUT`](crate::store::DEFAULT_TIMEOUT), 3 s): a Redis that is
+    /// down is reported within it, not after the connection's own
+    /// reconnect cycle.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> RedisStore<C> {
+        self.timeout = timeout;
+        self
+    }
+
+    /// `call`, within this store's [`timeout`](Self::timeout).
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        super::within(self.timeout, "redis", call).await
     }
 
     /// Batch lease operations under load (the default, except on a

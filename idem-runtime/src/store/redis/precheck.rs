@@ -17,12 +17,12 @@ where
     }
 
     fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
+        Box::pin(self.bounded(async move {
             let mut cmd = redis::cmd("SET");
             cmd.arg(self.key(RecordKind::Seen, scope, key)).arg("1").arg("NX").arg("PX").arg(millis(ttl).max(1));
             let mut conn = self.connection();
             let reply: redis::Value = cmd.query_async(&mut conn).await.map_err(store_error)?;
             Ok(!matches!(reply, redis::Value::Nil))
-        })
+        }))
     }
 }

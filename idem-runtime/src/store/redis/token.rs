@@ -21,17 +21,17 @@ where
     }
 
     fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move {
+        Box::pin(self.bounded(async move {
             let mut cmd = redis::cmd("SET");
             cmd.arg(self.key(RecordKind::Token, scope, token)).arg("1").arg("NX").arg("PX").arg(millis(ttl).max(1));
             let mut conn = self.connection();
             let _: redis::Value = cmd.query_async(&mut conn).await.map_err(store_error)?;
             Ok(())
-        })
+        }))
     }
 
     fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
+        Box::pin(self.bounded(async move {
             let mut cmd = redis::cmd("GETDEL");
             cmd.arg(self.key(RecordKind::Token, scope, token));
             // Not retried after a dropped connection: the first attempt may
@@ -40,6 +40,6 @@ where
             let mut conn = self.connection();
             let reply: redis::Value = cmd.query_async(&mut conn).await.map_err(store_error)?;
             Ok(!matches!(reply, redis::Value::Nil))
-        })
+        }))
     }
 }

@@ -2,6 +2,10 @@
 //! table of the dedup strategy, each step its own short autocommit statement.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use tokio::time::Instant;
 
 use super::{SqlBackend, classify};
 use crate::Error;
@@ -23,24 +27,61 @@ pub struct SqlStore<DB: SqlBackend> {
     pool: sqlx::Pool<DB>,
     /// The longest answer the server holds, once asked (see `answer_limit`).
     answer_limit: Arc<OnceLock<usize>>,
+    /// The bound on each call (see [`SqlStore::timeout`]).
+    timeout: Duration,
 }
 
 // By hand: derived, it would ask `DB: Clone` of the database type.
 impl<DB: SqlBackend> Clone for SqlStore<DB> {
     fn clone(&self) -> Self {
-        SqlStore { pool: self.pool.clone(), answer_limit: self.answer_limit.clone() }
+        SqlStore { pool: self.pool.clone(), answer_limit: self.answer_limit.clone(), timeout: self.timeout }
     }
 }
 
 impl<DB: SqlBackend> SqlStore<DB> {
     /// A store on `pool` (run [`crate::migrate`] on it first).
     pub fn new(pool: sqlx::Pool<DB>) -> SqlStore<DB> {
-        SqlStore { pool, answer_limit: Arc::default() }
+        SqlStore { pool, answer_limit: Arc::default(), timeout: crate::store::DEFAULT_TIMEOUT }
     }
 
     /// The pool.
     pub fn pool(&self) -> &sqlx::Pool<DB> {
         &self.pool
+    }
+
+    /// How long one call may take, a connection from the pool included,
+    /// before the guard fails with a retryable error (default
+    /// [`DEFAULT_TIMEOUT`](crate::store::DEFAULT_TIMEOUT), 3 s): a database
+    /// that is down is reported within it, not after the pool's
+    /// `acquire_timeout`. A statement cut off closes its connection.
+    pub fn timeout(mut self, timeout: Duration) -> SqlStore<DB> {
+        self.timeout = timeout;
+        self
+    }
+
+    /// A connection from the pool within `deadline`.
+    async fn acquire(&self, deadline: Instant) -> Result<PoolConnection<DB>, Error> {
+        match tokio::time::timeout_at(deadline, self.pool.acquire()).await {
+            Ok(conn) => Ok(conn?),
+            Err(_) => Err(crate::store::no_answer(DB::BACKEND, self.timeout)),
+        }
+    }
+
+    /// What a call on `conn` given until a deadline (`timeout_at`) did;
+    /// cut off, the connection is closed (the server may still be running
+    /// the statement, and the client would read its reply as the next one's).
+    fn settle<T>(
+        &self,
+        conn: &mut PoolConnection<DB>,
+        done: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, Error> {
+        match done {
+            Ok(done) => done.map_err(classify::<DB>),
+            Err(_) => {
+                conn.close_on_drop();
+                Err(crate::store::no_answer(DB::BACKEND, self.timeout))
+            }
+        }
     }
 }
 
@@ -105,13 +146,18 @@ where
 
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         Box::pin(async move {
+            if !DB::ASKS_ANSWER_LIMIT {
+                return DB::MAX_RESPONSE;
+            }
             if let Some(&limit) = self.answer_limit.get() {
                 return limit;
             }
             // Asked once; if the server cannot be asked now, the column's
             // limit stands for this answer and the next one asks again.
-            let Ok(mut conn) = self.pool.acquire().await else { return DB::MAX_RESPONSE };
-            match DB::answer_limit(&mut conn).await {
+            let deadline = Instant::now() + self.timeout;
+            let Ok(mut conn) = self.acquire(deadline).await else { return DB::MAX_RESPONSE };
+            let done = tokio::time::timeout_at(deadline, DB::answer_limit(&mut conn)).await;
+            match self.settle(&mut conn, done) {
                 Ok(limit) => *self.answer_limit.get_or_init(|| limit),
                 Err(_) => DB::MAX_RESPONSE,
             }
@@ -120,12 +166,24 @@ where
 
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         Box::pin(async move {
-            let mut conn = self.pool.acquire().await?;
+            let deadline = Instant::now() + self.timeout;
+            let mut conn = self.acquire(deadline).await?;
             // A record committed while the claim waited can be invisible to
             // its snapshot: the statement then finds nothing; ask again.
-            for _ in 0..5 {
-                if let Some(claim) = DB::lease_claim(&mut conn, req).await.map_err(classify::<DB>)? {
-                    return Ok(claim);
+            // InnoDB picks claims waiting on a record whose first call fails
+            // as deadlock victims (1213): the claim is a statement of its
+            // own, so it is sent again, within the store's bound.
+            let (mut unseen, mut deadlocks) = (0, 0);
+            while unseen < 5 {
+                let done = tokio::time::timeout_at(deadline, DB::lease_claim(&mut conn, req)).await;
+                match self.settle(&mut conn, done) {
+                    Ok(Some(claim)) => return Ok(claim),
+                    Ok(None) => unseen += 1,
+                    Err(e) if e.is_deadlock() && deadlocks < 10 => {
+                        deadlocks += 1;
+                        tokio::time::sleep(Duration::from_millis(2 * deadlocks)).await;
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             Ok(LeaseClaim::Busy { retry_after: std::time::Duration::ZERO })
@@ -150,8 +208,10 @@ where
 
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         Box::pin(async move {
-            let mut conn = self.pool.acquire().await?;
-            let existing = DB::read(&mut conn, req.scope, req.key).await.map_err(classify::<DB>)?;
+            let deadline = Instant::now() + self.timeout;
+            let mut conn = self.acquire(deadline).await?;
+            let done = tokio::time::timeout_at(deadline, DB::read(&mut conn, req.scope, req.key)).await;
+            let existing = self.settle(&mut conn, done)?;
             Ok(existing.filter(|e| !e.expired).and_then(|e| {
                 if let (Some(ours), Some(theirs)) = (req.fingerprint, e.fingerprint.as_deref())
                     && ours != theirs
@@ -172,7 +232,9 @@ where
     DB::Connection: Send,
 {
     async fn finish(&self, held: &HeldLease<'_>, action: LeaseAction<'_>) -> Result<bool, Error> {
-        let mut conn = self.pool.acquire().await?;
-        DB::lease_finish(&mut conn, held, action).await.map_err(classify::<DB>)
+        let deadline = Instant::now() + self.timeout;
+        let mut conn = self.acquire(deadline).await?;
+        let done = tokio::time::timeout_at(deadline, DB::lease_finish(&mut conn, held, action)).await;
+        self.settle(&mut conn, done)
     }
 }

@@ -141,6 +141,12 @@ pub trait SqlBackend: sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaS
     /// cut it short or drop the connection).
     const MAX_RESPONSE: usize = usize::MAX;
 
+    /// Whether [`answer_limit`](Self::answer_limit) asks the server (else
+    /// it is [`MAX_RESPONSE`](Self::MAX_RESPONSE), and no connection is
+    /// needed to know it).
+    #[doc(hidden)]
+    const ASKS_ANSWER_LIMIT: bool = false;
+
     /// The most bytes of JSON an answer on this connection's server can
     /// have: [`MAX_RESPONSE`](Self::MAX_RESPONSE), less where the server's
     /// configuration sets a lower bound (MySQL's `max_allowed_packet`, asked

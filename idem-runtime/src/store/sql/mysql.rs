@@ -180,6 +180,8 @@ impl SqlBackend for MySql {
     /// by the server, which then closes the connection: an answer must
     /// leave room in it for the statement around it (64 KiB: the scope,
     /// key and fingerprint hold at most 1 KiB).
+    const ASKS_ANSWER_LIMIT: bool = true;
+
     async fn answer_limit(conn: &mut MySqlConnection) -> Result<usize, sqlx::Error> {
         let packet = sqlx::query_scalar::<_, u64>("SELECT @@max_allowed_packet").fetch_one(conn).await?;
         Ok(Self::MAX_RESPONSE.min(usize::try_from(packet).unwrap_or(usize::MAX).saturating_sub(1 << 16)))
