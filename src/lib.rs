@@ -70,6 +70,7 @@
 //! | body returns `Err` | the record is removed, even if the caller commits anyway; a retry runs again |
 //! | same key, different `fingerprint` | `Err(idem::Error::KeyMismatch)`, checked before anything else |
 //! | worker dies mid-way | the transaction rolls back, record included |
+//! | the body succeeded, its answer cannot be kept (over the store's limit, a value JSON cannot carry exactly: `f64::NAN`, `Some(())`) | the first call gets its answer; the record stays in your transaction marked "answer not kept" (logged at WARN): committed, repeats get [`Error::AnswerNotKept`] and the body never runs again; rolled back, both go |
 //!
 //! Only a unique-key violation on the record counts as a duplicate: a lock
 //! timeout, a lost connection or a missing table is an error

@@ -18,7 +18,10 @@
 //! | the same key with another request (method, path, body) | `422 Unprocessable Content` |
 //! | no key where one is required, or a malformed key | `400 Bad Request` |
 //! | a body over the request limit | `413 Content Too Large`, the handler not run |
-//! | the handler fails (5xx by default; 401, 403, 407, 408, 409, 429), or panics | nothing stored: a retry runs again |
+//! | the handler fails (5xx by default; 401, 403, 407, 408, 409, 429) | passed on, nothing stored: a retry runs again |
+//! | the handler panics | `500` problem+json, nothing stored: a retry runs again |
+//! | the store does not answer (down) before the handler runs | `503` with `Retry-After: 1`, within the store's bound ([`DEFAULT_TIMEOUT`](crate::store::DEFAULT_TIMEOUT), 3 s), the handler not run |
+//! | the store stops answering while the handler runs | the lease cannot be renewed: the handler is stopped before another worker could take the record over, and the client gets `503` with `Retry-After` (the lease, in seconds); a retry after it takes the record over and runs the handler again (what it did before it was stopped stands) |
 //! | its client goes away while the handler runs | the handler runs to its end (on a task of its own) and its response is kept: the retry gets it |
 //! | a response over the response limit, with trailers, or whose body fails mid-way | sent as it comes, its record completed without it: a retry gets `410 Gone` (problem+json, `Idempotent-Replayed: true`) and the handler never runs again ([`pass_through_oversized`](IdempotencyLayer::pass_through_oversized): removed instead, a retry runs again) |
 //! | a response the store cannot hold, or a store that fails as it is written | the client gets the handler's response; retries get `410 Gone`, as above |
