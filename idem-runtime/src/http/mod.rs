@@ -515,6 +515,9 @@ where
     // Whether the store holds responses of the layer's limit is asked of it
     // once, beside the first claims (not before: a store that is down then
     // fails both within one bound).
+    if let Some(Err(detail)) = config.fits.get() {
+        return Ok(problem(StatusCode::INTERNAL_SERVER_ERROR, detail));
+    }
     let (fits, claim) = tokio::join!(config.fits_store(), guard.lease::<StoredResponse>(&*config.store, config.lease));
     if let Err(detail) = fits {
         if let Ok(Claim::Run(ticket)) = claim {

@@ -201,9 +201,9 @@ impl LeaseTicket<'_> {
         let mut attempt = 0u32;
         loop {
             let completed = bounded(self.lease, self.store.kind(), self.store.complete(&held, json.as_deref())).await;
-            crate::metrics::complete(p.labels(), started.elapsed());
             let e = match completed {
                 Ok(true) => {
+                    crate::metrics::complete(p.labels(), started.elapsed());
                     p.report(Outcome::Executed);
                     return Ok(());
                 }
