@@ -739,7 +739,7 @@ pub(crate) fn retention_us(d: Duration) -> i64 {
 
 /// Decode the columns of the backends' READ statements, in that order: status,
 /// fingerprint, response, expired (as an integer: 0 or 1).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn decode_existing<R>(row: &R) -> Result<ExistingRecord, sqlx::Error>
 where
     R: sqlx::Row,
@@ -747,10 +747,24 @@ where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
+    decode_existing_as::<String, R>(row)
+}
+
+/// [`decode_existing`] with idem's text columns read as `S` (MySQL: their
+/// bytes, whatever the session's charset).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_existing_as<S, R>(row: &R) -> Result<ExistingRecord, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    S: Into<String>,
+    for<'r> S: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     Ok(ExistingRecord {
-        status: row.try_get(0)?,
-        fingerprint: row.try_get(1)?,
-        response: row.try_get(2)?,
+        status: row.try_get::<S, _>(0)?.into(),
+        fingerprint: row.try_get::<Option<S>, _>(1)?.map(Into::into),
+        response: row.try_get::<Option<S>, _>(2)?.map(Into::into),
         expired: row.try_get::<i64, _>(3)? != 0,
     })
 }
@@ -758,7 +772,7 @@ where
 /// Decode the columns of the backends' FETCH statements, in that order: scope,
 /// key, status, fingerprint, response, owner, fence, lease_until, created_at,
 /// updated_at, expires_at (timestamps as epoch milliseconds).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn decode_record<R>(row: &R) -> Result<DedupRecord, sqlx::Error>
 where
     R: sqlx::Row,
@@ -766,17 +780,32 @@ where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let status: String = row.try_get(2)?;
+    decode_record_as::<String, R>(row)
+}
+
+/// [`decode_record`] with idem's text columns read as `S` (MySQL: their
+/// bytes, whatever the session's charset).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_record_as<S, R>(row: &R) -> Result<DedupRecord, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    S: Into<String>,
+    for<'r> S: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let text = |i: usize| row.try_get::<Option<S>, _>(i).map(|s| s.map(Into::into));
+    let status: String = row.try_get::<S, _>(2)?.into();
     Ok(DedupRecord {
-        scope: row.try_get(0)?,
-        key: row.try_get(1)?,
+        scope: row.try_get::<S, _>(0)?.into(),
+        key: row.try_get::<S, _>(1)?.into(),
         status: crate::RecordStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
             index: "status".into(),
             source: format!("unknown record status {status:?}").into(),
         })?,
-        fingerprint: row.try_get(3)?,
-        response: row.try_get(4)?,
-        owner: row.try_get(5)?,
+        fingerprint: text(3)?,
+        response: text(4)?,
+        owner: text(5)?,
         fence: row.try_get(6)?,
         lease_until_ms: row.try_get(7)?,
         created_at_ms: row.try_get(8)?,

@@ -26,7 +26,9 @@
 //! every character but ASCII letters, digits and a few marks is a Unicode
 //! escape (`E'it\u0027s'`), or, for a value with non-ASCII characters, its
 //! UTF-8 in hex converted by the server; on MySQL hexadecimal literals
-//! (`X'6b33'`). The rest of the text is idem's own: integers it formats and
+//! (`X'6b33'`), whose reads take idem's columns as bytes
+//! (`CAST(response AS BINARY)`): neither way depends on the session's
+//! charset. The rest of the text is idem's own: integers it formats and
 //! the validated record table name. On PostgreSQL the statements are
 //! prepared once per session and the texts name them
 //! (`EXECUTE idem_claim_<hash>(...)`), so they are planned once, as sqlx's

@@ -1,0 +1,180 @@
+//! Replays are byte-exact on any session (issue 25, section 2): a
+//! MySQL/MariaDB connection in a charset other than utf8mb4, a PostgreSQL
+//! session that lost idem's prepared statements (a pooler's reset) or holds
+//! a statement of the application's under one of their names, and a
+//! MariaDB session whose user variables idem's texts must leave alone.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+use common::{AppError, unique};
+use idem::admin::{RecordId, StuckQuery};
+use idem::lease::LeaseStore;
+use idem::{Claim, Guard, Key, idempotent};
+
+/// Answers (and keys, and scopes) latin1 cannot hold, or holds differently
+/// from utf8mb4: emoji, CJK, right-to-left text, accents, a flag, a mark.
+const UNICODE: &[&str] =
+    &["😀 emoji", "你好，世界", "שלום עולם", "café é ß", "🇫🇷 Ω ≠ ñ \u{200f}end", "it's \"quoted\" ¿\\?"];
+
+/// One guarded call through the Guard API on any transaction: (ran, answer).
+async fn call<C: idem::TxContext + ?Sized>(
+    tx: &mut C,
+    scope: &str,
+    key: &str,
+    answer: &str,
+) -> Result<(bool, String), idem::Error> {
+    match Guard::new(scope.to_owned()).key(key).dedup::<String, _>(tx).await? {
+        Claim::Replay(first) => Ok((false, first)),
+        Claim::Run(ticket) => Ok((true, ticket.complete(tx, Ok::<_, idem::Error>(answer.to_owned())).await??)),
+    }
+}
+
+mod mysql {
+    use super::*;
+    use sqlx::MySqlPool;
+
+    /// The test database (migrated), and a pool on it whose sessions speak
+    /// latin1 (`SET NAMES latin1`), as an application's pool may.
+    async fn pools() -> Option<(MySqlPool, MySqlPool)> {
+        let utf8 = common::mysql().await?;
+        let opts = utf8.connect_options().as_ref().clone().charset("latin1");
+        let latin1 = sqlx::mysql::MySqlPoolOptions::new().max_connections(4).connect_with(opts).await.unwrap();
+        let names: String = sqlx::query_scalar("SELECT @@character_set_results").fetch_one(&latin1).await.unwrap();
+        assert_eq!(names, "latin1", "the pool's sessions are latin1");
+        Some((utf8, latin1))
+    }
+
+    /// What a record holds, read through `pool`: (scope, key, response),
+    /// the key as the guard stores it (`Key::as_str`).
+    async fn stored(pool: &MySqlPool, scope: &str, key: &str) -> (String, String, Option<String>) {
+        let record = idem::find_record(pool, scope, &Key::new(key).unwrap()).await.unwrap().expect("a record");
+        let inspected = idem::admin::inspect(pool, &RecordId::new(scope, &Key::new(key).unwrap()))
+            .await
+            .unwrap()
+            .expect("a record");
+        assert_eq!(
+            (&inspected.scope, &inspected.key, &inspected.response),
+            (&record.scope, &record.key, &record.response),
+            "the admin read and find_record agree"
+        );
+        (record.scope, record.key, record.response)
+    }
+
+    fn stored_key(key: &str) -> String {
+        Key::new(key).unwrap().as_str().to_owned()
+    }
+
+    /// Each answer, written by a latin1 session, replays exactly on a
+    /// latin1 session and a utf8mb4 one, and is stored as it was written
+    /// (so a utf8mb4 session, or another service, reads it too); and the
+    /// other way round. `tx` begins a transaction of one kind on a pool.
+    async fn unicode_round_trips<F, T>(scope: &str, tx: F)
+    where
+        F: AsyncFn(&MySqlPool) -> T,
+        T: idem::TxContext<Db = sqlx::MySql> + Committable,
+    {
+        let Some((utf8, latin1)) = pools().await else { return };
+        for (writer, reader) in [(&latin1, &utf8), (&utf8, &latin1), (&latin1, &latin1)] {
+            for answer in UNICODE {
+                let scope = format!("{scope} {answer}");
+                let key = format!("{answer} {}", unique("k"));
+                let mut first = tx(writer).await;
+                assert_eq!(call(&mut first, &scope, &key, answer).await.unwrap(), (true, answer.to_string()));
+                first.commit_it().await;
+                let json = serde_json::to_string(answer).unwrap();
+                for pool in [&utf8, &latin1] {
+                    assert_eq!(stored(pool, &scope, &key).await, (scope.clone(), stored_key(&key), Some(json.clone())));
+                }
+                let mut repeat = tx(reader).await;
+                let replayed = call(&mut repeat, &scope, &key, "not this").await.unwrap();
+                repeat.commit_it().await;
+                assert_eq!(replayed, (false, answer.to_string()), "replays {answer:?} byte for byte");
+            }
+        }
+    }
+
+    /// Commit either kind of transaction.
+    trait Committable {
+        async fn commit_it(self);
+    }
+    impl Committable for sqlx::Transaction<'static, sqlx::MySql> {
+        async fn commit_it(self) {
+            self.commit().await.unwrap()
+        }
+    }
+    impl Committable for idem::MySqlTx {
+        async fn commit_it(self) {
+            self.commit().await.unwrap()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_latin1_session_replays_any_unicode_answer_exactly_on_a_sqlx_transaction() {
+        unicode_round_trips("tests.sessions.sqlx", async |pool: &MySqlPool| pool.begin().await.unwrap()).await;
+    }
+
+    #[tokio::test]
+    async fn a_latin1_session_replays_any_unicode_answer_exactly_on_an_idem_tx() {
+        unicode_round_trips("tests.sessions.tx", async |pool: &MySqlPool| idem::begin(pool).await.unwrap()).await;
+    }
+
+    #[idempotent(
+        key = "id",
+        strategy = "lease",
+        scope = "tests.sessions.lease",
+        store = "store",
+        fingerprint = "answer"
+    )]
+    async fn leased(store: &dyn LeaseStore, id: &str, answer: &str, runs: &AtomicUsize) -> Result<String, AppError> {
+        runs.fetch_add(1, SeqCst);
+        Ok(answer.to_owned())
+    }
+
+    /// The lease store on a latin1 pool: the answer is stored as written
+    /// and replays exactly, and the fingerprint of the repeat matches.
+    #[tokio::test]
+    async fn a_lease_store_on_a_latin1_pool_replays_any_unicode_answer_exactly() {
+        let Some((utf8, latin1)) = pools().await else { return };
+        let on_latin1 = idem::lease::SqlStore::new(latin1.clone());
+        let on_utf8 = idem::lease::SqlStore::new(utf8.clone());
+        for (writer, reader) in [(&on_latin1, &on_utf8), (&on_utf8, &on_latin1)] {
+            for answer in UNICODE {
+                let (id, runs) = (format!("{answer} {}", unique("lease")), AtomicUsize::new(0));
+                assert_eq!(leased(writer, &id, answer, &runs).await.unwrap(), *answer);
+                assert_eq!(leased(reader, &id, answer, &runs).await.unwrap(), *answer, "replays {answer:?}");
+                assert_eq!(runs.load(SeqCst), 1, "the repeat replayed");
+                let json = serde_json::to_string(answer).unwrap();
+                let scope = "tests.sessions.lease";
+                for pool in [&utf8, &latin1] {
+                    assert_eq!(stored(pool, scope, &id).await, (scope.to_owned(), stored_key(&id), Some(json.clone())));
+                }
+            }
+        }
+    }
+
+    /// The admin tools on a latin1 pool list and release a stuck record
+    /// whose scope and key latin1 cannot hold.
+    #[tokio::test]
+    async fn the_admin_tools_on_a_latin1_pool_find_and_release_unicode_keys() {
+        let Some((_, latin1)) = pools().await else { return };
+        let scope = format!("tests.sessions.stuck 😀 {}", unique("s"));
+        let key = "你好 שלום 🇫🇷";
+        let mut tx = latin1.begin().await.unwrap();
+        let Claim::Run(ticket) = Guard::new(scope.clone()).key(key).dedup::<u32, _>(&mut tx).await.unwrap() else {
+            panic!("claims")
+        };
+        // Committed without its answer: an unfinished record.
+        drop(ticket);
+        tx.commit().await.unwrap();
+        let query = StuckQuery { scope: Some(scope.clone()), ..StuckQuery::default() };
+        let stuck = idem::admin::stuck(&latin1, &query).await.unwrap();
+        assert_eq!(stuck.len(), 1, "{stuck:?}");
+        assert_eq!((stuck[0].scope.as_str(), stuck[0].key.as_str()), (scope.as_str(), key));
+        let id = RecordId::new(&scope, &Key::new(key).unwrap());
+        let released = idem::admin::release(&latin1, &id, stuck[0].fence).await.unwrap();
+        assert!(matches!(released, idem::admin::Release::Released(_)), "{released:?}");
+        assert!(idem::admin::inspect(&latin1, &id).await.unwrap().is_none());
+    }
+}
