@@ -177,4 +177,47 @@ mod mysql {
         assert!(matches!(released, idem::admin::Release::Released(_)), "{released:?}");
         assert!(idem::admin::inspect(&latin1, &id).await.unwrap().is_none());
     }
+
+    /// A user variable of the application's session, `@idem_completed`
+    /// included (the name idem's answer text once set), and every other,
+    /// is as the application left it after guarded calls of every kind.
+    #[tokio::test]
+    async fn guarded_calls_leave_the_session_s_user_variables_alone() {
+        let Some(_) = common::mysql().await else { return };
+        let url = std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| common::DEFAULT_MYSQL_URL.to_owned());
+        let pool = sqlx::mysql::MySqlPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+        sqlx::raw_sql("SET @idem_completed = 'mine', @idem = 'also mine'").execute(&pool).await.unwrap();
+        let variables = async |pool: &MySqlPool| -> Vec<(String, Option<String>)> {
+            // MariaDB lists them all; MySQL has no such table: the two known.
+            let all = sqlx::query_as(
+                "SELECT CAST(VARIABLE_NAME AS CHAR), CAST(VARIABLE_VALUE AS CHAR) \
+                 FROM information_schema.USER_VARIABLES ORDER BY 1",
+            )
+            .fetch_all(pool)
+            .await;
+            match all {
+                Ok(all) => all,
+                Err(_) => sqlx::query_as(
+                    "SELECT 'idem', CAST(@idem AS CHAR) UNION ALL SELECT 'idem_completed', CAST(@idem_completed AS CHAR)",
+                )
+                .fetch_all(pool)
+                .await
+                .unwrap(),
+            }
+        };
+        let before = variables(&pool).await;
+        assert!(before.contains(&("idem_completed".to_owned(), Some("mine".to_owned()))), "{before:?}");
+        for _ in 0..2 {
+            let key = unique("vars");
+            for _ in 0..2 {
+                let mut tx = idem::begin(&pool).await.unwrap();
+                call(&mut tx, "tests.sessions.vars", &key, "answer").await.unwrap();
+                tx.commit().await.unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                call(&mut tx, "tests.sessions.vars.sqlx", &key, "answer").await.unwrap();
+                tx.commit().await.unwrap();
+            }
+            assert_eq!(variables(&pool).await, before, "idem set no variable of the session's");
+        }
+    }
 }

@@ -396,10 +396,13 @@ impl RecordSql for MySql {
 
     fn complete_text(scope: &str, key: &str, response: &str, _prepared: bool) -> String {
         // No record updated: the scalar subquery returns two rows (error
-        // 1242), which stops the text before its COMMIT.
+        // 1242), which stops the text before its COMMIT. A `SELECT` of its
+        // own, so that no variable of the session's is set (a `SET
+        // @name = ...` would overwrite the application's `@name`; `DO`
+        // would turn the error into a warning).
         format!(
             "UPDATE {} SET status = 'DONE', response = {}, updated_at = UTC_TIMESTAMP(6) WHERE {}; \
-             SET @idem_completed = (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)",
+             SELECT (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)",
             table(),
             text(response),
             key_where(scope, key)
