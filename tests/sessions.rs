@@ -221,3 +221,143 @@ mod mysql {
         }
     }
 }
+
+mod postgres {
+    use super::*;
+    use sqlx::PgPool;
+
+    /// A pool of one connection, so that every transaction lands on the
+    /// session the test resets (as a transaction-mode pooler's reset would).
+    async fn one_session() -> Option<PgPool> {
+        common::postgres().await?;
+        let url = std::env::var("IDEM_PG_URL").unwrap_or_else(|_| common::DEFAULT_PG_URL.to_owned());
+        Some(sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&url).await.unwrap())
+    }
+
+    /// Statements on the session in the simple protocol: after
+    /// `DEALLOCATE ALL` sqlx's own cached statements are gone too (its
+    /// problem, not idem's), so the tests send none of them.
+    async fn on(conn: &mut sqlx::PgConnection, text: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(text.to_owned())).execute(conn).await.unwrap();
+    }
+
+    async fn idem_statements(pool: &PgPool) -> Vec<(String, String)> {
+        let mut conn = pool.acquire().await.unwrap();
+        let rows = sqlx::raw_sql(
+            "SELECT name::text, statement FROM pg_prepared_statements WHERE name LIKE 'idem\\_%' ORDER BY name",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        use sqlx::Row as _;
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    }
+
+    /// A first call whose body deallocates every prepared statement of the
+    /// session, idem's included, between the claim and the commit: the
+    /// commit goes through, with the answer, and the repeat replays it.
+    #[tokio::test]
+    async fn a_body_that_deallocates_idem_s_statements_still_commits_its_answer() {
+        let Some(pool) = one_session().await else { return };
+        for body in ["DEALLOCATE ALL", "DEALLOCATE ALL; DISCARD PLANS"] {
+            let key = unique("dealloc");
+            let mut tx = idem::begin(&pool).await.unwrap();
+            let Claim::Run(ticket) =
+                Guard::new("tests.sessions.dealloc").key(&key).dedup::<String, _>(&mut tx).await.unwrap()
+            else {
+                panic!("claims")
+            };
+            on(&mut tx, body).await;
+            on(&mut tx, &format!("INSERT INTO idem_test_orders (trade_no) VALUES ('{key}')")).await;
+            ticket.complete(&mut tx, Ok::<_, idem::Error>(format!("first {key}"))).await.unwrap().unwrap();
+            tx.commit().await.expect("the commit does not depend on statements the body may have deallocated");
+            let mut tx = idem::begin(&pool).await.unwrap();
+            assert_eq!(
+                call(&mut tx, "tests.sessions.dealloc", &key, "again").await.unwrap(),
+                (false, format!("first {key}"))
+            );
+            tx.commit().await.unwrap();
+        }
+    }
+
+    /// A session reset between transactions (`DISCARD ALL`,
+    /// `DEALLOCATE ALL`: what a transaction-mode pooler does when it hands
+    /// the server session on), and between a first call and its repeat:
+    /// every call runs or replays as it should.
+    #[tokio::test]
+    async fn a_session_reset_between_transactions_costs_no_call() {
+        let Some(pool) = one_session().await else { return };
+        for reset in ["DISCARD ALL", "DEALLOCATE ALL"] {
+            let key = unique("reset");
+            for (ran, answer) in [(true, "first"), (false, "first"), (false, "first")] {
+                on(&mut pool.acquire().await.unwrap(), reset).await;
+                let mut tx = idem::begin(&pool).await.unwrap();
+                let got = call(&mut tx, "tests.sessions.reset", &key, if ran { answer } else { "not this" }).await;
+                assert_eq!(got.unwrap(), (ran, answer.to_owned()), "after {reset}");
+                tx.commit().await.unwrap();
+            }
+        }
+    }
+
+    /// A session without idem's statements, in transactions begun with an
+    /// isolation level: the claim is prepared inside the transaction (a
+    /// statement before the `BEGIN` would keep its isolation level from
+    /// being set), and stays prepared when a repeat's claim is refused and
+    /// rolled back.
+    #[tokio::test]
+    async fn a_transaction_with_an_isolation_level_prepares_the_claim_in_a_session_without_it() {
+        let Some(pool) = one_session().await else { return };
+        let key = unique("isolation");
+        for (ran, answer) in [(true, "first"), (false, "first")] {
+            on(&mut pool.acquire().await.unwrap(), "DEALLOCATE ALL").await;
+            let mut tx = idem::begin_with(&pool, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+            let got = call(&mut tx, "tests.sessions.isolation", &key, if ran { answer } else { "not this" }).await;
+            assert_eq!(got.unwrap(), (ran, answer.to_owned()));
+            tx.commit().await.unwrap();
+            // Planned once since the DEALLOCATE: the claim named it, rather
+            // than being written out after a failed prepare.
+            let mut conn = pool.acquire().await.unwrap();
+            let plans = sqlx::raw_sql(
+                "SELECT (generic_plans + custom_plans)::int8 FROM pg_prepared_statements WHERE name LIKE 'idem\\_claim\\_%'",
+            )
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+            use sqlx::Row as _;
+            let plans: Vec<i64> = plans.iter().map(|r| r.get(0)).collect();
+            assert_eq!(plans, [1], "the claim is prepared and named (ran: {ran})");
+        }
+    }
+
+    /// The application prepared statements of its own under the names
+    /// idem gives its claim and its read: guarded calls on that session
+    /// still run and replay (with idem's statements written out), and
+    /// idem leaves the application's statements as they are.
+    #[tokio::test]
+    async fn a_statement_of_the_application_s_under_an_idem_name_breaks_no_call() {
+        let Some(pool) = one_session().await else { return };
+        let mut tx = idem::begin(&pool).await.unwrap();
+        call(&mut tx, "tests.sessions.collide", &unique("warm"), "warm").await.unwrap();
+        tx.commit().await.unwrap();
+        let ours = idem_statements(&pool).await;
+        assert!(ours.iter().any(|(n, _)| n.starts_with("idem_claim_")), "{ours:?}");
+        for taken in &ours {
+            let mut conn = pool.acquire().await.unwrap();
+            on(&mut conn, "DEALLOCATE ALL").await;
+            // The application's own, under idem's name, taking other parameters.
+            on(&mut conn, &format!("PREPARE {} (int8) AS SELECT $1 + 1", taken.0)).await;
+            drop(conn);
+            let key = unique("collide");
+            for (ran, answer) in [(true, "first"), (false, "first"), (true, "second")] {
+                let key = if answer == "second" { format!("{key}-2") } else { key.clone() };
+                let mut tx = idem::begin(&pool).await.unwrap();
+                let got = call(&mut tx, "tests.sessions.collide", &key, answer).await;
+                assert_eq!(got.unwrap(), (ran, answer.to_owned()), "with {} taken", taken.0);
+                tx.commit().await.unwrap();
+            }
+            let after = idem_statements(&pool).await;
+            let theirs = after.iter().find(|(n, _)| *n == taken.0).expect("the application's statement is kept");
+            assert!(theirs.1.contains("SELECT $1 + 1"), "{theirs:?}");
+        }
+    }
+}

@@ -251,12 +251,18 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     const ROLLBACK_TEXT: &'static str = "ROLLBACK";
 
-    /// Statements that prepare the `*_text` statements on the server, once
-    /// per session, so that the texts name them (`EXECUTE name(...)`) and
-    /// are not planned on every call (PostgreSQL); `None` where texts carry
-    /// the statements themselves.
+    /// The statement that prepares [`RecordSql::claim_text`]'s on the
+    /// server, once per session, so that the text names it
+    /// (`EXECUTE name(...)`) and it is not planned on every call
+    /// (PostgreSQL); `None` where texts carry the statements themselves.
     #[doc(hidden)]
-    fn prepare_texts() -> Option<String> {
+    fn prepare_claim_text() -> Option<String> {
+        None
+    }
+
+    /// [`RecordSql::prepare_claim_text`] for [`RecordSql::read_text`]'s.
+    #[doc(hidden)]
+    fn prepare_read_text() -> Option<String> {
         None
     }
 
@@ -269,7 +275,7 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
 
     /// The claim as text, a plain `INSERT` whose unique-key error stops the
     /// rest of the text; `prepared`: as an `EXECUTE` of the statement
-    /// [`RecordSql::prepare_texts`] prepares. Values only as literals no
+    /// [`RecordSql::prepare_claim_text`] prepares. Values only as literals no
     /// value can break out of.
     #[doc(hidden)]
     fn claim_text(_record: &NewRecord<'_>, _prepared: bool) -> String {
@@ -290,9 +296,10 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
     }
 
     /// [`RecordSql::complete`] as text, failing (before a `COMMIT` after it)
-    /// when it matches no record.
+    /// when it matches no record. Written out, naming no prepared
+    /// statement: the body before it may have deallocated them.
     #[doc(hidden)]
-    fn complete_text(_scope: &str, _key: &str, _response: &str, _prepared: bool) -> String {
+    fn complete_text(_scope: &str, _key: &str, _response: &str) -> String {
         unreachable!("only backends with INLINE send text statements")
     }
 }

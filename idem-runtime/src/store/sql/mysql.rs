@@ -394,7 +394,7 @@ impl RecordSql for MySql {
         format!("DELETE FROM {} WHERE {} AND expires_at <= UTC_TIMESTAMP(6)", table(), key_where(scope, key))
     }
 
-    fn complete_text(scope: &str, key: &str, response: &str, _prepared: bool) -> String {
+    fn complete_text(scope: &str, key: &str, response: &str) -> String {
         // No record updated: the scalar subquery returns two rows (error
         // 1242), which stops the text before its COMMIT. A `SELECT` of its
         // own, so that no variable of the session's is set (a `SET
