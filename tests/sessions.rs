@@ -25,7 +25,17 @@ async fn call<C: idem::TxContext + ?Sized>(
     key: &str,
     answer: &str,
 ) -> Result<(bool, String), idem::Error> {
-    match Guard::new(scope.to_owned()).key(key).dedup::<String, _>(tx).await? {
+    call_with(Guard::new(scope.to_owned()), tx, key, answer).await
+}
+
+/// [`call`] with a guard set up by the caller (`claim_after`).
+async fn call_with<C: idem::TxContext + ?Sized>(
+    guard: Guard<'_>,
+    tx: &mut C,
+    key: &str,
+    answer: &str,
+) -> Result<(bool, String), idem::Error> {
+    match guard.key(key).dedup::<String, _>(tx).await? {
         Claim::Replay(first) => Ok((false, first)),
         Claim::Run(ticket) => Ok((true, ticket.complete(tx, Ok::<_, idem::Error>(answer.to_owned())).await??)),
     }
@@ -113,6 +123,29 @@ mod mysql {
     #[tokio::test]
     async fn a_latin1_session_replays_any_unicode_answer_exactly_on_a_sqlx_transaction() {
         unicode_round_trips("tests.sessions.sqlx", async |pool: &MySqlPool| pool.begin().await.unwrap()).await;
+    }
+
+    /// `claim = "after"`: the record is written with its answer in one
+    /// statement after the body (`insert_done`).
+    #[tokio::test]
+    async fn a_latin1_session_replays_any_unicode_answer_exactly_with_the_claim_after_the_body() {
+        let Some((utf8, latin1)) = pools().await else { return };
+        for (writer, reader) in [(&latin1, &utf8), (&utf8, &latin1)] {
+            for answer in UNICODE {
+                let (scope, key) = (format!("tests.sessions.after {answer}"), format!("{answer} {}", unique("k")));
+                let after = || Guard::new(scope.clone()).claim_after();
+                let mut tx = writer.begin().await.unwrap();
+                assert_eq!(call_with(after(), &mut tx, &key, answer).await.unwrap(), (true, answer.to_string()));
+                tx.commit().await.unwrap();
+                let json = serde_json::to_string(answer).unwrap();
+                assert_eq!(stored(&utf8, &scope, &key).await, (scope.clone(), stored_key(&key), Some(json)));
+                let mut tx = reader.begin().await.unwrap();
+                // The body runs before the claim; the call returns the first answer.
+                let (_, replayed) = call_with(after(), &mut tx, &key, "not this").await.unwrap();
+                tx.commit().await.unwrap();
+                assert_eq!(replayed, *answer, "replays {answer:?} byte for byte");
+            }
+        }
     }
 
     #[tokio::test]
