@@ -124,8 +124,7 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
     ) {
         // An `idem::Tx`: the answer goes out with COMMIT (a text that fails
         // before its COMMIT if the record is gone).
-        let prepared = core.prepared();
-        core.queue(&DB::complete_text(&p.stored_scope, p.key.as_str(), json, prepared));
+        core.queue(&DB::complete_text(&p.stored_scope, p.key.as_str(), json));
         crate::metrics::complete(p.labels(), started.elapsed());
         p.report(Outcome::Executed);
         return Ok(Ok(value));

@@ -334,7 +334,7 @@ pub(crate) fn stuck_sql(now: &str) -> String {
 /// Decode the admin reads' columns, in that order: scope, key, status,
 /// fingerprint, response, owner, fence, lease_until, created_at, updated_at,
 /// expires_at, now (timestamps as epoch milliseconds), state.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn decode_admin<R>(row: &R) -> Result<Record, sqlx::Error>
 where
     R: sqlx::Row,
@@ -342,20 +342,37 @@ where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let status: String = row.try_get(2)?;
+    decode_admin_as::<String, R>(row)
+}
+
+/// [`decode_admin`] with the record's text columns read as `S` (MySQL:
+/// their bytes, whatever the session's charset); the state, a literal of
+/// idem's, as a `String`.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_admin_as<S, R>(row: &R) -> Result<Record, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    S: Into<String>,
+    for<'r> S: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let text = |i: usize| row.try_get::<Option<S>, _>(i).map(|s| s.map(Into::into));
+    let status: String = row.try_get::<S, _>(2)?.into();
     let state: String = row.try_get(12)?;
     let bad = |what: &str, value: &str| sqlx::Error::ColumnDecode {
         index: what.into(),
         source: format!("unknown record {what} {value:?}").into(),
     };
     Ok(Record {
-        scope: row.try_get(0)?,
-        key: row.try_get(1)?,
+        scope: row.try_get::<S, _>(0)?.into(),
+        key: row.try_get::<S, _>(1)?.into(),
         status: RecordStatus::parse(&status).ok_or_else(|| bad("status", &status))?,
         state: RecordState::parse(&state).ok_or_else(|| bad("state", &state))?,
-        fingerprint: row.try_get(3)?,
-        response: row.try_get(4)?,
-        owner: row.try_get(5)?,
+        fingerprint: text(3)?,
+        response: text(4)?,
+        owner: text(5)?,
         fence: row.try_get(6)?,
         lease_until_ms: row.try_get(7)?,
         created_at_ms: Some(row.try_get(8)?),

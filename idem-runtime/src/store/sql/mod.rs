@@ -267,12 +267,18 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     const ROLLBACK_TEXT: &'static str = "ROLLBACK";
 
-    /// Statements that prepare the `*_text` statements on the server, once
-    /// per session, so that the texts name them (`EXECUTE name(...)`) and
-    /// are not planned on every call (PostgreSQL); `None` where texts carry
-    /// the statements themselves.
+    /// The statement that prepares [`RecordSql::claim_text`]'s on the
+    /// server, once per session, so that the text names it
+    /// (`EXECUTE name(...)`) and it is not planned on every call
+    /// (PostgreSQL); `None` where texts carry the statements themselves.
     #[doc(hidden)]
-    fn prepare_texts() -> Option<String> {
+    fn prepare_claim_text() -> Option<String> {
+        None
+    }
+
+    /// [`RecordSql::prepare_claim_text`] for [`RecordSql::read_text`]'s.
+    #[doc(hidden)]
+    fn prepare_read_text() -> Option<String> {
         None
     }
 
@@ -285,7 +291,7 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
 
     /// The claim as text, a plain `INSERT` whose unique-key error stops the
     /// rest of the text; `prepared`: as an `EXECUTE` of the statement
-    /// [`RecordSql::prepare_texts`] prepares. Values only as literals no
+    /// [`RecordSql::prepare_claim_text`] prepares. Values only as literals no
     /// value can break out of.
     #[doc(hidden)]
     fn claim_text(_record: &NewRecord<'_>, _prepared: bool) -> String {
@@ -306,9 +312,10 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
     }
 
     /// [`RecordSql::complete`] as text, failing (before a `COMMIT` after it)
-    /// when it matches no record.
+    /// when it matches no record. Written out, naming no prepared
+    /// statement: the body before it may have deallocated them.
     #[doc(hidden)]
-    fn complete_text(_scope: &str, _key: &str, _response: &str, _prepared: bool) -> String {
+    fn complete_text(_scope: &str, _key: &str, _response: &str) -> String {
         unreachable!("only backends with INLINE send text statements")
     }
 }
@@ -755,7 +762,7 @@ pub(crate) fn retention_us(d: Duration) -> i64 {
 
 /// Decode the columns of the backends' READ statements, in that order: status,
 /// fingerprint, response, expired (as an integer: 0 or 1).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn decode_existing<R>(row: &R) -> Result<ExistingRecord, sqlx::Error>
 where
     R: sqlx::Row,
@@ -763,10 +770,24 @@ where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
+    decode_existing_as::<String, R>(row)
+}
+
+/// [`decode_existing`] with idem's text columns read as `S` (MySQL: their
+/// bytes, whatever the session's charset).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_existing_as<S, R>(row: &R) -> Result<ExistingRecord, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    S: Into<String>,
+    for<'r> S: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     Ok(ExistingRecord {
-        status: row.try_get(0)?,
-        fingerprint: row.try_get(1)?,
-        response: row.try_get(2)?,
+        status: row.try_get::<S, _>(0)?.into(),
+        fingerprint: row.try_get::<Option<S>, _>(1)?.map(Into::into),
+        response: row.try_get::<Option<S>, _>(2)?.map(Into::into),
         expired: row.try_get::<i64, _>(3)? != 0,
     })
 }
@@ -774,7 +795,7 @@ where
 /// Decode the columns of the backends' FETCH statements, in that order: scope,
 /// key, status, fingerprint, response, owner, fence, lease_until, created_at,
 /// updated_at, expires_at (timestamps as epoch milliseconds).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn decode_record<R>(row: &R) -> Result<DedupRecord, sqlx::Error>
 where
     R: sqlx::Row,
@@ -782,17 +803,32 @@ where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let status: String = row.try_get(2)?;
+    decode_record_as::<String, R>(row)
+}
+
+/// [`decode_record`] with idem's text columns read as `S` (MySQL: their
+/// bytes, whatever the session's charset).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn decode_record_as<S, R>(row: &R) -> Result<DedupRecord, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    S: Into<String>,
+    for<'r> S: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let text = |i: usize| row.try_get::<Option<S>, _>(i).map(|s| s.map(Into::into));
+    let status: String = row.try_get::<S, _>(2)?.into();
     Ok(DedupRecord {
-        scope: row.try_get(0)?,
-        key: row.try_get(1)?,
+        scope: row.try_get::<S, _>(0)?.into(),
+        key: row.try_get::<S, _>(1)?.into(),
         status: crate::RecordStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
             index: "status".into(),
             source: format!("unknown record status {status:?}").into(),
         })?,
-        fingerprint: row.try_get(3)?,
-        response: row.try_get(4)?,
-        owner: row.try_get(5)?,
+        fingerprint: text(3)?,
+        response: text(4)?,
+        owner: text(5)?,
         fence: row.try_get(6)?,
         lease_until_ms: row.try_get(7)?,
         created_at_ms: row.try_get(8)?,

@@ -6,6 +6,19 @@
 //! into warnings) and not `ON DUPLICATE KEY UPDATE` (its affected-rows count is
 //! 1 or 2 or 0 depending on the client flags, an ambiguity that has granted
 //! coupons twice).
+//!
+//! ## Any connection charset
+//!
+//! The record's text columns are utf8mb4, and the server converts every
+//! string between them and the session's charset (`SET NAMES latin1`, an
+//! application's `MySqlConnectOptions::charset`): an answer latin1 cannot
+//! hold would be stored or replayed with `?` in its place. So idem's values
+//! never cross as strings of the session's charset. They are bound as bytes
+//! (`&[u8]`: the server takes a blob parameter as binary, unconverted) and
+//! stored with `CONVERT(? USING utf8mb4)`, or written as hexadecimal
+//! literals (`_utf8mb4 X'..'`, `X'..'` for the `VARBINARY` scope and key);
+//! and they are read as bytes (`CAST(response AS BINARY)`, binary results
+//! are never converted) and decoded as UTF-8 by idem ([`Utf8`]).
 
 use sqlx::MySql;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
@@ -19,20 +32,61 @@ use crate::DedupRecord;
 use crate::state::StoredState;
 use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 
+/// One of idem's text values as a statement binds it: its UTF-8 bytes,
+/// which the server takes as binary whatever the session's charset (a
+/// string parameter would be read in the session's charset and converted).
+/// `CONVERT(? USING utf8mb4)` stores it in a text column; a `VARBINARY`
+/// column and a comparison take it as it is.
+fn utf8<'a>(value: impl Into<Option<&'a str>>) -> Option<&'a [u8]> {
+    value.into().map(str::as_bytes)
+}
+
+/// One of idem's text columns as a read returns it: its bytes (the
+/// statement casts it `AS BINARY`, and a `VARBINARY` is bytes already),
+/// never converted to the session's charset, decoded as the UTF-8 idem
+/// wrote.
+struct Utf8(String);
+
+impl sqlx::Type<MySql> for Utf8 {
+    fn type_info() -> sqlx::mysql::MySqlTypeInfo {
+        <[u8] as sqlx::Type<MySql>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::mysql::MySqlTypeInfo) -> bool {
+        <[u8] as sqlx::Type<MySql>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, MySql> for Utf8 {
+    fn decode(value: sqlx::mysql::MySqlValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let bytes = <&[u8] as sqlx::Decode<MySql>>::decode(value)?;
+        Ok(Utf8(String::from_utf8(bytes.to_vec())?))
+    }
+}
+
+impl From<Utf8> for String {
+    fn from(Utf8(s): Utf8) -> String {
+        s
+    }
+}
+
 fn mysql_cast(col: &str, int: bool) -> String {
     if int { format!("CAST({col} AS SIGNED)") } else { format!("CAST({col} AS CHAR)") }
 }
 
 const CLAIM: &str = "INSERT INTO idem_records \
     (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
-    VALUES (?, ?, 'PROCESSING', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+    VALUES (?, ?, 'PROCESSING', CONVERT(? USING utf8mb4), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+            UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
 
 const INSERT_DONE: &str = "INSERT INTO idem_records \
     (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at) \
-    VALUES (?, ?, 'DONE', ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+    VALUES (?, ?, 'DONE', CONVERT(? USING utf8mb4), CONVERT(? USING utf8mb4), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+            UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
 
 // Taking over an expired record in place, only if it is still expired.
-const TAKE_OVER: &str = "UPDATE idem_records SET status = 'DONE', fingerprint = ?, response = ?, owner = NULL, \
+const TAKE_OVER: &str = "UPDATE idem_records SET status = 'DONE', fingerprint = CONVERT(? USING utf8mb4), \
+    response = CONVERT(? USING utf8mb4), owner = NULL, \
     fence = fence + 1, lease_until = NULL, created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), \
     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
     WHERE scope = ? AND idem_key = ? AND expires_at <= UTC_TIMESTAMP(6)";
@@ -40,17 +94,20 @@ const TAKE_OVER: &str = "UPDATE idem_records SET status = 'DONE', fingerprint = 
 // A locking read: under REPEATABLE READ a plain SELECT would use the snapshot of
 // the transaction's first read and could miss a record committed since; a
 // locking read sees the latest committed version.
-const READ: &str = "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
+const READ: &str = "SELECT CAST(status AS BINARY), CAST(fingerprint AS BINARY), CAST(response AS BINARY), \
+    CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
     FROM idem_records WHERE scope = ? AND idem_key = ? LOCK IN SHARE MODE";
 
 /// The precheck's confirming read: a plain (snapshot) read. A shared lock
 /// here would take a gap lock when the record is missing, and two copies of
 /// one key would then deadlock on their claims; a record the snapshot
 /// misses is found by the claim's duplicate-key path, whose read locks.
-const READ_PLAIN: &str = "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
+const READ_PLAIN: &str = "SELECT CAST(status AS BINARY), CAST(fingerprint AS BINARY), CAST(response AS BINARY), \
+    CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
     FROM idem_records WHERE scope = ? AND idem_key = ?";
 
-const FETCH: &str = "SELECT CONVERT(scope USING utf8mb4), CONVERT(idem_key USING utf8mb4), status, fingerprint, response, owner, fence, \
+const FETCH: &str = "SELECT scope, idem_key, CAST(status AS BINARY), CAST(fingerprint AS BINARY), \
+    CAST(response AS BINARY), CAST(owner AS BINARY), fence, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', lease_until) DIV 1000, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01', updated_at) DIV 1000, \
@@ -72,7 +129,7 @@ fn is_duplicate_key(err: &sqlx::Error) -> bool {
 // `LAST_INSERT_ID(expr)`; a take-over adds one to the old fence.
 const LEASE_INSERT: &str = "INSERT INTO idem_records \
     (scope, idem_key, status, fingerprint, owner, fence, lease_until, created_at, updated_at, expires_at) \
-    VALUES (?, ?, 'PROCESSING', ?, ?, \
+    VALUES (?, ?, 'PROCESSING', CONVERT(? USING utf8mb4), CONVERT(? USING utf8mb4), \
             LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))), \
             UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
             UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
@@ -81,18 +138,18 @@ const LEASE_INSERT: &str = "INSERT INTO idem_records \
 // permitting). `LAST_INSERT_ID(expr)` hands the new fence back in the OK
 // packet, so no read is needed. The WHERE sees the row before the SET.
 const LEASE_TAKE_OVER: &str = "UPDATE idem_records SET status = 'PROCESSING', response = NULL, \
-    owner = ?, fence = LAST_INSERT_ID(fence + 1), lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+    owner = CONVERT(? USING utf8mb4), fence = LAST_INSERT_ID(fence + 1), lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
     created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
-    fingerprint = ? \
+    fingerprint = CONVERT(? USING utf8mb4) \
     WHERE scope = ? AND idem_key = ? AND (expires_at <= UTC_TIMESTAMP(6) \
       OR (status <> 'DONE' AND lease_until IS NOT NULL AND lease_until <= UTC_TIMESTAMP(6) \
           AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)))";
 
 /// Status, fingerprint, response, ms left on the lease, past retention (0/1).
-type LeaseReadRow = (String, Option<String>, Option<String>, Option<i64>, i64);
+type LeaseReadRow = (Utf8, Option<Utf8>, Option<Utf8>, Option<i64>, i64);
 
 // An autocommit read: its own snapshot, so it sees the latest commit.
-const LEASE_READ: &str = "SELECT status, fingerprint, response, \
+const LEASE_READ: &str = "SELECT CAST(status AS BINARY), CAST(fingerprint AS BINARY), CAST(response AS BINARY), \
     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) DIV 1000, \
     CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) \
     FROM idem_records WHERE scope = ? AND idem_key = ?";
@@ -132,7 +189,7 @@ macro_rules! bind_purgeable {
             q = q.bind(super::retention_us(older));
         }
         if let Some(scope) = $f.scope {
-            q = q.bind(scope);
+            q = q.bind(utf8(scope));
         }
         q
     }};
@@ -145,8 +202,8 @@ const NOW_MS: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
 fn admin_columns() -> String {
     let ms = |col: &str| format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {col}) DIV 1000");
     format!(
-        "CONVERT(scope USING utf8mb4), CONVERT(idem_key USING utf8mb4), status, fingerprint, response, owner, fence, \
-         {}, {}, {}, {}, {NOW_MS}, {}",
+        "scope, idem_key, CAST(status AS BINARY), CAST(fingerprint AS BINARY), CAST(response AS BINARY), \
+         CAST(owner AS BINARY), fence, {}, {}, {}, {}, {NOW_MS}, {}",
         ms("lease_until"),
         ms("created_at"),
         ms("updated_at"),
@@ -198,15 +255,15 @@ impl RecordSql for MySql {
         text: sqlx::SqlStr,
     ) -> Result<Option<ExistingRecord>, sqlx::Error> {
         let row = sqlx::raw_sql(text).fetch_optional(conn).await?;
-        row.map(|row| super::decode_existing(&row)).transpose()
+        row.map(|row| super::decode_existing_as::<Utf8, _>(&row)).transpose()
     }
 
     async fn claim(conn: &mut MySqlConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let micros = super::retention_us(r.retention);
         let inserted = sqlx::query(super::table::sql(CLAIM))
-            .bind(r.scope)
-            .bind(r.key)
-            .bind(r.fingerprint)
+            .bind(utf8(r.scope))
+            .bind(utf8(r.key))
+            .bind(utf8(r.fingerprint))
             .bind(micros)
             .execute(&mut *conn)
             .await;
@@ -223,14 +280,14 @@ impl RecordSql for MySql {
         key: &str,
     ) -> Result<Option<ExistingRecord>, sqlx::Error> {
         let row: Option<MySqlRow> =
-            sqlx::query(super::table::sql(READ_PLAIN)).bind(scope).bind(key).fetch_optional(conn).await?;
-        row.map(|row| super::decode_existing(&row)).transpose()
+            sqlx::query(super::table::sql(READ_PLAIN)).bind(utf8(scope)).bind(utf8(key)).fetch_optional(conn).await?;
+        row.map(|row| super::decode_existing_as::<Utf8, _>(&row)).transpose()
     }
 
     async fn read(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<Option<ExistingRecord>, sqlx::Error> {
         let row: Option<MySqlRow> =
-            sqlx::query(super::table::sql(READ)).bind(scope).bind(key).fetch_optional(conn).await?;
-        row.map(|row| super::decode_existing(&row)).transpose()
+            sqlx::query(super::table::sql(READ)).bind(utf8(scope)).bind(utf8(key)).fetch_optional(conn).await?;
+        row.map(|row| super::decode_existing_as::<Utf8, _>(&row)).transpose()
     }
 
     async fn complete(
@@ -240,12 +297,12 @@ impl RecordSql for MySql {
         response: Option<&str>,
     ) -> Result<u64, sqlx::Error> {
         let done = sqlx::query(super::table::sql(
-            "UPDATE idem_records SET status = 'DONE', response = ?, updated_at = UTC_TIMESTAMP(6) \
+            "UPDATE idem_records SET status = 'DONE', response = CONVERT(? USING utf8mb4), updated_at = UTC_TIMESTAMP(6) \
              WHERE scope = ? AND idem_key = ?",
         ))
-        .bind(response)
-        .bind(scope)
-        .bind(key)
+        .bind(utf8(response))
+        .bind(utf8(scope))
+        .bind(utf8(key))
         .execute(conn)
         .await?;
         Ok(done.rows_affected())
@@ -258,10 +315,10 @@ impl RecordSql for MySql {
     ) -> Result<InsertDone, sqlx::Error> {
         let micros = super::retention_us(r.retention);
         let inserted = sqlx::query(super::table::sql(INSERT_DONE))
-            .bind(r.scope)
-            .bind(r.key)
-            .bind(r.fingerprint)
-            .bind(response)
+            .bind(utf8(r.scope))
+            .bind(utf8(r.key))
+            .bind(utf8(r.fingerprint))
+            .bind(utf8(response))
             .bind(micros)
             .execute(&mut *conn)
             .await;
@@ -275,11 +332,11 @@ impl RecordSql for MySql {
                 let existing = Self::read(conn, r.scope, r.key).await?;
                 if existing.as_ref().is_some_and(|e| e.expired) {
                     let taken = sqlx::query(super::table::sql(TAKE_OVER))
-                        .bind(r.fingerprint)
-                        .bind(response)
+                        .bind(utf8(r.fingerprint))
+                        .bind(utf8(response))
                         .bind(micros)
-                        .bind(r.scope)
-                        .bind(r.key)
+                        .bind(utf8(r.scope))
+                        .bind(utf8(r.key))
                         .execute(conn)
                         .await?;
                     if taken.rows_affected() == 1 {
@@ -300,8 +357,8 @@ impl RecordSql for MySql {
 
     async fn discard(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<u64, sqlx::Error> {
         let gone = sqlx::query(super::table::sql("DELETE FROM idem_records WHERE scope = ? AND idem_key = ?"))
-            .bind(scope)
-            .bind(key)
+            .bind(utf8(scope))
+            .bind(utf8(key))
             .execute(conn)
             .await?;
         Ok(gone.rows_affected())
@@ -311,16 +368,16 @@ impl RecordSql for MySql {
         let gone = sqlx::query(super::table::sql(
             "DELETE FROM idem_records WHERE scope = ? AND idem_key = ? AND expires_at <= UTC_TIMESTAMP(6)",
         ))
-        .bind(scope)
-        .bind(key)
+        .bind(utf8(scope))
+        .bind(utf8(key))
         .execute(conn)
         .await?;
         Ok(gone.rows_affected())
     }
 
     async fn fetch(conn: &mut MySqlConnection, scope: &str, key: &str) -> Result<Option<DedupRecord>, sqlx::Error> {
-        let row = sqlx::query(super::table::sql(FETCH)).bind(scope).bind(key).fetch_optional(conn).await?;
-        row.map(|row| super::decode_record(&row)).transpose()
+        let row = sqlx::query(super::table::sql(FETCH)).bind(utf8(scope)).bind(utf8(key)).fetch_optional(conn).await?;
+        row.map(|row| super::decode_record_as::<Utf8, _>(&row)).transpose()
     }
 
     const INLINE: bool = true;
@@ -342,7 +399,8 @@ impl RecordSql for MySql {
 
     fn read_text(scope: &str, key: &str, _prepared: bool) -> String {
         format!(
-            "SELECT status, fingerprint, response, CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) FROM {} WHERE {}",
+            "SELECT CAST(status AS BINARY), CAST(fingerprint AS BINARY), CAST(response AS BINARY), \
+             CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) FROM {} WHERE {}",
             table(),
             key_where(scope, key)
         )
@@ -352,12 +410,15 @@ impl RecordSql for MySql {
         format!("DELETE FROM {} WHERE {} AND expires_at <= UTC_TIMESTAMP(6)", table(), key_where(scope, key))
     }
 
-    fn complete_text(scope: &str, key: &str, response: &str, _prepared: bool) -> String {
+    fn complete_text(scope: &str, key: &str, response: &str) -> String {
         // No record updated: the scalar subquery returns two rows (error
-        // 1242), which stops the text before its COMMIT.
+        // 1242), which stops the text before its COMMIT. A `SELECT` of its
+        // own, so that no variable of the session's is set (a `SET
+        // @name = ...` would overwrite the application's `@name`; `DO`
+        // would turn the error into a warning).
         format!(
             "UPDATE {} SET status = 'DONE', response = {}, updated_at = UTC_TIMESTAMP(6) WHERE {}; \
-             SET @idem_completed = (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)",
+             SELECT (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)",
             table(),
             text(response),
             key_where(scope, key)
@@ -423,16 +484,16 @@ impl LeaseSql for MySql {
         // record inserted in between fails the insert (only a unique-key
         // violation counts) and the caller asks again, reading it.
         let row: Option<LeaseReadRow> = sqlx::query_as(super::table::sql(LEASE_READ))
-            .bind(req.scope)
-            .bind(req.key)
+            .bind(utf8(req.scope))
+            .bind(utf8(req.key))
             .fetch_optional(&mut *conn)
             .await?;
         let Some((status, fingerprint, response, lease_left_ms, expired)) = row else {
             let inserted = sqlx::query(super::table::sql(LEASE_INSERT))
-                .bind(req.scope)
-                .bind(req.key)
-                .bind(req.fingerprint)
-                .bind(req.owner)
+                .bind(utf8(req.scope))
+                .bind(utf8(req.key))
+                .bind(utf8(req.fingerprint))
+                .bind(utf8(req.owner))
                 .bind(lease)
                 .bind(keep)
                 .execute(&mut *conn)
@@ -446,6 +507,8 @@ impl LeaseSql for MySql {
                 Err(e) => Err(e),
             };
         };
+        let (status, fingerprint, response) =
+            (status.into(), fingerprint.map(String::from), response.map(String::from));
         if expired == 0 {
             let live = status == "DONE" || lease_left_ms.is_some_and(|ms| ms > 0);
             let mismatch = matches!((req.fingerprint, fingerprint.as_deref()), (Some(a), Some(b)) if a != b);
@@ -457,14 +520,14 @@ impl LeaseSql for MySql {
         // Past its lease or its retention: take it over, in one conditional
         // statement (it re-checks, so two reclaimers cannot both win).
         let taken = sqlx::query(super::table::sql(LEASE_TAKE_OVER))
-            .bind(req.owner)
+            .bind(utf8(req.owner))
             .bind(lease)
             .bind(keep)
-            .bind(req.fingerprint)
-            .bind(req.scope)
-            .bind(req.key)
-            .bind(req.fingerprint)
-            .bind(req.fingerprint)
+            .bind(utf8(req.fingerprint))
+            .bind(utf8(req.scope))
+            .bind(utf8(req.key))
+            .bind(utf8(req.fingerprint))
+            .bind(utf8(req.fingerprint))
             .execute(&mut *conn)
             .await?;
         if taken.rows_affected() == 1 {
@@ -481,7 +544,7 @@ impl LeaseSql for MySql {
     ) -> Result<bool, sqlx::Error> {
         let sql = match action {
             LeaseAction::Complete(_) => format!(
-                "UPDATE idem_records SET status = 'DONE', response = ?, lease_until = NULL, \
+                "UPDATE idem_records SET status = 'DONE', response = CONVERT(? USING utf8mb4), lease_until = NULL, \
                  updated_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE {HELD_OR_DONE}"
             ),
             LeaseAction::Release => format!("DELETE FROM idem_records WHERE {HELD}"),
@@ -493,11 +556,12 @@ impl LeaseSql for MySql {
         };
         let q = sqlx::query(sqlx::AssertSqlSafe(super::table::owned(sql)));
         let q = match action {
-            LeaseAction::Complete(response) => q.bind(response).bind(super::retention_us(held.retention)),
+            LeaseAction::Complete(response) => q.bind(utf8(response)).bind(super::retention_us(held.retention)),
             LeaseAction::Release => q,
             LeaseAction::Extend => q.bind(super::retention_us(held.lease)).bind(super::retention_us(held.lease)),
         };
-        let done = q.bind(held.scope).bind(held.key).bind(held.owner).bind(held.fence).execute(conn).await?;
+        let done =
+            q.bind(utf8(held.scope)).bind(utf8(held.key)).bind(utf8(held.owner)).bind(held.fence).execute(conn).await?;
         Ok(done.rows_affected() == 1)
     }
 }
@@ -558,8 +622,12 @@ impl AdminSql for MySql {
         id: &RecordId,
     ) -> Result<Option<Record>, sqlx::Error> {
         let sql = format!("SELECT {} FROM {table} WHERE scope = ? AND idem_key = ?", admin_columns());
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).fetch_optional(conn).await?;
-        row.map(|row| super::admin::decode_admin(&row)).transpose()
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(utf8(id.scope()))
+            .bind(utf8(id.key()))
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| super::admin::decode_admin_as::<Utf8, _>(&row)).transpose()
     }
 
     async fn admin_stuck(
@@ -577,16 +645,16 @@ impl AdminSql for MySql {
         );
         let (after_scope, after_key) = (after.map(RecordId::scope), after.map(RecordId::key));
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(scope)
-            .bind(after_scope)
-            .bind(after_scope)
-            .bind(after_scope)
-            .bind(after_key)
+            .bind(utf8(scope))
+            .bind(utf8(scope))
+            .bind(utf8(after_scope))
+            .bind(utf8(after_scope))
+            .bind(utf8(after_scope))
+            .bind(utf8(after_key))
             .bind(limit)
             .fetch_all(conn)
             .await?;
-        rows.iter().map(super::admin::decode_admin).collect()
+        rows.iter().map(super::admin::decode_admin_as::<Utf8, _>).collect()
     }
 
     async fn admin_release(
@@ -599,8 +667,12 @@ impl AdminSql for MySql {
             "DELETE FROM {table} WHERE scope = ? AND idem_key = ? AND fence = ? AND {}",
             stuck_sql("UTC_TIMESTAMP(6)")
         );
-        let gone =
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.scope()).bind(id.key()).bind(fence).execute(conn).await?;
+        let gone = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(utf8(id.scope()))
+            .bind(utf8(id.key()))
+            .bind(fence)
+            .execute(conn)
+            .await?;
         Ok(gone.rows_affected())
     }
 

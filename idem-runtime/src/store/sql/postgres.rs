@@ -258,8 +258,12 @@ impl RecordSql for Postgres {
 
     const INLINE: bool = true;
 
-    fn prepare_texts() -> Option<String> {
-        Some(session_statements().prepare.clone())
+    fn prepare_claim_text() -> Option<String> {
+        Some(session_statements().prepare_claim.clone())
+    }
+
+    fn prepare_read_text() -> Option<String> {
+        Some(session_statements().prepare_read.clone())
     }
 
     fn is_unprepared(err: &sqlx::Error) -> bool {
@@ -292,11 +296,14 @@ impl RecordSql for Postgres {
         )
     }
 
-    fn complete_text(scope: &str, key: &str, response: &str, prepared: bool) -> String {
-        if prepared {
-            let (scope, key, response) = (text(scope), text(key), text(response));
-            return format!("EXECUTE {}({scope}, {key}, {response})", session_statements().complete);
-        }
+    /// Always written out, never the `EXECUTE` of a prepared statement:
+    /// it goes out with `COMMIT`, after the body, which may have
+    /// deallocated the session's statements (`DEALLOCATE ALL`); a missing
+    /// one would then fail the text and abort the transaction with the
+    /// body's writes, with nothing left to retry. (A savepoint around it
+    /// would allow the retry, at the price of a subtransaction in every
+    /// transaction.)
+    fn complete_text(scope: &str, key: &str, response: &str) -> String {
         complete_sql(table(), &key_text(scope), &key_text(key), &text(response))
     }
 }
@@ -306,12 +313,14 @@ impl RecordSql for Postgres {
 /// session prepared by another version of idem, or by a service keeping
 /// its records in another table (sessions handed between applications by
 /// a transaction-mode pooler), holds other names, never a statement that
-/// writes elsewhere.
+/// writes elsewhere. Each is prepared on its own when a text finds it
+/// missing: a session that lost one (an application's `DEALLOCATE name`)
+/// prepares that one, not both (preparing one that is there would fail).
 struct SessionStatements {
     claim: String,
     read: String,
-    complete: String,
-    prepare: String,
+    prepare_claim: String,
+    prepare_read: String,
 }
 
 fn session_statements() -> &'static SessionStatements {
@@ -321,17 +330,15 @@ fn session_statements() -> &'static SessionStatements {
         let t = table();
         let claim = claim_sql(t, "$1", "$2", "$3", "$4");
         let read = read_sql(t, "$1", "$2");
-        let complete = complete_sql(t, "$1", "$2", "$3");
-        let digest = sha2::Sha256::digest(format!("{claim}\n{read}\n{complete}"));
+        let digest = sha2::Sha256::digest(format!("{claim}\n{read}"));
         let tag = crate::key::hex(&digest[..6]);
-        let names = [format!("idem_claim_{tag}"), format!("idem_read_{tag}"), format!("idem_complete_{tag}")];
-        let prepare = format!(
-            "PREPARE {} (text, text, text, int8) AS {claim}; PREPARE {} (text, text) AS {read}; \
-             PREPARE {} (text, text, text) AS {complete}",
-            names[0], names[1], names[2]
-        );
-        let [claim, read, complete] = names;
-        SessionStatements { claim, read, complete, prepare }
+        let (claim_name, read_name) = (format!("idem_claim_{tag}"), format!("idem_read_{tag}"));
+        SessionStatements {
+            prepare_claim: format!("PREPARE {claim_name} (text, text, text, int8) AS {claim}"),
+            prepare_read: format!("PREPARE {read_name} (text, text) AS {read}"),
+            claim: claim_name,
+            read: read_name,
+        }
     })
 }
 

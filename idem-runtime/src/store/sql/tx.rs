@@ -26,14 +26,24 @@
 //! every character but ASCII letters, digits and a few marks is a Unicode
 //! escape (`E'it\u0027s'`), or, for a value with non-ASCII characters, its
 //! UTF-8 in hex converted by the server; on MySQL hexadecimal literals
-//! (`X'6b33'`). The rest of the text is idem's own: integers it formats and
-//! the validated record table name. On PostgreSQL the statements are
-//! prepared once per session and the texts name them
+//! (`X'6b33'`), whose reads take idem's columns as bytes
+//! (`CAST(response AS BINARY)`): neither way depends on the session's
+//! charset. The rest of the text is idem's own: integers it formats and
+//! the validated record table name. On PostgreSQL the claim and the read
+//! are prepared once per session and the texts name them
 //! (`EXECUTE idem_claim_<hash>(...)`), so they are planned once, as sqlx's
-//! own prepared statements are. An answer over 256 KiB of JSON is bound as
-//! a parameter instead (one more round trip), so no text nears MySQL's
-//! `max_allowed_packet`. SQLite sends the same statements one by one (it
-//! has no network to save).
+//! own prepared statements are. A text that finds its statement missing
+//! (a new session, a pooler's `DISCARD ALL`, an application's
+//! `DEALLOCATE`) prepares it and runs again, one round trip more; one whose
+//! name holds a statement of the application's (a `PREPARE` under idem's
+//! name), or that cannot be prepared, is written out instead, for the rest
+//! of the transaction. The answer is always written out: it goes with
+//! `COMMIT`, after a body that may have deallocated the session's
+//! statements, where a missing one would abort the transaction with the
+//! body's writes and nothing left to retry. An answer over 256 KiB of JSON
+//! is bound as a parameter instead (one more round trip), so no text nears
+//! MySQL's `max_allowed_packet`. SQLite sends the same statements one by
+//! one (it has no network to save).
 //!
 //! ## Using it
 //!
@@ -132,32 +142,19 @@ pub struct TxCore {
     bodies: u32,
     /// [`Tx::open`] was called: the connection may be used outside bodies.
     opened: bool,
-    /// Whether the session has idem's statements prepared
-    /// ([`RecordSql::prepare_texts`](super::RecordSql::prepare_texts)).
-    prepared: Prepared,
-}
-
-/// What a [`TxCore`] knows of its session's prepared statements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Prepared {
-    /// Not known: the claim names them, and prepares them if they are missing.
-    Unknown,
-    /// A text of this transaction named them: the answer can too.
-    Yes,
-    /// Preparing them failed: texts carry the statements themselves.
-    No,
+    /// A claim naming idem's prepared statement failed in this
+    /// transaction's session otherwise than by its absence (the name holds
+    /// a statement of the application's), or preparing it failed: the
+    /// claims of this transaction carry the statement in full. Known per
+    /// transaction, not per connection: sqlx keeps no state of a library's
+    /// on a connection, and behind a transaction-mode pooler each
+    /// transaction may run on another server session anyway.
+    written_out: bool,
 }
 
 impl TxCore {
     fn new(begin: String) -> TxCore {
-        TxCore {
-            state: State::Deferred,
-            begin,
-            pending: String::new(),
-            bodies: 0,
-            opened: false,
-            prepared: Prepared::Unknown,
-        }
+        TxCore { state: State::Deferred, begin, pending: String::new(), bodies: 0, opened: false, written_out: false }
     }
 
     /// Nothing has begun: a claim can travel with `BEGIN`.
@@ -167,14 +164,6 @@ impl TxCore {
 
     pub(crate) fn is_open(&self) -> bool {
         self.state == State::Open
-    }
-
-    /// Whether the answer may name idem's prepared statement: a text of
-    /// this transaction named the claim's (they are prepared together), and
-    /// no session of this process has lost the answer's since (a
-    /// `DEALLOCATE` of the application's).
-    pub(crate) fn prepared(&self) -> bool {
-        self.prepared == Prepared::Yes && !ANSWER_UNPREPARED.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A guarded body starts on this transaction (its claim said `Run`).
@@ -276,22 +265,31 @@ impl TxCore {
             return Err(e);
         }
         debug_assert!(self.state == State::Deferred);
-        let preparable = DB::prepare_texts().is_some();
+        let prepare = DB::prepare_claim_text();
         // At most three texts: the claim naming the prepared statement; if
-        // the session has none, rolling that back, preparing them and the
-        // claim again, in one; if preparing fails, the claim written out.
+        // the session has none, rolling that back, preparing it and the
+        // claim again, in one; if that fails too, or the name holds another
+        // statement (an application's `PREPARE` under idem's name: wrong
+        // parameters), the claim written out.
         let mut prepare_first = false;
         loop {
-            let exec = preparable && self.prepared != Prepared::No;
+            let exec = prepare.is_some() && !self.written_out;
             let mut text = String::new();
-            if prepare_first {
+            let prepare = prepare.as_deref().filter(|_| prepare_first);
+            if prepare.is_some() {
                 text.push_str(DB::ROLLBACK_TEXT);
-                text.push_str("; ");
-                text.push_str(&DB::prepare_texts().unwrap_or_default());
                 text.push_str("; ");
             }
             text.push_str(&self.begin);
             text.push_str("; ");
+            // After the BEGIN, not before: a statement before it would run
+            // in an implicit transaction that the BEGIN then takes over, and
+            // its isolation level could no longer be set (25001). A
+            // statement prepared in a transaction stays when it rolls back.
+            if let Some(prepare) = prepare {
+                text.push_str(prepare);
+                text.push_str("; ");
+            }
             if take_over {
                 text.push_str(&DB::discard_expired_text(record.scope, record.key));
                 text.push_str("; ");
@@ -301,23 +299,10 @@ impl TxCore {
             match Tm::<DB>::begin(conn, Some(sql(text))).await {
                 Ok(()) => {
                     self.state = State::Open;
-                    if exec {
-                        // The answer may name its statement: prepared
-                        // together with the claim's, in this very session.
-                        self.prepared = Prepared::Yes;
-                    }
                     return Ok(None);
                 }
                 Err(e) if e.as_database_error().is_some_and(|d| d.is_unique_violation()) => {
-                    let read = DB::read_text(record.scope, record.key, exec);
-                    let found = match self.end_failed_begin::<DB>(conn, Some(read)).await {
-                        // The session lost the read's statement only.
-                        Err(e) if exec && DB::is_unprepared(&e) => {
-                            let read = DB::read_text(record.scope, record.key, false);
-                            DB::read_text_record(&mut *conn, sql(read)).await
-                        }
-                        found => found,
-                    };
+                    let found = self.read_refused::<DB>(conn, record, exec).await;
                     return Ok(Some(found.map_err(classify::<DB>)?));
                 }
                 Err(e) if exec && !prepare_first && DB::is_unprepared(&e) => {
@@ -328,14 +313,44 @@ impl TxCore {
                 }
                 Err(e) => {
                     self.end_failed_begin::<DB>(conn, None).await.ok();
-                    if self.state != State::Deferred || !(exec && prepare_first) {
+                    if self.state != State::Deferred || !exec || !of_the_statement(&e) {
                         return Err(classify::<DB>(e));
                     }
+                    // A real error of the statement (a missing table) comes
+                    // back from the claim written out.
                     tracing::debug!(target: "idem", error = %e,
-                        "idem's statements could not be prepared in this session; sending them in full");
-                    (prepare_first, self.prepared) = (false, Prepared::No);
+                        "idem's claim statement is not usable in this session; sending it in full");
+                    (prepare_first, self.written_out) = (false, true);
                 }
             }
+        }
+    }
+
+    /// After a claim refused on the key: `ROLLBACK` and the read in one
+    /// text. If the read named a statement the session has not prepared,
+    /// it is prepared and read again in one more; if its name holds
+    /// another statement, or preparing fails, the read is written out.
+    /// (The read runs after the `ROLLBACK`, outside any transaction: a
+    /// failed one costs nothing but its round trip.)
+    async fn read_refused<DB: SqlBackend>(
+        &mut self,
+        conn: &mut DB::Connection,
+        record: &NewRecord<'_>,
+        exec: bool,
+    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
+        let found = self.end_failed_begin::<DB>(conn, Some(DB::read_text(record.scope, record.key, exec))).await;
+        match &found {
+            Err(e) if exec && self.state == State::Deferred && of_the_statement(e) => {
+                if let Some(prepare) = DB::prepare_read_text().filter(|_| DB::is_unprepared(e)) {
+                    let text = format!("{prepare}; {}", DB::read_text(record.scope, record.key, true));
+                    match DB::read_text_record(&mut *conn, sql(text)).await {
+                        Err(e) if of_the_statement(&e) => {}
+                        found => return found,
+                    }
+                }
+                DB::read_text_record(&mut *conn, sql(DB::read_text(record.scope, record.key, false))).await
+            }
+            _ => found,
         }
     }
 }
@@ -356,9 +371,16 @@ impl TxCore {
     }
 }
 
-/// Set when a commit found the answer's prepared statement missing though
-/// the claim's was there: from then on answers are sent in full.
-static ANSWER_UNPREPARED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// An error of the statement a text named, not of the server's state (a
+/// lock or statement timeout, a deadlock, which a claim written out would
+/// only meet again): its SQLSTATE's class is 42 (the name holds a
+/// statement taking other parameters, or preparing failed: `42P05`, it
+/// exists), 22 (a parameter of another type) or 26 (no such statement).
+fn of_the_statement(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c.starts_with("42") || c.starts_with("22") || c.starts_with("26"))
+}
 
 fn sql(text: String) -> sqlx::SqlStr {
     use sqlx::SqlSafeStr as _;
@@ -371,9 +393,6 @@ fn sql(text: String) -> sqlx::SqlStr {
 /// says so (PostgreSQL: division by zero, 22012; MySQL: a subquery of
 /// more than one row, 1242, both raised on purpose by the text).
 fn pending_error<DB: SqlBackend>(e: sqlx::Error) -> Error {
-    if DB::is_unprepared(&e) {
-        ANSWER_UNPREPARED.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
     let ours = match DB::BACKEND {
         "postgres" => "22012",
         _ => "21000",
