@@ -6,7 +6,7 @@ use std::time::Duration;
 use idem_runtime::RedisStore;
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
-use crate::Failure;
+use crate::error::Failure;
 
 /// How long connecting to a server may take before the command gives up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -7,238 +7,18 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use idem_runtime::admin::{self, PurgePreview, Record, RecordId, RecordState, Release, StuckQuery};
 use idem_runtime::{Key, PurgeOptions, PurgeReport, RecordStatus};
 use serde_json::{Value, json};
 
 mod connect;
+mod error;
+mod opt;
 
 use connect::{Sql, Stores};
-
-const EXIT_CODES: &str = "\
-Exit codes:
-  0  done (inspect: also when there is no such record; the output says so)
-  1  an error: a store unreachable or failing, tables missing, or a release
-     refused (no such record, not stuck, taken over meanwhile, not confirmed)
-  2  usage: bad arguments, or no store given for the command
-
-Stores: --database-url (postgres://, postgresql://, mysql://, mariadb://,
-sqlite:) and/or --redis-url (redis://, rediss://); or IDEM_DATABASE_URL and
-IDEM_REDIS_URL. inspect, stuck and release act on each store given;
-migrate and purge on the database.
-
-HTTP records (the Idempotency-Key layer, idem::http): the scope is the
-layer's (default `http`); --key is the header's key without its quotes;
-a layer with a tenant function keys its records by tenant, then key: give
-the tenant with --tenant. Stored responses are shown as status, headers
-and body.
-
-With --json, every outcome is one JSON document on stdout, bad arguments
-included ({\"error\": ..., \"exit_code\": 2}).";
-
-/// Operate idem's records: create the schema, look a record up, list and
-/// release stuck records, purge old ones.
-#[derive(Parser, Debug)]
-#[command(name = "idem", version, after_help = EXIT_CODES)]
-struct Cli {
-    /// The SQL database holding idem_records: postgres://..., mysql://...
-    /// (also mariadb://...), or sqlite:path.
-    #[arg(long, env = "IDEM_DATABASE_URL", global = true, value_name = "URL", hide_env_values = true)]
-    database_url: Option<String>,
-
-    /// The Redis server holding lease records: redis://host:port/db.
-    #[arg(long, env = "IDEM_REDIS_URL", global = true, value_name = "URL", hide_env_values = true)]
-    redis_url: Option<String>,
-
-    /// The key prefix of the application's RedisStore (`RedisStore::new(conn, prefix)`).
-    #[arg(
-        long,
-        env = "IDEM_REDIS_PREFIX",
-        global = true,
-        value_name = "PREFIX",
-        default_value = "idem:",
-        hide_env_values = true
-    )]
-    redis_prefix: String,
-
-    /// The record table, if the application names another than
-    /// `idem_records` (`idem::set_record_table`): `name` or `schema.name`.
-    #[arg(
-        long,
-        env = "IDEM_RECORD_TABLE",
-        global = true,
-        value_name = "TABLE",
-        default_value = "idem_records",
-        hide_env_values = true
-    )]
-    table: String,
-
-    /// Print one JSON document on stdout instead of text (messages still go
-    /// to stderr).
-    #[arg(long, global = true)]
-    json: bool,
-
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Create the record table (idem_records, or --table) and its archive if missing (safe to
-    /// repeat, and to run from several processes). SQL only: Redis needs no
-    /// schema.
-    Migrate,
-
-    /// Show one record: status, state (running, lease passed, unfinished,
-    /// done, expired), owner, fence, lease deadline, age, expiry and a
-    /// preview of the stored response.
-    Inspect(Target),
-
-    /// List stuck records: PROCESSING with the lease passed (the worker
-    /// died; the next call takes it over), or PROCESSING with no lease (an
-    /// unfinished dedup record: repeats fail with Error::Unfinished until
-    /// it is released). Records past their retention are not listed.
-    Stuck {
-        /// Only this scope, as the guard names it.
-        #[arg(long)]
-        scope: Option<String>,
-        /// List at most this many records per store.
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
-        limit: u32,
-    },
-
-    /// Delete one stuck record so that the next call of its key runs again.
-    /// Shows the record and asks for confirmation (--yes skips it); refuses
-    /// a record that is not stuck (running, done, expired), and one that a
-    /// worker took over between the look and the delete.
-    Release {
-        #[command(flatten)]
-        target: Target,
-        /// Release without asking (needed when stdin is not a terminal).
-        #[arg(long, short = 'y')]
-        yes: bool,
-    },
-
-    /// Delete records past their retention (and, with --older-than, older
-    /// completed ones), in bounded batches. SQL only: Redis drops records
-    /// by TTL.
-    Purge {
-        /// Only this scope, as the guard names it.
-        #[arg(long)]
-        scope: Option<String>,
-        /// Also delete records written longer ago than this (e.g. 30d, 12h),
-        /// whatever their retention; PROCESSING records are never deleted
-        /// this way (see `idem stuck` and `idem release`).
-        // Hyphen values reach the parser, which says that a duration is
-        // never negative (clap alone would call `-5d` an unknown flag).
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
-        older_than: Option<Duration>,
-        /// Copy completed records into idem_records_archive before deleting
-        /// them.
-        #[arg(long)]
-        archive: bool,
-        /// Count what would be deleted; delete nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Records deleted per statement.
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
-        batch_size: u32,
-    },
-}
-
-/// Which record.
-#[derive(Args, Debug)]
-struct Target {
-    /// The guard's scope (its `scope = "..."`, or `module::function`; for
-    /// the HTTP layer its `.scope(...)`, default `http`).
-    #[arg(long)]
-    scope: String,
-    /// The business key as the guard was given it (`key = "order.id"`: the
-    /// id's value; for the HTTP layer the Idempotency-Key header's value
-    /// without its quotes); idem derives the stored key as the guard does
-    /// (escaping, hashing of keys over 128 bytes).
-    #[arg(long)]
-    key: String,
-    /// The tenant, for a record of the HTTP layer with a tenant function
-    /// (`IdempotencyLayer::tenant`): such a layer keys its records by the
-    /// tenant its function named, then the header's key (a composite key,
-    /// `Guard::new(scope).key(tenant).key(key)`).
-    #[arg(long, conflicts_with = "stored")]
-    tenant: Option<String>,
-    /// --scope and --key are as stored, exactly as `idem stuck` lists them
-    /// (a composite key's joined parts, a hashed `\sha256:...` key or scope).
-    #[arg(long)]
-    stored: bool,
-}
-
-impl Target {
-    fn id(&self) -> Result<RecordId, Failure> {
-        if self.stored {
-            return Ok(RecordId::stored(self.scope.clone(), self.key.clone()));
-        }
-        let key = Key::new(self.key.as_str()).map_err(|e| bad_part("--key", &self.key, e))?;
-        let key = match &self.tenant {
-            None => key,
-            Some(tenant) => {
-                Key::new(tenant.as_str()).map_err(|e| bad_part("--tenant", tenant, e))?;
-                Key::from_parts(&[tenant, &self.key]).map_err(|e| bad_part("--key", &self.key, e))?
-            }
-        };
-        Ok(RecordId::new(&self.scope, &key))
-    }
-}
-
-/// `flag`'s value is no key (part): say which and why.
-fn bad_part(flag: &str, value: &str, e: idem_runtime::Error) -> Failure {
-    match e {
-        idem_runtime::Error::InvalidKey { reason, .. } => {
-            let reason = reason.strip_prefix("the key ").unwrap_or(&reason);
-            Failure::usage(format!("{flag} {value:?} {reason}"))
-        }
-        e => Failure::usage(format!("{flag} {value:?}: {e}")),
-    }
-}
-
-/// A length of time back from now (--older-than). clap names the flag and
-/// the value in front of the message.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    if let Some(magnitude) = text.trim_start().strip_prefix('-') {
-        return Err(format!(
-            "a duration cannot be negative: it counts back from now (write {magnitude} for records written \
-             longer ago than that)"
-        ));
-    }
-    let d = humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 30d, 12h, 90min)"))?;
-    if d.is_zero() { Err("give a duration above zero".to_owned()) } else { Ok(d) }
-}
-
-/// Why a command failed, and its exit code.
-#[derive(Debug)]
-pub(crate) struct Failure {
-    code: u8,
-    message: String,
-}
-
-impl Failure {
-    pub(crate) fn error(message: impl Into<String>) -> Failure {
-        Failure { code: 1, message: message.into() }
-    }
-
-    pub(crate) fn usage(message: impl Into<String>) -> Failure {
-        Failure { code: 2, message: message.into() }
-    }
-}
-
-/// An idem error from `store`, with what to do about it.
-pub(crate) fn store_failure(store: &str, e: idem_runtime::Error) -> Failure {
-    match e {
-        idem_runtime::Error::NotMigrated { source, .. } => Failure::error(format!(
-            "{store}: the idem tables are missing ({source}): run `idem migrate` with the same --database-url"
-        )),
-        e => Failure::error(format!("{store}: {e}")),
-    }
-}
+use error::{Failure, argument_error, store_failure};
+use opt::{Cli, Command, PurgeArgs, ReleaseArgs, StuckArgs, Target};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -258,54 +38,15 @@ fn main() -> ExitCode {
             if json {
                 println!("{document}");
             }
-            match failure {
-                None => ExitCode::SUCCESS,
-                Some(f) => {
-                    eprintln!("error: {}", f.message);
-                    ExitCode::from(f.code)
-                }
-            }
+            failure.map_or(ExitCode::SUCCESS, Failure::exit)
         }
         Err(f) => {
             if json {
-                println!("{}", json!({ "error": f.message, "exit_code": f.code }));
+                println!("{}", f.to_json());
             }
-            eprintln!("error: {}", f.message);
-            ExitCode::from(f.code)
+            f.exit()
         }
     }
-}
-
-/// Bad arguments, as clap says them on stderr, and with `--json` also as the
-/// JSON document on stdout: a script reading stdout gets one whatever went
-/// wrong. `--help` and `--version` are no error.
-fn argument_error(e: clap::Error) -> ExitCode {
-    use clap::error::ErrorKind;
-    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-        e.exit();
-    }
-    // Whether --json was given: the parse failed, so look at the words (up
-    // to a `--`, after which everything is a value).
-    let json = std::env::args_os().skip(1).take_while(|a| a != "--").any(|a| a == "--json");
-    if json {
-        let message = match e.kind() {
-            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
-                "no command given: migrate, inspect, stuck, release or purge (see idem --help)".to_owned()
-            }
-            // clap's message up to its first blank line (the required
-            // arguments missing are listed on lines of their own); the rest is
-            // usage and a hint to --help.
-            _ => {
-                let text = e.to_string();
-                let lines: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
-                let message = lines.join(" ");
-                message.strip_prefix("error: ").unwrap_or(&message).to_owned()
-            }
-        };
-        println!("{}", json!({ "error": message, "exit_code": e.exit_code() }));
-    }
-    let _ = e.print();
-    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
 }
 
 /// What a command printed as JSON (with `--json`), and whether it failed
@@ -323,32 +64,27 @@ impl Done {
 
 async fn run(cli: Cli) -> Result<Done, Failure> {
     let out = Out { json: cli.json };
-    let wants_sql_only = matches!(cli.command, Command::Migrate | Command::Purge { .. });
-    if cli.database_url.is_none() && wants_sql_only {
-        let why = if cli.redis_url.is_some() { " (Redis needs no schema and drops records by TTL)" } else { "" };
-        return Err(Failure::usage(format!(
-            "no SQL database given: pass --database-url URL (or set IDEM_DATABASE_URL){why}"
-        )));
+    let Cli { stores: given, table, command, .. } = cli;
+    let wants_sql_only = matches!(command, Command::Migrate | Command::Purge(_));
+    if wants_sql_only {
+        given.database_url()?;
+    } else {
+        given.any()?;
     }
-    if cli.database_url.is_none() && cli.redis_url.is_none() {
-        return Err(Failure::usage(
-            "no store given: pass --database-url URL and/or --redis-url URL (or set IDEM_DATABASE_URL / IDEM_REDIS_URL)",
-        ));
-    }
-    idem_runtime::set_record_table(&cli.table).map_err(|e| Failure::usage(e.to_string()))?;
+    idem_runtime::set_record_table(&table).map_err(|e| Failure::usage(e.to_string()))?;
     // A key that is none is a usage error, whether or not the stores answer.
-    if let Command::Inspect(target) | Command::Release { target, .. } = &cli.command {
+    if let Command::Inspect(target) | Command::Release(ReleaseArgs { target, .. }) = &command {
         target.id()?;
     }
-    let create = matches!(cli.command, Command::Migrate);
-    let redis_url = if wants_sql_only { None } else { cli.redis_url.as_deref() };
-    let stores = Stores::connect(cli.database_url.as_deref(), redis_url, &cli.redis_prefix, create).await?;
-    match cli.command {
+    let create = matches!(command, Command::Migrate);
+    let redis_url = if wants_sql_only { None } else { given.redis_url.as_deref() };
+    let stores = Stores::connect(given.database_url.as_deref(), redis_url, &given.redis_prefix, create).await?;
+    match command {
         Command::Migrate => migrate(&stores, &out).await,
         Command::Inspect(target) => inspect(&stores, &target, &out).await,
-        Command::Stuck { scope, limit } => stuck(&stores, scope, limit, &out).await,
-        Command::Release { target, yes } => release(&stores, &target, yes, &out).await,
-        Command::Purge { scope, older_than, archive, dry_run, batch_size } => {
+        Command::Stuck(StuckArgs { scope, limit }) => stuck(&stores, scope, limit, &out).await,
+        Command::Release(ReleaseArgs { target, yes }) => release(&stores, &target, yes, &out).await,
+        Command::Purge(PurgeArgs { scope, older_than, archive, dry_run, batch_size }) => {
             let options = PurgeOptions { batch_size, archive, scope, older_than, ..Default::default() };
             purge(&stores, options, dry_run, &out).await
         }
