@@ -8,17 +8,18 @@ use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::Parser;
-use idem_runtime::admin::{self, PurgePreview, Record, RecordId, RecordState, Release, StuckQuery};
+use idem_runtime::admin::{PurgePreview, Record, RecordId, RecordState, Release};
 use idem_runtime::{Key, PurgeOptions, PurgeReport, RecordStatus};
 use serde_json::{Value, json};
 
 mod connect;
 mod error;
 mod opt;
+mod store;
 
-use connect::{Sql, Stores};
-use error::{Failure, argument_error, store_failure};
-use opt::{Cli, Command, PurgeArgs, ReleaseArgs, StuckArgs, Target};
+use error::{Failure, argument_error};
+use opt::{Cli, Command, PurgeArgs, StuckArgs};
+use store::{Sql, Store};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -65,30 +66,42 @@ impl Done {
 async fn run(cli: Cli) -> Result<Done, Failure> {
     let out = Out { json: cli.json };
     let Cli { stores: given, table, command, .. } = cli;
-    let wants_sql_only = matches!(command, Command::Migrate | Command::Purge(_));
-    if wants_sql_only {
-        given.database_url()?;
-    } else {
-        given.any()?;
-    }
-    idem_runtime::set_record_table(&table).map_err(|e| Failure::usage(e.to_string()))?;
-    // A key that is none is a usage error, whether or not the stores answer.
-    if let Command::Inspect(target) | Command::Release(ReleaseArgs { target, .. }) = &command {
-        target.id()?;
-    }
-    let create = matches!(command, Command::Migrate);
-    let redis_url = if wants_sql_only { None } else { given.redis_url.as_deref() };
-    let stores = Stores::connect(given.database_url.as_deref(), redis_url, &given.redis_prefix, create).await?;
+    // In each arm the same order of checks: the stores given, the table,
+    // the record; then the stores are reached.
     match command {
-        Command::Migrate => migrate(&stores, &out).await,
-        Command::Inspect(target) => inspect(&stores, &target, &out).await,
-        Command::Stuck(StuckArgs { scope, limit }) => stuck(&stores, scope, limit, &out).await,
-        Command::Release(ReleaseArgs { target, yes }) => release(&stores, &target, yes, &out).await,
-        Command::Purge(PurgeArgs { scope, older_than, archive, dry_run, batch_size }) => {
-            let options = PurgeOptions { batch_size, archive, scope, older_than, ..Default::default() };
-            purge(&stores, options, dry_run, &out).await
+        Command::Migrate => {
+            let url = given.database_url()?;
+            use_table(&table)?;
+            migrate(&connect::sql(url, true).await?, &out).await
+        }
+        Command::Inspect(target) => {
+            given.any()?;
+            use_table(&table)?;
+            let id = target.id()?;
+            inspect(&connect::each(&given).await?, &id, &out).await
+        }
+        Command::Stuck(args) => {
+            given.any()?;
+            use_table(&table)?;
+            stuck(&connect::each(&given).await?, &args, &out).await
+        }
+        Command::Release(args) => {
+            given.any()?;
+            use_table(&table)?;
+            let id = args.target.id()?;
+            release(&connect::each(&given).await?, &id, args.yes, &out).await
+        }
+        Command::Purge(args) => {
+            let url = given.database_url()?;
+            use_table(&table)?;
+            purge(&connect::sql(url, false).await?, args, &out).await
         }
     }
+}
+
+/// The record table the application names (`--table`).
+fn use_table(table: &str) -> Result<(), Failure> {
+    idem_runtime::set_record_table(table).map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// Text output (stdout), unless `--json`.
@@ -104,19 +117,18 @@ impl Out {
     }
 }
 
-async fn migrate(stores: &Stores, out: &Out) -> Result<Done, Failure> {
-    let sql = stores.sql.as_ref().expect("checked: a database is given");
+async fn migrate(sql: &Sql, out: &Out) -> Result<Done, Failure> {
     let name = sql.name();
-    sql::migrate(sql).await.map_err(|e| store_failure(name, e))?;
+    sql.migrate().await?;
     let table = idem_runtime::record_table();
     out.say(format_args!("{name}: {table} and {} are in place", table.archive()));
     Ok(Done::ok(json!({ "command": "migrate", "stores": [{ "store": name, "migrated": true }] })))
 }
 
-async fn inspect(stores: &Stores, target: &Target, out: &Out) -> Result<Done, Failure> {
-    let id = target.id()?;
+async fn inspect(stores: &[Store], id: &RecordId, out: &Out) -> Result<Done, Failure> {
     let mut found = Vec::new();
-    for (name, record) in read_everywhere(stores, &id).await? {
+    for (store, record) in read_each(stores, id).await? {
+        let name = store.name();
         match &record {
             Some(r) => out.say(text_record(name, r)),
             None => {
@@ -134,35 +146,25 @@ async fn inspect(stores: &Stores, target: &Target, out: &Out) -> Result<Done, Fa
     })))
 }
 
-/// The record of `id` in each store given.
-async fn read_everywhere(stores: &Stores, id: &RecordId) -> Result<Vec<(&'static str, Option<Record>)>, Failure> {
+/// The record of `id` in each store given; all read before any is shown.
+async fn read_each<'s>(stores: &'s [Store], id: &RecordId) -> Result<Vec<(&'s Store, Option<Record>)>, Failure> {
     let mut read = Vec::new();
-    if let Some(sql) = &stores.sql {
-        read.push((sql.name(), sql::inspect(sql, id).await.map_err(|e| store_failure(sql.name(), e))?));
-    }
-    if let Some(redis) = &stores.redis {
-        read.push(("redis", redis.inspect_lease(id).await.map_err(|e| store_failure("redis", e))?));
+    for store in stores {
+        read.push((store, store.inspect(id).await?));
     }
     Ok(read)
 }
 
-async fn stuck(stores: &Stores, scope: Option<String>, limit: u32, out: &Out) -> Result<Done, Failure> {
+async fn stuck(stores: &[Store], args: &StuckArgs, out: &Out) -> Result<Done, Failure> {
+    let limit = args.limit;
     let mut listed = Vec::new();
     let mut total = 0;
-    if let Some(sql) = &stores.sql {
+    for store in stores {
         // One more than asked: whether there are more.
-        let query = StuckQuery { scope: scope.clone(), limit: limit.saturating_add(1), after: None };
-        let mut records = sql::stuck(sql, &query).await.map_err(|e| store_failure(sql.name(), e))?;
+        let mut records = store.stuck(args.scope.as_deref(), limit as usize + 1).await?;
         let more = records.len() > limit as usize;
         records.truncate(limit as usize);
-        listed.push((sql.name(), records, more));
-    }
-    if let Some(redis) = &stores.redis {
-        let mut records =
-            redis.stuck_leases(scope.as_deref(), limit as usize + 1).await.map_err(|e| store_failure("redis", e))?;
-        let more = records.len() > limit as usize;
-        records.truncate(limit as usize);
-        listed.push(("redis", records, more));
+        listed.push((store.name(), records, more));
     }
     let mut documents = Vec::new();
     for (name, records, more) in listed {
@@ -195,12 +197,12 @@ async fn stuck(stores: &Stores, scope: Option<String>, limit: u32, out: &Out) ->
     Ok(Done::ok(json!({ "command": "stuck", "stores": documents })))
 }
 
-async fn release(stores: &Stores, target: &Target, yes: bool, out: &Out) -> Result<Done, Failure> {
-    let id = target.id()?;
+async fn release(stores: &[Store], id: &RecordId, yes: bool, out: &Out) -> Result<Done, Failure> {
     let mut documents = Vec::new();
     let mut failures = Vec::new();
     let mut released = 0;
-    for (name, record) in read_everywhere(stores, &id).await? {
+    for (store, record) in read_each(stores, id).await? {
+        let name = store.name();
         let Some(record) = record else {
             out.say(format_args!("{name}: no record for scope {} key {}", shown(id.scope()), shown_key(id.key())));
             documents.push(json!({ "store": name, "outcome": "not_found", "record": null }));
@@ -229,14 +231,7 @@ async fn release(stores: &Stores, target: &Target, yes: bool, out: &Out) -> Resu
                 }
             }
         }
-        let outcome = match (&stores.redis, name) {
-            (Some(redis), "redis") => redis.release_lease(&id, record.fence).await,
-            _ => {
-                let sql = stores.sql.as_ref().expect("the record was read from it");
-                sql::release(sql, &id, record.fence).await
-            }
-        }
-        .map_err(|e| store_failure(name, e))?;
+        let outcome = store.release(id, record.fence).await?;
         let (word, now) = match &outcome {
             Release::Released(_) => {
                 released += 1;
@@ -304,8 +299,9 @@ fn not_stuck_reason(r: &Record) -> String {
     }
 }
 
-async fn purge(stores: &Stores, options: PurgeOptions, dry_run: bool, out: &Out) -> Result<Done, Failure> {
-    let sql = stores.sql.as_ref().expect("checked: a database is given");
+async fn purge(sql: &Sql, args: PurgeArgs, out: &Out) -> Result<Done, Failure> {
+    let PurgeArgs { scope, older_than, archive, dry_run, batch_size } = args;
+    let options = PurgeOptions { batch_size, archive, scope, older_than, ..Default::default() };
     let name = sql.name();
     let what = match (&options.scope, options.older_than) {
         (None, None) => "past their retention".to_owned(),
@@ -316,14 +312,13 @@ async fn purge(stores: &Stores, options: PurgeOptions, dry_run: bool, out: &Out)
         }
     };
     let document = if dry_run {
-        let PurgePreview { deleted, archived } =
-            sql::purge_preview(sql, &options).await.map_err(|e| store_failure(name, e))?;
+        let PurgePreview { deleted, archived } = sql.purge_preview(&options).await?;
         let archive = if options.archive { format!(", {archived} of them archived first") } else { String::new() };
         out.say(format_args!("{name}: would delete {deleted} record{} {what}{archive} (dry run)", plural(deleted)));
         json!({ "store": name, "dry_run": true, "deleted": deleted, "archived": archived })
     } else {
         let archive = options.archive;
-        let PurgeReport { deleted, batches } = sql::purge(sql, options).await.map_err(|e| store_failure(name, e))?;
+        let PurgeReport { deleted, batches } = sql.purge(options).await?;
         let archive = if archive { " (completed ones archived first)" } else { "" };
         out.say(format_args!(
             "{name}: deleted {deleted} record{} {what} in {batches} batch{}{archive}",
@@ -333,45 +328,6 @@ async fn purge(stores: &Stores, options: PurgeOptions, dry_run: bool, out: &Out)
         json!({ "store": name, "dry_run": false, "deleted": deleted, "batches": batches })
     };
     Ok(Done::ok(json!({ "command": "purge", "stores": [document] })))
-}
-
-/// The SQL functions, on whichever database the URL named.
-mod sql {
-    use super::*;
-
-    macro_rules! on_pool {
-        ($sql:expr, |$pool:ident| $body:expr) => {
-            match $sql {
-                Sql::Postgres($pool) => $body,
-                Sql::Mysql($pool) => $body,
-                Sql::Sqlite($pool) => $body,
-            }
-        };
-    }
-
-    pub(crate) async fn migrate(sql: &Sql) -> Result<(), idem_runtime::Error> {
-        on_pool!(sql, |pool| idem_runtime::migrate(pool).await)
-    }
-
-    pub(crate) async fn inspect(sql: &Sql, id: &RecordId) -> Result<Option<Record>, idem_runtime::Error> {
-        on_pool!(sql, |pool| admin::inspect(pool, id).await)
-    }
-
-    pub(crate) async fn stuck(sql: &Sql, query: &StuckQuery) -> Result<Vec<Record>, idem_runtime::Error> {
-        on_pool!(sql, |pool| admin::stuck(pool, query).await)
-    }
-
-    pub(crate) async fn release(sql: &Sql, id: &RecordId, fence: i64) -> Result<Release, idem_runtime::Error> {
-        on_pool!(sql, |pool| admin::release(pool, id, fence).await)
-    }
-
-    pub(crate) async fn purge_preview(sql: &Sql, o: &PurgeOptions) -> Result<PurgePreview, idem_runtime::Error> {
-        on_pool!(sql, |pool| admin::purge_preview(pool, o).await)
-    }
-
-    pub(crate) async fn purge(sql: &Sql, o: PurgeOptions) -> Result<PurgeReport, idem_runtime::Error> {
-        on_pool!(sql, |pool| idem_runtime::purge_expired(pool, o).await)
-    }
 }
 
 /// How many characters of a stored response (or of a text body) are shown.
