@@ -37,29 +37,8 @@ impl Done {
     }
 }
 
-fn json_http(response: &HttpResponse) -> Value {
-    let (text, hex_preview, truncated) = match body_preview(&response.body) {
-        BodyPreview::Text(text, cut) => (Some(text), None, cut),
-        BodyPreview::Hex(hex, cut) => (None, Some(hex), cut),
-    };
-    let headers: Vec<Value> = response
-        .headers
-        .iter()
-        .map(|(name, value)| match as_text(value) {
-            Some(text) => json!({ "name": name, "value": text }),
-            None => json!({ "name": name, "value_hex": hex(value) }),
-        })
-        .collect();
-    json!({
-        "status": response.status,
-        "headers": headers,
-        "body_bytes": response.body.len(),
-        "body_text": text,
-        "body_hex": hex_preview,
-        "body_truncated": truncated,
-    })
-}
-
+/// A record as JSON: every field, times both as RFC 3339 and as epoch
+/// milliseconds, and a preview of its answer.
 pub(crate) fn json_record(r: &Record) -> Value {
     let (response_preview, truncated) = match r.response.as_deref().map(|t| preview(t, PREVIEW_CHARS)) {
         Some((p, cut)) => (Some(p), cut),
@@ -99,9 +78,34 @@ pub(crate) fn json_record(r: &Record) -> Value {
     })
 }
 
-/// A record for a terminal: a line naming it, then one a field.
+/// A response the HTTP layer stored: status, headers, and a preview of
+/// the body as text or hex.
+fn json_http(response: &HttpResponse) -> Value {
+    let (text, hex_preview, truncated) = match body_preview(&response.body) {
+        BodyPreview::Text(text, cut) => (Some(text), None, cut),
+        BodyPreview::Hex(hex, cut) => (None, Some(hex), cut),
+    };
+    let headers: Vec<Value> = response
+        .headers
+        .iter()
+        .map(|(name, value)| match as_text(value) {
+            Some(text) => json!({ "name": name, "value": text }),
+            None => json!({ "name": name, "value_hex": hex(value) }),
+        })
+        .collect();
+    json!({
+        "status": response.status,
+        "headers": headers,
+        "body_bytes": response.body.len(),
+        "body_text": text,
+        "body_hex": hex_preview,
+        "body_truncated": truncated,
+    })
+}
+
+/// A record for a terminal: a line naming it, then a line per field.
 pub(crate) fn text_record(store: &str, r: &Record) -> String {
-    let mut lines = vec![format!("{store}: scope {} key {}", shown(&r.scope), shown_key(&r.key))];
+    let mut lines = vec![format!("{store}: {}", scope_and_key(&r.scope, &r.key))];
     let mut field = |name: &str, value: String| lines.push(field_line(name, &value));
     field("status", format!("{} ({})", r.status.as_str(), meaning(&r.state)));
     field("owner", r.owner.clone().unwrap_or_else(|| "-".to_owned()));
@@ -244,8 +248,7 @@ fn one_line(text: &str) -> String {
 
 /// One line of `idem stuck`'s table.
 pub(crate) fn stuck_line(r: &Record) -> String {
-    let mut line =
-        format!("{:<13} scope {} key {} fence {}", r.state.as_str(), shown(&r.scope), shown_key(&r.key), r.fence);
+    let mut line = format!("{:<13} {} fence {}", r.state.as_str(), scope_and_key(&r.scope, &r.key), r.fence);
     if let Some(owner) = &r.owner {
         line.push_str(&format!(" owner {owner}"));
     }
@@ -258,6 +261,11 @@ pub(crate) fn stuck_line(r: &Record) -> String {
     line
 }
 
+/// Which record, for a terminal: `scope S key K`.
+pub(crate) fn scope_and_key(scope: &str, key: &str) -> String {
+    format!("scope {} key {}", shown(scope), shown_key(key))
+}
+
 /// The parts of a stored key (the guard's key parts; the HTTP layer's
 /// tenant and key), `None` when hashed.
 pub(crate) fn key_parts(stored: &str) -> Option<Vec<String>> {
@@ -267,7 +275,7 @@ pub(crate) fn key_parts(stored: &str) -> Option<Vec<String>> {
 /// A stored key for a terminal: as the guard was given it (a composite
 /// key's parts in parentheses), and the stored form after it when that
 /// differs (what `--stored --key` takes).
-pub(crate) fn shown_key(stored: &str) -> String {
+fn shown_key(stored: &str) -> String {
     match key_parts(stored).as_deref() {
         Some([one]) if one == stored => shown(one),
         Some([one]) => format!("{} (stored {})", shown(one), shown(stored)),
@@ -292,7 +300,7 @@ pub(crate) fn plural<N: PartialEq + From<u8>>(n: N) -> &'static str {
 }
 
 /// An epoch-milliseconds time as RFC 3339 (UTC).
-pub(crate) fn timestamp(ms: i64) -> String {
+fn timestamp(ms: i64) -> String {
     let at = if ms >= 0 {
         UNIX_EPOCH + Duration::from_millis(ms as u64)
     } else {
