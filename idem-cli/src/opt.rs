@@ -59,8 +59,8 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
-// Apart from the rest of `Cli` so that a command can hold on to the store
-// flags while the command itself is taken apart.
+/// The stores given. A struct of their own so that `run` can check and
+/// reach them after it has moved the command out of `Cli`.
 #[derive(Args, Debug)]
 pub(crate) struct StoreArgs {
     /// The SQL database holding idem_records: postgres://..., mysql://...
@@ -114,8 +114,8 @@ pub(crate) enum Command {
     Purge(PurgeArgs),
 }
 
-// The argument structs carry no doc comment: clap would take it for the
-// command's description, which is the variant's above.
+/// The arguments of `idem stuck`. (A command's help is its variant's
+/// doc comment: clap shows that, not these.)
 #[derive(Args, Debug)]
 pub(crate) struct StuckArgs {
     /// Only this scope, as the guard names it.
@@ -126,6 +126,7 @@ pub(crate) struct StuckArgs {
     pub(crate) limit: u32,
 }
 
+/// The arguments of `idem release`.
 #[derive(Args, Debug)]
 pub(crate) struct ReleaseArgs {
     #[command(flatten)]
@@ -135,6 +136,7 @@ pub(crate) struct ReleaseArgs {
     pub(crate) yes: bool,
 }
 
+/// The arguments of `idem purge`.
 #[derive(Args, Debug)]
 pub(crate) struct PurgeArgs {
     /// Only this scope, as the guard names it.

@@ -45,7 +45,8 @@ impl Store {
     pub(crate) async fn stuck(&self, scope: Option<&str>, limit: usize) -> Result<Vec<Record>, Failure> {
         match self {
             Store::Sql(sql) => {
-                // A page of more than u32::MAX records is never asked for.
+                // At most one over u32::MAX (--limit is a u32, and one more is
+                // asked for): no store holds that many, so saturate.
                 let limit = u32::try_from(limit).unwrap_or(u32::MAX);
                 sql.stuck(&StuckQuery { scope: scope.map(str::to_owned), limit, after: None }).await
             }
