@@ -4,59 +4,29 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_runtime::RedisStore;
-use sqlx::{MySqlPool, PgPool, SqlitePool};
 
-use crate::Failure;
+use crate::error::Failure;
+use crate::opt::StoreArgs;
+use crate::store::{Sql, Store};
 
 /// How long connecting to a server may take before the command gives up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The SQL database of `--database-url`.
-pub(crate) enum Sql {
-    Postgres(PgPool),
-    Mysql(MySqlPool),
-    Sqlite(SqlitePool),
-}
-
-impl Sql {
-    /// `postgres`, `mysql` or `sqlite`: the store's name in the output.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Sql::Postgres(_) => "postgres",
-            Sql::Mysql(_) => "mysql",
-            Sql::Sqlite(_) => "sqlite",
-        }
+/// Each store given, the database first: the order of the output.
+pub(crate) async fn each(given: &StoreArgs) -> Result<Vec<Store>, Failure> {
+    let mut stores = Vec::new();
+    if let Some(url) = &given.database_url {
+        stores.push(Store::Sql(sql(url, false).await?));
     }
-}
-
-/// The stores a command acts on.
-pub(crate) struct Stores {
-    pub(crate) sql: Option<Sql>,
-    pub(crate) redis: Option<RedisStore>,
-}
-
-impl Stores {
-    /// Connect to each store given. `create`: a SQLite file that does not
-    /// exist yet is created (for `migrate`); otherwise it is an error.
-    pub(crate) async fn connect(
-        database_url: Option<&str>,
-        redis_url: Option<&str>,
-        redis_prefix: &str,
-        create: bool,
-    ) -> Result<Stores, Failure> {
-        let sql = match database_url {
-            Some(url) => Some(connect_sql(url, create).await?),
-            None => None,
-        };
-        let redis = match redis_url {
-            Some(url) => Some(RedisStore::new(connect_redis(url).await?, redis_prefix)),
-            None => None,
-        };
-        Ok(Stores { sql, redis })
+    if let Some(url) = &given.redis_url {
+        stores.push(Store::Redis(RedisStore::new(connect_redis(url).await?, &given.redis_prefix)));
     }
+    Ok(stores)
 }
 
-async fn connect_sql(url: &str, create: bool) -> Result<Sql, Failure> {
+/// The SQL database at `url`. `create`: a SQLite file that does not exist
+/// yet is created (for `migrate`); otherwise it is an error.
+pub(crate) async fn sql(url: &str, create: bool) -> Result<Sql, Failure> {
     let shown = redact(url);
     let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase()).unwrap_or_default();
     let failed = |e: &dyn std::fmt::Display| Failure::error(format!("cannot connect to {shown}: {e}"));

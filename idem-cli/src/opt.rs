@@ -1,0 +1,250 @@
+//! The command line: flags, commands and their help (clap's derive API),
+//! and what the arguments name (which stores, which record).
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use idem_runtime::Key;
+use idem_runtime::admin::RecordId;
+
+use crate::error::Failure;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  done (inspect: also when there is no such record; the output says so)
+  1  an error: a store unreachable or failing, tables missing, or a release
+     refused (no such record, not stuck, taken over meanwhile, not confirmed)
+  2  usage: bad arguments, or no store given for the command
+
+Stores: --database-url (postgres://, postgresql://, mysql://, mariadb://,
+sqlite:) and/or --redis-url (redis://, rediss://); or IDEM_DATABASE_URL and
+IDEM_REDIS_URL. inspect, stuck and release act on each store given;
+migrate and purge on the database.
+
+HTTP records (the Idempotency-Key layer, idem::http): the scope is the
+layer's (default `http`); --key is the header's key without its quotes;
+a layer with a tenant function keys its records by tenant, then key: give
+the tenant with --tenant. Stored responses are shown as status, headers
+and body.
+
+With --json, every outcome is one JSON document on stdout, bad arguments
+included ({\"error\": ..., \"exit_code\": 2}).";
+
+/// Operate idem's records: create the schema, look a record up, list and
+/// release stuck records, purge old ones.
+#[derive(Parser, Debug)]
+#[command(name = "idem", version, after_help = EXIT_CODES)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) stores: StoreArgs,
+
+    /// The record table, if the application names another than
+    /// `idem_records` (`idem::set_record_table`): `name` or `schema.name`.
+    #[arg(
+        long,
+        env = "IDEM_RECORD_TABLE",
+        global = true,
+        value_name = "TABLE",
+        default_value = "idem_records",
+        hide_env_values = true
+    )]
+    pub(crate) table: String,
+
+    /// Print one JSON document on stdout instead of text (messages still go
+    /// to stderr).
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The stores given. A struct of their own so that `run` can check and
+/// reach them after it has moved the command out of `Cli`.
+#[derive(Args, Debug)]
+pub(crate) struct StoreArgs {
+    /// The SQL database holding idem_records: postgres://..., mysql://...
+    /// (also mariadb://...), or sqlite:path.
+    #[arg(long, env = "IDEM_DATABASE_URL", global = true, value_name = "URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+
+    /// The Redis server holding lease records: redis://host:port/db.
+    #[arg(long, env = "IDEM_REDIS_URL", global = true, value_name = "URL", hide_env_values = true)]
+    pub(crate) redis_url: Option<String>,
+
+    /// The key prefix of the application's RedisStore (`RedisStore::new(conn, prefix)`).
+    #[arg(
+        long,
+        env = "IDEM_REDIS_PREFIX",
+        global = true,
+        value_name = "PREFIX",
+        default_value = "idem:",
+        hide_env_values = true
+    )]
+    pub(crate) redis_prefix: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Create the record table (idem_records, or --table) and its archive if missing (safe to
+    /// repeat, and to run from several processes). SQL only: Redis needs no
+    /// schema.
+    Migrate,
+
+    /// Show one record: status, state (running, lease passed, unfinished,
+    /// done, expired), owner, fence, lease deadline, age, expiry and a
+    /// preview of the stored response.
+    Inspect(Target),
+
+    /// List stuck records: PROCESSING with the lease passed (the worker
+    /// died; the next call takes it over), or PROCESSING with no lease (an
+    /// unfinished dedup record: repeats fail with Error::Unfinished until
+    /// it is released). Records past their retention are not listed.
+    Stuck(StuckArgs),
+
+    /// Delete one stuck record so that the next call of its key runs again.
+    /// Shows the record and asks for confirmation (--yes skips it); refuses
+    /// a record that is not stuck (running, done, expired), and one that a
+    /// worker took over between the look and the delete.
+    Release(ReleaseArgs),
+
+    /// Delete records past their retention (and, with --older-than, older
+    /// completed ones), in bounded batches. SQL only: Redis drops records
+    /// by TTL.
+    Purge(PurgeArgs),
+}
+
+/// The arguments of `idem stuck`. (A command's help is its variant's
+/// doc comment: clap shows that, not these.)
+#[derive(Args, Debug)]
+pub(crate) struct StuckArgs {
+    /// Only this scope, as the guard names it.
+    #[arg(long)]
+    pub(crate) scope: Option<String>,
+    /// List at most this many records per store.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) limit: u32,
+}
+
+/// The arguments of `idem release`.
+#[derive(Args, Debug)]
+pub(crate) struct ReleaseArgs {
+    #[command(flatten)]
+    pub(crate) target: Target,
+    /// Release without asking (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
+}
+
+/// The arguments of `idem purge`.
+#[derive(Args, Debug)]
+pub(crate) struct PurgeArgs {
+    /// Only this scope, as the guard names it.
+    #[arg(long)]
+    pub(crate) scope: Option<String>,
+    /// Also delete records written longer ago than this (e.g. 30d, 12h),
+    /// whatever their retention; PROCESSING records are never deleted
+    /// this way (see `idem stuck` and `idem release`).
+    // Hyphen values reach the parser, which says that a duration is
+    // never negative (clap alone would call `-5d` an unknown flag).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub(crate) older_than: Option<Duration>,
+    /// Copy completed records into idem_records_archive before deleting
+    /// them.
+    #[arg(long)]
+    pub(crate) archive: bool,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Records deleted per statement.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) batch_size: u32,
+}
+
+/// Which record.
+#[derive(Args, Debug)]
+pub(crate) struct Target {
+    /// The guard's scope (its `scope = "..."`, or `module::function`; for
+    /// the HTTP layer its `.scope(...)`, default `http`).
+    #[arg(long)]
+    scope: String,
+    /// The business key as the guard was given it (`key = "order.id"`: the
+    /// id's value; for the HTTP layer the Idempotency-Key header's value
+    /// without its quotes); idem derives the stored key as the guard does
+    /// (escaping, hashing of keys over 128 bytes).
+    #[arg(long)]
+    key: String,
+    /// The tenant, for a record of the HTTP layer with a tenant function
+    /// (`IdempotencyLayer::tenant`): such a layer keys its records by the
+    /// tenant its function named, then the header's key (a composite key,
+    /// `Guard::new(scope).key(tenant).key(key)`).
+    #[arg(long, conflicts_with = "stored")]
+    tenant: Option<String>,
+    /// --scope and --key are as stored, exactly as `idem stuck` lists them
+    /// (a composite key's joined parts, a hashed `\sha256:...` key or scope).
+    #[arg(long)]
+    stored: bool,
+}
+
+impl StoreArgs {
+    /// The database, for a command that acts on it alone (migrate, purge).
+    pub(crate) fn database_url(&self) -> Result<&str, Failure> {
+        if let Some(url) = &self.database_url {
+            return Ok(url);
+        }
+        let why = if self.redis_url.is_some() { " (Redis needs no schema and drops records by TTL)" } else { "" };
+        Err(Failure::usage(format!("no SQL database given: pass --database-url URL (or set IDEM_DATABASE_URL){why}")))
+    }
+
+    /// That some store is given, for a command that acts on each.
+    pub(crate) fn any(&self) -> Result<(), Failure> {
+        if self.database_url.is_none() && self.redis_url.is_none() {
+            return Err(Failure::usage(
+                "no store given: pass --database-url URL and/or --redis-url URL (or set IDEM_DATABASE_URL / \
+                 IDEM_REDIS_URL)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Target {
+    pub(crate) fn id(&self) -> Result<RecordId, Failure> {
+        if self.stored {
+            return Ok(RecordId::stored(self.scope.clone(), self.key.clone()));
+        }
+        let key = Key::new(self.key.as_str()).map_err(|e| bad_part("--key", &self.key, e))?;
+        let key = match &self.tenant {
+            None => key,
+            Some(tenant) => {
+                Key::new(tenant.as_str()).map_err(|e| bad_part("--tenant", tenant, e))?;
+                Key::from_parts(&[tenant, &self.key]).map_err(|e| bad_part("--key", &self.key, e))?
+            }
+        };
+        Ok(RecordId::new(&self.scope, &key))
+    }
+}
+
+/// `flag`'s value is no key (part): say which and why.
+fn bad_part(flag: &str, value: &str, e: idem_runtime::Error) -> Failure {
+    match e {
+        idem_runtime::Error::InvalidKey { reason, .. } => {
+            let reason = reason.strip_prefix("the key ").unwrap_or(&reason);
+            Failure::usage(format!("{flag} {value:?} {reason}"))
+        }
+        e => Failure::usage(format!("{flag} {value:?}: {e}")),
+    }
+}
+
+/// A length of time back from now (--older-than). clap names the flag and
+/// the value in front of the message.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    if let Some(magnitude) = text.trim_start().strip_prefix('-') {
+        return Err(format!(
+            "a duration cannot be negative: it counts back from now (write {magnitude} for records written \
+             longer ago than that)"
+        ));
+    }
+    let d = humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 30d, 12h, 90min)"))?;
+    if d.is_zero() { Err("give a duration above zero".to_owned()) } else { Ok(d) }
+}

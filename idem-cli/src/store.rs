@@ -1,0 +1,115 @@
+//! The stores a command acts on, each able to do what the commands ask of
+//! it: a command says what, the store's kind decides how.
+
+use idem_runtime::admin::{self, PurgePreview, Record, RecordId, Release, StuckQuery};
+use idem_runtime::{PurgeOptions, PurgeReport, RedisStore};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
+
+use crate::error::{Failure, store_failure};
+
+/// One store given: the SQL database of `--database-url`, or the Redis
+/// server of `--redis-url`.
+pub(crate) enum Store {
+    Sql(Sql),
+    Redis(RedisStore),
+}
+
+/// The SQL database of `--database-url`.
+pub(crate) enum Sql {
+    Postgres(PgPool),
+    Mysql(MySqlPool),
+    Sqlite(SqlitePool),
+}
+
+/// Redis's name in the output.
+const REDIS: &str = "redis";
+
+impl Store {
+    /// The store's name in the output.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Store::Sql(sql) => sql.name(),
+            Store::Redis(_) => REDIS,
+        }
+    }
+
+    /// The record of `id`, if there is one.
+    pub(crate) async fn inspect(&self, id: &RecordId) -> Result<Option<Record>, Failure> {
+        match self {
+            Store::Sql(sql) => sql.inspect(id).await,
+            Store::Redis(redis) => redis.inspect_lease(id).await.map_err(|e| store_failure(REDIS, e)),
+        }
+    }
+
+    /// At most `limit` stuck records, of `scope` alone if given.
+    pub(crate) async fn stuck(&self, scope: Option<&str>, limit: usize) -> Result<Vec<Record>, Failure> {
+        match self {
+            Store::Sql(sql) => {
+                // At most one over u32::MAX (--limit is a u32, and one more is
+                // asked for): no store holds that many, so saturate.
+                let limit = u32::try_from(limit).unwrap_or(u32::MAX);
+                sql.stuck(&StuckQuery { scope: scope.map(str::to_owned), limit, after: None }).await
+            }
+            Store::Redis(redis) => redis.stuck_leases(scope, limit).await.map_err(|e| store_failure(REDIS, e)),
+        }
+    }
+
+    /// Delete the record of `id` if it is stuck and still has `fence`.
+    pub(crate) async fn release(&self, id: &RecordId, fence: i64) -> Result<Release, Failure> {
+        match self {
+            Store::Sql(sql) => sql.release(id, fence).await,
+            Store::Redis(redis) => redis.release_lease(id, fence).await.map_err(|e| store_failure(REDIS, e)),
+        }
+    }
+}
+
+/// The runtime's SQL functions are generic over the pool: the same call on
+/// whichever pool the URL named.
+macro_rules! on_pool {
+    ($sql:expr, |$pool:ident| $body:expr) => {
+        match $sql {
+            Sql::Postgres($pool) => $body,
+            Sql::Mysql($pool) => $body,
+            Sql::Sqlite($pool) => $body,
+        }
+    };
+}
+
+impl Sql {
+    /// `postgres`, `mysql` or `sqlite`: the store's name in the output.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Sql::Postgres(_) => "postgres",
+            Sql::Mysql(_) => "mysql",
+            Sql::Sqlite(_) => "sqlite",
+        }
+    }
+
+    fn failure(&self, e: idem_runtime::Error) -> Failure {
+        store_failure(self.name(), e)
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<(), Failure> {
+        on_pool!(self, |pool| idem_runtime::migrate(pool).await).map_err(|e| self.failure(e))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<Record>, Failure> {
+        on_pool!(self, |pool| admin::inspect(pool, id).await).map_err(|e| self.failure(e))
+    }
+
+    async fn stuck(&self, query: &StuckQuery) -> Result<Vec<Record>, Failure> {
+        on_pool!(self, |pool| admin::stuck(pool, query).await).map_err(|e| self.failure(e))
+    }
+
+    async fn release(&self, id: &RecordId, fence: i64) -> Result<Release, Failure> {
+        on_pool!(self, |pool| admin::release(pool, id, fence).await).map_err(|e| self.failure(e))
+    }
+
+    pub(crate) async fn purge_preview(&self, options: &PurgeOptions) -> Result<PurgePreview, Failure> {
+        on_pool!(self, |pool| admin::purge_preview(pool, options).await).map_err(|e| self.failure(e))
+    }
+
+    pub(crate) async fn purge(&self, options: PurgeOptions) -> Result<PurgeReport, Failure> {
+        on_pool!(self, |pool| idem_runtime::purge_expired(pool, options).await).map_err(|e| self.failure(e))
+    }
+}

@@ -1,0 +1,66 @@
+//! `idem stuck`: list the stuck records of each store given.
+
+use idem_runtime::admin::Record;
+use serde_json::{Value, json};
+
+use crate::error::Failure;
+use crate::opt::StuckArgs;
+use crate::render::{Done, Out, json_record, plural, stuck_line};
+use crate::store::Store;
+
+/// What to do about a stuck record, once any is listed.
+const HOW_TO_RELEASE: &str = "Release one with: idem release --scope SCOPE --key KEY (a key of two parts: --tenant \
+                              PART1 --key PART2), or --stored with the scope and stored key as listed";
+
+/// One store's stuck records, and whether it has more than the limit.
+struct Listed {
+    store: &'static str,
+    records: Vec<Record>,
+    more: bool,
+}
+
+pub(crate) async fn run(stores: &[Store], args: &StuckArgs, out: &Out) -> Result<Done, Failure> {
+    let mut listed = Vec::new();
+    for store in stores {
+        listed.push(list(store, args).await?);
+    }
+    for one in &listed {
+        say(one, args.limit, out);
+    }
+    if listed.iter().any(|one| !one.records.is_empty()) {
+        out.say(HOW_TO_RELEASE);
+    }
+    let documents: Vec<Value> = listed.iter().map(document).collect();
+    Ok(Done::ok(json!({ "command": "stuck", "stores": documents })))
+}
+
+async fn list(store: &Store, args: &StuckArgs) -> Result<Listed, Failure> {
+    let limit = args.limit as usize;
+    // One more than asked: whether there are more.
+    let mut records = store.stuck(args.scope.as_deref(), limit + 1).await?;
+    let more = records.len() > limit;
+    records.truncate(limit);
+    Ok(Listed { store: store.name(), records, more })
+}
+
+/// A store's records as text: a count, then the table.
+fn say(listed: &Listed, limit: u32, out: &Out) {
+    let Listed { store, records, more } = listed;
+    if records.is_empty() {
+        out.say(format_args!("{store}: no stuck records"));
+        return;
+    }
+    let more = if *more { format!(" (more: raise --limit, currently {limit})") } else { String::new() };
+    out.say(format_args!("{store}: {} stuck record{}{more}", records.len(), plural(records.len())));
+    for r in records {
+        out.say(format_args!("  {}", stuck_line(r)));
+    }
+}
+
+fn document(listed: &Listed) -> Value {
+    json!({
+        "store": listed.store,
+        "records": listed.records.iter().map(json_record).collect::<Vec<_>>(),
+        "more": listed.more,
+    })
+}
