@@ -183,6 +183,7 @@ impl LeaseTicket<'_> {
 
     /// The body ran to success, and its answer is not to be kept (`why`):
     /// the record says so, and repeats get [`Error::AnswerNotKept`].
+    #[cfg(feature = "http")]
     pub(crate) async fn completed_without_answer(&self, why: &str) -> Result<(), Error> {
         self.prepared.answer_not_kept(why);
         self.write_completion(None).await
