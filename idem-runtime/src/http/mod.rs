@@ -842,6 +842,51 @@ mod tests {
         assert_ne!(canonical_json(br#"{"a":1.0}"#), canonical_json(br#"{"a":1}"#));
     }
 
+    /// A request's fingerprint is stored with its record: a retry after an
+    /// upgrade must hash as before, or every open record answers `422`.
+    /// These hashes are pinned; never change them.
+    #[test]
+    fn request_fingerprints_hash_exactly_as_stored_records_expect() {
+        let request = |content_type: Option<&str>| {
+            let mut request = http::Request::post("/payments?x=1");
+            if let Some(content_type) = content_type {
+                request = request.header(http::header::CONTENT_TYPE, content_type);
+            }
+            request.body(()).unwrap().into_parts().0
+        };
+        let json = request(Some("application/json; charset=utf-8"));
+        let patch = request(Some("application/merge-patch+json"));
+        let plain = request(None);
+        for (parts, body, pinned) in [
+            (
+                &json,
+                &br#"{"b": [1, 2.5, {"y": null}], "a": -3}"#[..],
+                "8a2e7a4b785b7be76462913e591a1601b559d3123bee6a848d3698fffbb85b4f",
+            ),
+            (
+                &patch,
+                br#"{"a":-3,"b":[1,2.5,{"y":null}]}"#,
+                "8a2e7a4b785b7be76462913e591a1601b559d3123bee6a848d3698fffbb85b4f",
+            ),
+            // Would lose a difference: the bytes.
+            (&json, br#"{"amount":1e2}"#, "283a012479757489eb9d3c9d849f550c10a83527f13f6bacf337815b82cfec4a"),
+            (&json, br#"{"a":1,"a":2}"#, "86b66d6c56d9f2f8fd5a604b350058b6337db27840654c288dd3c11bc6feb44a"),
+            (&json, b"not json", "b9b702334b6f5c39645823c604bb275e3ef41ce2b926fc91506067f747174388"),
+            (&plain, br#"{"a":-3}"#, "bed2eec97506d1d2c3629751e1731e166c4ec976657a53c13873d7abb7e2efba"),
+            (&plain, b"", "942bbd9292ad727076e74655e79c461940826b3147c4e12c14d360b26179240a"),
+        ] {
+            let hash = super::fingerprint(&super::Fingerprint::Request, parts, body).unwrap();
+            assert_eq!(hash, pinned, "{}", String::from_utf8_lossy(body));
+        }
+        let custom =
+            super::Fingerprint::Custom(std::sync::Arc::new(|_: &http::request::Parts, body: &[u8]| body.to_vec()));
+        assert_eq!(
+            super::fingerprint(&custom, &plain, b"abc").unwrap(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(super::fingerprint(&super::Fingerprint::None, &plain, b"abc"), None);
+    }
+
     #[test]
     fn json_whose_parse_would_lose_a_difference_is_compared_as_bytes() {
         for body in [
