@@ -415,10 +415,7 @@ impl Fingerprint {
     /// hold (an integer beyond 64 bits) is hashed in its plain JSON form.
     pub fn of<T: Fingerprintable + ?Sized>(value: &T) -> Result<Fingerprint, serde_json::Error> {
         let json = match serde_json::to_value(value) {
-            Ok(mut tree) => {
-                tree.sort_all_objects();
-                serde_json::to_vec(&tree)?
-            }
+            Ok(tree) => crate::canonical::to_vec(tree)?,
             Err(_) => serde_json::to_vec(value)?,
         };
         Ok(Fingerprint(hex(&Sha256::digest(&json))))
