@@ -12,6 +12,7 @@ use http::{HeaderName, Method, StatusCode, request};
 use super::fingerprint::{Fingerprint, FingerprintFn};
 use super::service::Idempotency;
 use crate::store::lease::LeaseStore;
+use crate::{Error, Stores};
 
 pub(super) type TenantFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
 pub(super) type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
@@ -19,7 +20,7 @@ pub(super) type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 /// What a layer was configured with, shared by its services and their
 /// requests.
 pub(super) struct Config {
-    pub(super) store: Arc<dyn LeaseStore>,
+    pub(super) store: Records,
     pub(super) scope: Cow<'static, str>,
     pub(super) header: HeaderName,
     pub(super) required: bool,
@@ -37,6 +38,27 @@ pub(super) struct Config {
     pub(super) retention: Duration,
     /// Whether the warning about keys shared by every caller was logged.
     pub(super) warned_shared: AtomicBool,
+}
+
+/// Where a layer's lease records live.
+pub(super) enum Records {
+    /// The store given to [`IdempotencyLayer::new`].
+    Store(Arc<dyn LeaseStore>),
+    /// The lease store of a [`Stores`] value.
+    Stores(Stores),
+    /// The lease store installed at start-up, looked up at each request.
+    Installed,
+}
+
+impl std::fmt::Debug for Records {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = |stores: &Stores| stores.lease().map_or("none", |store| store.kind());
+        match self {
+            Records::Store(store) => write!(f, "{:?}", store.kind()),
+            Records::Stores(stores) => write!(f, "Stores({:?})", kind(stores)),
+            Records::Installed => write!(f, "installed({:?})", Stores::installed().map_or("none", kind)),
+        }
+    }
 }
 
 /// The layer: wrap a service with it (`ServiceBuilder::layer`,
@@ -67,7 +89,7 @@ impl std::fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let c = &self.config;
         f.debug_struct("IdempotencyLayer")
-            .field("store", &c.store.kind())
+            .field("store", &c.store)
             .field("scope", &c.scope)
             .field("header", &c.header)
             .field("required", &c.required)
@@ -108,9 +130,32 @@ impl IdempotencyLayer {
     /// path and body, 2xx and most 4xx kept, 1 MiB limits, a 30 s lease
     /// (renewed while the handler runs) and 24 h retention.
     pub fn new(store: impl LeaseStore + 'static) -> IdempotencyLayer {
+        IdempotencyLayer::over(Records::Store(Arc::new(store)))
+    }
+
+    /// A layer keeping its records in the lease store
+    /// [installed](crate::StoresBuilder::install) at start-up, as guards
+    /// that name no store do; the defaults of [`new`](Self::new). The store
+    /// is looked up at each request, so the layer may be built before the
+    /// stores are installed; a guarded request finding no lease store is
+    /// refused with a `500` naming the fix ([`Error::NoStore`]), nothing
+    /// run.
+    pub fn installed() -> IdempotencyLayer {
+        IdempotencyLayer::over(Records::Installed)
+    }
+
+    /// A layer keeping its records in the lease store of `stores` (the
+    /// value a guard names with `store = "..."`); the defaults of
+    /// [`new`](Self::new). Without a lease store in it, guarded requests
+    /// are refused with a `500` naming the fix ([`Error::NoStore`]).
+    pub fn with_stores(stores: Stores) -> IdempotencyLayer {
+        IdempotencyLayer::over(Records::Stores(stores))
+    }
+
+    fn over(store: Records) -> IdempotencyLayer {
         IdempotencyLayer {
             config: Arc::new(Config {
-                store: Arc::new(store),
+                store,
                 scope: Cow::Borrowed("http"),
                 header: HeaderName::from_static("idempotency-key"),
                 required: false,
@@ -235,14 +280,25 @@ impl IdempotencyLayer {
 }
 
 impl Config {
+    /// The lease store of the layer's records, or [`Error::NoStore`].
+    pub(super) fn store(&self) -> Result<&dyn LeaseStore, Error> {
+        match &self.store {
+            Records::Store(store) => Ok(&**store),
+            Records::Stores(stores) => stores.lease(),
+            // Not installed yet, or installed without a lease store: the
+            // error a guard naming no store gets, which says what to install.
+            Records::Installed => Stores::installed().map_err(|_| Error::NoStore { role: "lease" })?.lease(),
+        }
+    }
+
     /// Whether the store's records hold a response of `max_response` bytes
     /// (asked of the store once): its body in base64, a third longer, and
     /// room for its headers.
-    pub(super) async fn fits_store(&self) -> Result<(), &str> {
+    pub(super) async fn fits_store(&self, store: &dyn LeaseStore) -> Result<(), &str> {
         if let Some(fits) = self.fits.get() {
             return fits.as_ref().map_err(String::as_str).copied();
         }
-        let limit = self.store.answer_limit().await;
+        let limit = store.answer_limit().await;
         let stored = self.max_response.div_ceil(3).saturating_mul(4).saturating_add(HEADROOM);
         let fits = if stored <= limit {
             Ok(())
@@ -251,7 +307,7 @@ impl Config {
                 "the idempotency layer is misconfigured: max_response_body ({} bytes) would be stored as up to {stored} \
                  bytes, more than its {} store holds ({limit}); lower max_response_body",
                 self.max_response,
-                self.store.kind()
+                store.kind()
             );
             tracing::error!(target: "idem", scope = %self.scope, "{detail}");
             Err(detail)

@@ -10,6 +10,25 @@
 //! records live in any lease store (SQL, Redis, memory) and concurrent
 //! duplicates never both reach the handler.
 //!
+//! The layer takes its store as every guard does: the lease store of the
+//! [`Stores`](crate::Stores) installed at start-up
+//! ([`IdempotencyLayer::installed`], looked up at each request, so the
+//! layer may be built before `install` runs; a request finding none is a
+//! `500` naming the fix), that of a `Stores` value
+//! ([`with_stores`](IdempotencyLayer::with_stores)), or a lease store of
+//! its own ([`new`](IdempotencyLayer::new)).
+//!
+//! ```no_run
+//! # extern crate idem_runtime as idem;
+//! # fn demo(pool: sqlx::PgPool) -> Result<(), idem::Error> {
+//! use idem::http::IdempotencyLayer;
+//!
+//! // Built with the router, before or after the stores are installed.
+//! let layer = IdempotencyLayer::installed().scope("payments.api");
+//! idem::Stores::builder().lease(idem::lease::SqlStore::new(pool)).install()?;
+//! # let _ = layer; Ok(()) }
+//! ```
+//!
 //! | request | answer |
 //! |---|---|
 //! | first with its key | the handler runs; a response worth keeping (2xx, and 4xx but 401/403/407/408/409/429, by default) is stored |

@@ -49,6 +49,10 @@ pub(super) fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {
         Error::InvalidKey { reason, .. } => {
             problem(StatusCode::BAD_REQUEST, &format!("invalid idempotency key: {reason}"))
         }
+        Error::NoStore { .. } => {
+            tracing::error!(target: "idem", error = %e, "idempotency layer: no store for its records");
+            problem(StatusCode::INTERNAL_SERVER_ERROR, &format!("the idempotency layer is misconfigured: {e}"))
+        }
         e if e.is_retryable() => {
             tracing::warn!(target: "idem", error = %e, "idempotency layer: the store failed");
             let response =

@@ -182,7 +182,8 @@ async fn claimed<'c>(config: &'c Config, guard: Guard<'_>) -> Result<LeaseTicket
     if let Some(Err(detail)) = config.fits.get() {
         return Err(problem(StatusCode::INTERNAL_SERVER_ERROR, detail));
     }
-    let (fits, claim) = tokio::join!(config.fits_store(), guard.lease::<StoredResponse>(&*config.store, config.lease));
+    let store = config.store().map_err(|e| refused(&e, config.lease))?;
+    let (fits, claim) = tokio::join!(config.fits_store(store), guard.lease::<StoredResponse>(store, config.lease));
     if let Err(detail) = fits {
         if let Ok(Claim::Run(ticket)) = claim {
             ticket.release_failed("was refused (the layer is misconfigured)").await;
