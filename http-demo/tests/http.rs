@@ -17,7 +17,12 @@ use reqwest::StatusCode;
 /// A server with the layer over `store`; keys scoped per client (header
 /// `x-client`); the base URL and the shop.
 async fn server(store: Arc<dyn LeaseStore>, tune: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> (String, Shop) {
-    let layer = IdempotencyLayer::new(store)
+    served(IdempotencyLayer::new(store), tune).await
+}
+
+/// A server with `layer`, configured as [`server`] does.
+async fn served(layer: IdempotencyLayer, tune: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> (String, Shop) {
+    let layer = layer
         .scope(format!("tests.http.{}", unique("s")))
         .required(true)
         .tenant(|request| request.headers.get("x-client").and_then(|v| v.to_str().ok()).map(str::to_owned))
@@ -61,6 +66,47 @@ mod bytes_len {
     }
 }
 
+/// 100 requests with one key at once, against a server over a fresh
+/// shop: the handler runs once, and every 201 and later retry is its
+/// response, exactly.
+async fn a_hundred_concurrent_duplicates(base: &str, shop: &Shop) {
+    let client = reqwest::Client::new();
+    let key = unique("k");
+    let body = PaymentRequest { amount_cents: 500, delay_ms: Some(300), ..Default::default() };
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let (client, base, key, body) = (client.clone(), base.to_owned(), key.clone(), body.clone());
+        tasks.push(tokio::spawn(async move { post(&client, &base, Some(&key), &body).await }));
+    }
+    let (mut created, mut conflicts) = (Vec::new(), 0);
+    for task in tasks {
+        let response = task.await.unwrap();
+        match response.status() {
+            StatusCode::CREATED => created.push(response),
+            StatusCode::CONFLICT => {
+                assert!(response.headers().get("retry-after").is_some(), "409 says when to retry");
+                conflicts += 1;
+            }
+            other => panic!("unexpected {other}: {}", response.text().await.unwrap()),
+        }
+    }
+    assert_eq!(shop.runs(), 1, "exactly one request reached the handler");
+    assert!(!created.is_empty());
+    // Every retry after the first finished replays it, exactly.
+    let first = snapshot(post(&client, base, Some(&key), &body).await).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert_eq!(first.1, ["first", "second"], "repeated headers replay in order");
+    assert_eq!(first.2, "/payments/1");
+    for response in created {
+        assert_eq!(snapshot(response).await, first, "every 201 is the same response");
+    }
+    let again = post(&client, base, Some(&key), &body).await;
+    assert!(replayed(&again));
+    assert_eq!(snapshot(again).await, first);
+    assert_eq!(shop.runs(), 1);
+    eprintln!("100 concurrent duplicates: {conflicts} were told 409");
+}
+
 macro_rules! http_suite {
     (mod $m:ident; store = $store:expr;) => {
         mod $m {
@@ -78,41 +124,16 @@ macro_rules! http_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn a_hundred_concurrent_duplicates_run_the_handler_once() {
                 let (base, shop) = server(store!(), |l| l).await;
-                let client = reqwest::Client::new();
-                let key = unique("k");
-                let body = PaymentRequest { amount_cents: 500, delay_ms: Some(300), ..Default::default() };
-                let mut tasks = Vec::new();
-                for _ in 0..100 {
-                    let (client, base, key, body) = (client.clone(), base.clone(), key.clone(), body.clone());
-                    tasks.push(tokio::spawn(async move { post(&client, &base, Some(&key), &body).await }));
-                }
-                let (mut created, mut conflicts) = (Vec::new(), 0);
-                for task in tasks {
-                    let response = task.await.unwrap();
-                    match response.status() {
-                        StatusCode::CREATED => created.push(response),
-                        StatusCode::CONFLICT => {
-                            assert!(response.headers().get("retry-after").is_some(), "409 says when to retry");
-                            conflicts += 1;
-                        }
-                        other => panic!("unexpected {other}: {}", response.text().await.unwrap()),
-                    }
-                }
-                assert_eq!(shop.runs(), 1, "exactly one request reached the handler");
-                assert!(!created.is_empty());
-                // Every retry after the first finished replays it, exactly.
-                let first = snapshot(post(&client, &base, Some(&key), &body).await).await;
-                assert_eq!(first.0, StatusCode::CREATED);
-                assert_eq!(first.1, ["first", "second"], "repeated headers replay in order");
-                assert_eq!(first.2, "/payments/1");
-                for response in created {
-                    assert_eq!(snapshot(response).await, first, "every 201 is the same response");
-                }
-                let again = post(&client, &base, Some(&key), &body).await;
-                assert!(replayed(&again));
-                assert_eq!(snapshot(again).await, first);
-                assert_eq!(shop.runs(), 1);
-                eprintln!("100 concurrent duplicates: {conflicts} were told 409");
+                a_hundred_concurrent_duplicates(&base, &shop).await;
+            }
+
+            /// The layer takes its store from a `Stores` value, as every
+            /// guard can: the same one run for 100 racers.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_hundred_concurrent_duplicates_through_stores_run_the_handler_once() {
+                let stores = idem::Stores::builder().lease(store!()).build();
+                let (base, shop) = served(IdempotencyLayer::with_stores(stores), |l| l).await;
+                a_hundred_concurrent_duplicates(&base, &shop).await;
             }
 
             #[tokio::test]
@@ -458,4 +479,43 @@ http_suite! {
 http_suite! {
     mod redis;
     store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-http")))) as Arc<dyn LeaseStore>);
+}
+
+/// A guarded request refused with a `500` whose detail names the fix; the
+/// handler not run.
+async fn refused_for_want_of_a_store(base: &str, shop: &Shop) {
+    let client = reqwest::Client::new();
+    let body = PaymentRequest { amount_cents: 5, ..Default::default() };
+    let response = post(&client, base, Some(&unique("k")), &body).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let problem: serde_json::Value = response.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("no lease store") && detail.contains("Stores::builder().lease(store)"), "{detail}");
+    assert_eq!(shop.runs(), 0);
+}
+
+#[tokio::test]
+async fn a_layer_on_stores_without_a_lease_store_names_the_fix() {
+    let stores = idem::Stores::builder().token(idem::MemoryStore::new()).build();
+    let (base, shop) = served(IdempotencyLayer::with_stores(stores), |l| l).await;
+    refused_for_want_of_a_store(&base, &shop).await;
+}
+
+/// A layer built before the stores are installed finds them at its
+/// requests, as a guard naming no store does. The one test of this binary
+/// that installs stores (once per process): the others give theirs.
+#[tokio::test]
+async fn a_layer_on_the_installed_stores_finds_them_once_installed() {
+    let (base, shop) = served(IdempotencyLayer::installed(), |l| l).await;
+    refused_for_want_of_a_store(&base, &shop).await;
+    idem::Stores::builder().lease(idem::MemoryStore::new()).install().unwrap();
+    let client = reqwest::Client::new();
+    let (key, body) = (unique("k"), PaymentRequest { amount_cents: 5, ..Default::default() });
+    let first = post(&client, &base, Some(&key), &body).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(!replayed(&first));
+    let retry = post(&client, &base, Some(&key), &body).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(replayed(&retry));
+    assert_eq!(shop.runs(), 1);
 }

@@ -415,10 +415,7 @@ impl Fingerprint {
     /// hold (an integer beyond 64 bits) is hashed in its plain JSON form.
     pub fn of<T: Fingerprintable + ?Sized>(value: &T) -> Result<Fingerprint, serde_json::Error> {
         let json = match serde_json::to_value(value) {
-            Ok(mut tree) => {
-                tree.sort_all_objects();
-                serde_json::to_vec(&tree)?
-            }
+            Ok(tree) => crate::canonical::to_vec(tree)?,
             Err(_) => serde_json::to_vec(value)?,
         };
         Ok(Fingerprint(hex(&Sha256::digest(&json))))
@@ -495,6 +492,30 @@ mod tests {
     fn fingerprint_is_stable_and_distinguishes_payloads() {
         assert_eq!(Fingerprint::of(&(1, "a")).unwrap(), Fingerprint::of(&(1, "a")).unwrap());
         assert_ne!(Fingerprint::of(&(1, "a")).unwrap(), Fingerprint::of(&(2, "a")).unwrap());
+    }
+
+    /// Fingerprints are stored with records: a retry after an upgrade must
+    /// hash its payload exactly as before, or every open record would
+    /// answer `KeyMismatch`. These hashes are pinned; never change them.
+    #[test]
+    fn fingerprints_hash_exactly_as_stored_records_expect() {
+        let json: serde_json::Value =
+            serde_json::from_str(r#"{"b":[1,2.5,{"y":null,"x":"\"q\":"}],"a":-3,"c":1.0}"#).unwrap();
+        let map: std::collections::HashMap<&str, u32> = [("z", 1), ("a", 2), ("m", 3)].into_iter().collect();
+        for (fingerprint, pinned) in [
+            (Fingerprint::of(&(1, "a")), "2010945388e2de98f5651051478912aa4ff38bb13a2cdb1a2c257bb97fbf98ff"),
+            (Fingerprint::of(&json), "947a8d02765470bcad1e40377461920713e7fb1c0a71e5fcc41410bc0566f53f"),
+            (Fingerprint::of(&map), "ebba85cfdc0a724b6cc327ecc545faeb38b9fe02eca603b430eb872f5cf75370"),
+            (
+                Fingerprint::of(&(0.1f64, -0.0f64, 1e300f64)),
+                "2b63cd7620268cf46195a1e627e512cebebc95d9c3eb6163f9d03f0b6762a3db",
+            ),
+            // Past 64 bits: hashed in its plain JSON form.
+            (Fingerprint::of(&u128::MAX), "f315ff319bf588e202110ab686fb8c3dbca12b4df9fbd844615b566a2fff3e75"),
+            (Fingerprint::of("text"), "1e1d0f251d3a76fa2b1bfc81164078572623403887db02988b504b0492e9f076"),
+        ] {
+            assert_eq!(fingerprint.unwrap().as_str(), pinned);
+        }
     }
 
     #[test]

@@ -17,13 +17,15 @@
 //!   for each (`current()`, `issue()`, `acquire()`, `counters()`, state
 //!   machines);
 //! - [`error`], [`key`], [`record`]: the error type, key parts and
-//!   fingerprints, and whether a call ran or replayed ([`observe`]).
+//!   fingerprints, and whether a call ran or replayed ([`observe`]);
+//!   `canonical`: the one canonical JSON every fingerprint hashes.
 
 #![warn(missing_docs)]
 // docs.rs builds with `--cfg docsrs` (see Cargo.toml): label items by the
 // cargo feature they need.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod canonical;
 pub mod error;
 mod exact;
 mod guard;

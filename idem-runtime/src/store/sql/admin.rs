@@ -3,7 +3,7 @@
 //! (the `idem-cli` package) does, as functions a program can call.
 //!
 //! The SQL functions work on PostgreSQL, MySQL/MariaDB and SQLite, on the
-//! record table ([`record_table`](crate::record_table): `idem_records` unless
+//! record table ([`record_table`]: `idem_records` unless
 //! the application named another); the lease records
 //! in Redis have their counterparts on [`RedisStore`](crate::RedisStore)
 //! (`inspect_lease`, `stuck_leases`, `release_lease`). Purging is

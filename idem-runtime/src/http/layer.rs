@@ -1,0 +1,328 @@
+//! The layer: its configuration, built once and shared by every service it
+//! wraps.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, request};
+
+use super::fingerprint::{Fingerprint, FingerprintFn};
+use super::service::Idempotency;
+use crate::store::lease::LeaseStore;
+use crate::{Error, Stores};
+
+pub(super) type TenantFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
+pub(super) type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// What a layer was configured with, shared by its services and their
+/// requests.
+pub(super) struct Config {
+    pub(super) store: Records,
+    pub(super) scope: Cow<'static, str>,
+    pub(super) header: HeaderName,
+    pub(super) required: bool,
+    pub(super) methods: Vec<Method>,
+    pub(super) tenant: Option<Arc<TenantFn>>,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) keep: Arc<StoreFn>,
+    pub(super) max_request: usize,
+    pub(super) max_response: usize,
+    pub(super) pass_through_oversized: bool,
+    /// Whether a response of `max_response` bytes fits the store's records,
+    /// once asked (`Err`: the problem to answer every guarded request with).
+    pub(super) fits: OnceLock<Result<(), String>>,
+    pub(super) lease: Duration,
+    pub(super) retention: Duration,
+    /// Whether the warning about keys shared by every caller was logged.
+    pub(super) warned_shared: AtomicBool,
+}
+
+/// Where a layer's lease records live.
+pub(super) enum Records {
+    /// The store given to [`IdempotencyLayer::new`].
+    Store(Arc<dyn LeaseStore>),
+    /// The lease store of a [`Stores`] value.
+    Stores(Stores),
+    /// The lease store installed at start-up, looked up at each request.
+    Installed,
+}
+
+impl std::fmt::Debug for Records {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = |stores: &Stores| stores.lease().map_or("none", |store| store.kind());
+        match self {
+            Records::Store(store) => write!(f, "{:?}", store.kind()),
+            Records::Stores(stores) => write!(f, "Stores({:?})", kind(stores)),
+            Records::Installed => write!(f, "installed({:?})", Stores::installed().map_or("none", kind)),
+        }
+    }
+}
+
+/// The layer: wrap a service with it (`ServiceBuilder::layer`,
+/// `axum::Router::layer`).
+///
+/// ```no_run
+/// # extern crate idem_runtime as idem;
+/// # fn demo(pool: sqlx::PgPool) {
+/// use std::time::Duration;
+/// use idem::http::IdempotencyLayer;
+///
+/// let layer = IdempotencyLayer::new(idem::lease::SqlStore::new(pool))
+///     .scope("payments.api")
+///     .required(true)
+///     .tenant(|request| {
+///         // The authenticated caller, as an earlier layer left it.
+///         request.headers.get("x-api-client").and_then(|v| v.to_str().ok()).map(str::to_owned)
+///     })
+///     .retention(Duration::from_secs(24 * 3600));
+/// # let _ = layer; }
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.config;
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &c.store)
+            .field("scope", &c.scope)
+            .field("header", &c.header)
+            .field("required", &c.required)
+            .field("methods", &c.methods)
+            .field("tenant", &c.tenant.is_some())
+            .field("max_request", &c.max_request)
+            .field("max_response", &c.max_response)
+            .field("lease", &c.lease)
+            .field("retention", &c.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default statuses worth keeping: 2xx, and 4xx but those that say
+/// "try again" or "not you, not now": 401 and 407 (the caller was not
+/// authenticated: a retry with credentials must run), 403 (permissions can
+/// be granted), 408 (timeout), 409 (conflict) and 429 (too many requests).
+/// Never 5xx: the handler failed, a retry runs again.
+pub fn keeps_by_default(status: StatusCode) -> bool {
+    status.is_success()
+        || (status.is_client_error()
+            && !matches!(
+                status,
+                StatusCode::UNAUTHORIZED
+                    | StatusCode::FORBIDDEN
+                    | StatusCode::PROXY_AUTHENTICATION_REQUIRED
+                    | StatusCode::REQUEST_TIMEOUT
+                    | StatusCode::CONFLICT
+                    | StatusCode::TOO_MANY_REQUESTS
+            ))
+}
+
+impl IdempotencyLayer {
+    /// A layer keeping its records in `store` (a lease store: SQL where a
+    /// second run is unacceptable, Redis, or memory for one process), with
+    /// the defaults: scope `http`, header `Idempotency-Key`, the key
+    /// optional, `POST` and `PATCH` guarded, the fingerprint of method,
+    /// path and body, 2xx and most 4xx kept, 1 MiB limits, a 30 s lease
+    /// (renewed while the handler runs) and 24 h retention.
+    pub fn new(store: impl LeaseStore + 'static) -> IdempotencyLayer {
+        IdempotencyLayer::over(Records::Store(Arc::new(store)))
+    }
+
+    /// A layer keeping its records in the lease store
+    /// [installed](crate::StoresBuilder::install) at start-up, as guards
+    /// that name no store do; the defaults of [`new`](Self::new). The store
+    /// is looked up at each request, so the layer may be built before the
+    /// stores are installed; a guarded request finding no lease store is
+    /// refused with a `500` naming the fix ([`Error::NoStore`]), nothing
+    /// run.
+    pub fn installed() -> IdempotencyLayer {
+        IdempotencyLayer::over(Records::Installed)
+    }
+
+    /// A layer keeping its records in the lease store of `stores` (the
+    /// value a guard names with `store = "..."`); the defaults of
+    /// [`new`](Self::new). Without a lease store in it, guarded requests
+    /// are refused with a `500` naming the fix ([`Error::NoStore`]).
+    pub fn with_stores(stores: Stores) -> IdempotencyLayer {
+        IdempotencyLayer::over(Records::Stores(stores))
+    }
+
+    fn over(store: Records) -> IdempotencyLayer {
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                store,
+                scope: Cow::Borrowed("http"),
+                header: HeaderName::from_static("idempotency-key"),
+                required: false,
+                methods: vec![Method::POST, Method::PATCH],
+                tenant: None,
+                fingerprint: Fingerprint::Request,
+                keep: Arc::new(keeps_by_default),
+                max_request: 1 << 20,
+                max_response: 1 << 20,
+                pass_through_oversized: false,
+                fits: OnceLock::new(),
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(24 * 3600),
+                warned_shared: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> IdempotencyLayer {
+        change(Arc::get_mut(&mut self.config).expect("a layer is configured before it is cloned"));
+        self
+    }
+
+    /// The records' scope: give each API (or version of one) its own.
+    pub fn scope(self, scope: impl Into<Cow<'static, str>>) -> IdempotencyLayer {
+        let scope = scope.into();
+        self.with(|c| c.scope = scope)
+    }
+
+    /// The key's header (default `Idempotency-Key`).
+    pub fn header(self, header: HeaderName) -> IdempotencyLayer {
+        self.with(|c| c.header = header)
+    }
+
+    /// Refuse a guarded request without a key (`400`), instead of passing
+    /// it through unguarded.
+    pub fn required(self, required: bool) -> IdempotencyLayer {
+        self.with(|c| c.required = required)
+    }
+
+    /// The methods guarded (default `POST` and `PATCH`: the others are
+    /// idempotent by definition); any other passes through.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> IdempotencyLayer {
+        let methods = methods.into_iter().collect();
+        self.with(|c| c.methods = methods)
+    }
+
+    /// Scope keys per tenant: `tenant` names who sent the request (an
+    /// authenticated user, an API client id). Two tenants' equal keys are
+    /// different records, so one can never replay the other's response. A
+    /// request it names no tenant for (`None`, or an empty name) is refused
+    /// (`401`): a key nobody owns would be shared.
+    pub fn tenant(
+        self,
+        tenant: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> IdempotencyLayer {
+        let tenant: Arc<TenantFn> = Arc::new(tenant);
+        self.with(|c| c.tenant = Some(tenant))
+    }
+
+    /// What makes two requests "the same" behind one key: bytes hashed
+    /// into the record (the default: method, path and query, and body). A
+    /// retry must match; another request with the key is `422`.
+    pub fn fingerprint(
+        self,
+        fingerprint: impl Fn(&request::Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> IdempotencyLayer {
+        let fingerprint: Arc<FingerprintFn> = Arc::new(fingerprint);
+        self.with(|c| c.fingerprint = Fingerprint::Custom(fingerprint))
+    }
+
+    /// No fingerprint: a key replays its first response to whatever request
+    /// comes with it.
+    pub fn without_fingerprint(self) -> IdempotencyLayer {
+        self.with(|c| c.fingerprint = Fingerprint::None)
+    }
+
+    /// Which responses are kept and replayed (default [`keeps_by_default`]);
+    /// a response not kept leaves no record, so a retry runs again.
+    pub fn keep(self, keep: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> IdempotencyLayer {
+        let keep: Arc<StoreFn> = Arc::new(keep);
+        self.with(|c| c.keep = keep)
+    }
+
+    /// The largest request body read (default 1 MiB): a longer one is `413`.
+    pub fn max_request_body(self, bytes: usize) -> IdempotencyLayer {
+        self.with(|c| c.max_request = bytes)
+    }
+
+    /// The largest response body kept (default 1 MiB). A longer one is sent
+    /// as it comes, and its record completed without it: its retries get
+    /// `410 Gone` and the handler never runs again (see
+    /// [`pass_through_oversized`](Self::pass_through_oversized) for the
+    /// other choice). Kept responses live in the store's records, base64 in
+    /// JSON (a third longer than the body): a limit whose records the store
+    /// cannot hold (16 MiB on MariaDB's default `max_allowed_packet`) is
+    /// refused at the first guarded request, with a `500` naming both sizes
+    /// and nothing run.
+    pub fn max_response_body(self, bytes: usize) -> IdempotencyLayer {
+        self.with(|c| c.max_response = bytes)
+    }
+
+    /// Pass a response over [`max_response_body`](Self::max_response_body)
+    /// through unstored and remove its record, so that a retry runs the
+    /// handler again (default `false`). Only for handlers that are safe to
+    /// run twice: a payment answered with a long body would be made again
+    /// by its retry.
+    pub fn pass_through_oversized(self, pass: bool) -> IdempotencyLayer {
+        self.with(|c| c.pass_through_oversized = pass)
+    }
+
+    /// How long a first request holds its key without news (default 30 s;
+    /// renewed while the handler runs).
+    pub fn lease(self, lease: Duration) -> IdempotencyLayer {
+        self.with(|c| c.lease = lease)
+    }
+
+    /// How long responses are kept (default 24 h).
+    pub fn retention(self, retention: Duration) -> IdempotencyLayer {
+        self.with(|c| c.retention = retention)
+    }
+}
+
+impl Config {
+    /// The lease store of the layer's records, or [`Error::NoStore`].
+    pub(super) fn store(&self) -> Result<&dyn LeaseStore, Error> {
+        match &self.store {
+            Records::Store(store) => Ok(&**store),
+            Records::Stores(stores) => stores.lease(),
+            // Not installed yet, or installed without a lease store: the
+            // error a guard naming no store gets, which says what to install.
+            Records::Installed => Stores::installed().map_err(|_| Error::NoStore { role: "lease" })?.lease(),
+        }
+    }
+
+    /// Whether the store's records hold a response of `max_response` bytes
+    /// (asked of the store once): its body in base64, a third longer, and
+    /// room for its headers.
+    pub(super) async fn fits_store(&self, store: &dyn LeaseStore) -> Result<(), &str> {
+        if let Some(fits) = self.fits.get() {
+            return fits.as_ref().map_err(String::as_str).copied();
+        }
+        let limit = store.answer_limit().await;
+        let stored = self.max_response.div_ceil(3).saturating_mul(4).saturating_add(HEADROOM);
+        let fits = if stored <= limit {
+            Ok(())
+        } else {
+            let detail = format!(
+                "the idempotency layer is misconfigured: max_response_body ({} bytes) would be stored as up to {stored} \
+                 bytes, more than its {} store holds ({limit}); lower max_response_body",
+                self.max_response,
+                store.kind()
+            );
+            tracing::error!(target: "idem", scope = %self.scope, "{detail}");
+            Err(detail)
+        };
+        self.fits.get_or_init(|| fits).as_ref().map_err(String::as_str).copied()
+    }
+}
+
+/// Room for a stored response's status and headers beside its body.
+const HEADROOM: usize = 64 * 1024;
+
+impl<S> tower_layer::Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency::new(inner, self.config.clone())
+    }
+}
