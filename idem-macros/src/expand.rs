@@ -166,8 +166,11 @@ impl Expansion<'_> {
             }
             _ => {
                 let lease = millis(krate, plan.lease_ms, quote!(#krate::lease::DEFAULT_LEASE));
+                // At the return type, like `run` below: an answer that is not
+                // `Replayable` is reported there, once for both.
+                let lease = quote_spanned!(self.ret_span()=> lease(__idem_store, #lease));
                 let precheck = self.precheck();
-                (self.store("lease"), self.claimed(quote!(#guard #precheck .lease(__idem_store, #lease).await)))
+                (self.store("lease"), self.claimed(quote!(#guard #precheck .#lease.await)))
             }
         };
         let ret = &plan.ret;
