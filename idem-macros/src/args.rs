@@ -11,7 +11,7 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, Token};
 
-use crate::errors::{Errors, did_you_mean, listed};
+use crate::errors::{Errors, did_you_mean, listed, respan};
 
 /// `#[idempotent(...)]`, every argument (see `ARGUMENTS`).
 #[derive(Debug, FromMeta)]
@@ -19,13 +19,13 @@ pub struct RawArgs {
     pub key: Option<KeyArg>,
     pub strategy: Option<SpannedValue<String>>,
     pub scope: Option<SpannedValue<String>>,
-    pub fingerprint: Option<Expr>,
+    pub fingerprint: Option<ExprArg>,
     pub retention: Option<SpannedValue<String>>,
     pub ttl: Option<SpannedValue<String>>,
     pub lease: Option<SpannedValue<String>>,
     pub transition: Option<SpannedValue<String>>,
     pub source: Option<SpannedValue<String>>,
-    pub store: Option<Expr>,
+    pub store: Option<ExprArg>,
     pub precheck: Option<SpannedValue<String>>,
     pub concurrency_only: Option<SpannedValue<bool>>,
     /// Lock strategies: how long to wait for a busy lock (default: not at all).
@@ -174,7 +174,8 @@ impl FromMeta for KeyArg {
                 let parts = lit
                     .parse_with(Punctuated::<Expr, Token![,]>::parse_terminated)
                     .map_err(|e| darling::Error::custom(e).with_span(lit))?;
-                Ok(KeyArg { parts: parts.into_iter().collect(), source: lit.value(), span: lit.span() })
+                let parts = parts.into_iter().map(|part| placed_in(part, lit.span())).collect();
+                Ok(KeyArg { parts, source: lit.value(), span: lit.span() })
             }
             Expr::Group(g) => Self::from_expr(&g.expr),
             Expr::Tuple(t) => Ok(KeyArg {
@@ -187,4 +188,52 @@ impl FromMeta for KeyArg {
             }
         }
     }
+}
+
+/// `fingerprint` and `store`: an expression, in a string or bare.
+#[derive(Debug)]
+pub struct ExprArg(pub Expr);
+
+impl FromMeta for ExprArg {
+    fn from_expr(expr: &Expr) -> darling::Result<Self> {
+        let parsed = Expr::from_expr(expr)?;
+        Ok(ExprArg(match string_literal(expr) {
+            Some(lit) => placed_in(parsed, lit.span()),
+            None => parsed,
+        }))
+    }
+}
+
+fn string_literal(expr: &Expr) -> Option<&syn::LitStr> {
+    match expr {
+        Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(lit), .. }) => Some(lit),
+        Expr::Group(g) => string_literal(&g.expr),
+        _ => None,
+    }
+}
+
+/// An expression parsed from the string literal at `lit`, its tokens placed
+/// in the literal so that rustc reports errors in them there. Only the first
+/// token has the literal's own span; the others are at the macro's call
+/// site, located in the literal. A fix-it of rustc's replaces its token's
+/// span, which for a token inside a string is the whole string: a misspelt
+/// field (`key = "cb.order_id"`, the field being `order_no`) would be
+/// "fixed" into `key = order_no`, which does not compile; tokens of a
+/// macro's expansion get none. (A span inside the string, a subspan of the
+/// literal, is nightly-only.) The first token stays the user's, so what is
+/// reported at the whole part (not a key type, not a store) reads without
+/// "this error originates in the attribute macro".
+fn placed_in(expr: Expr, lit: Span) -> Expr {
+    let inside = Span::call_site().located_at(lit);
+    let mut tokens = expr.into_token_stream().into_iter();
+    let first = tokens.next().map(|tt| match tt {
+        proc_macro2::TokenTree::Group(g) => {
+            let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), inside));
+            group.set_span(lit);
+            proc_macro2::TokenTree::Group(group)
+        }
+        other => other,
+    });
+    let rest = respan(tokens.collect(), inside);
+    syn::parse2(first.into_iter().chain(rest).collect()).expect("the same tokens parse again")
 }

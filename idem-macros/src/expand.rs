@@ -8,6 +8,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn};
 
+use crate::errors::respan;
 use crate::validate::{Plan, Strategy, TransitionArg};
 
 pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
@@ -165,8 +166,11 @@ impl Expansion<'_> {
             }
             _ => {
                 let lease = millis(krate, plan.lease_ms, quote!(#krate::lease::DEFAULT_LEASE));
+                // At the return type, like `run` below: an answer that is not
+                // `Replayable` is reported there, once for both.
+                let lease = quote_spanned!(self.ret_span()=> lease(__idem_store, #lease));
                 let precheck = self.precheck();
-                (self.store("lease"), self.claimed(quote!(#guard #precheck .lease(__idem_store, #lease).await)))
+                (self.store("lease"), self.claimed(quote!(#guard #precheck .#lease.await)))
             }
         };
         let ret = &plan.ret;
@@ -313,21 +317,4 @@ fn millis(krate: &syn::Path, ms: Option<u64>, default: TokenStream) -> TokenStre
         Some(ms) => quote!(#krate::__private::Duration::from_millis(#ms)),
         None => default,
     }
-}
-
-/// The same tokens, all pointing at `span`.
-fn respan(tokens: TokenStream, span: Span) -> TokenStream {
-    tokens
-        .into_iter()
-        .map(|mut tt| {
-            if let proc_macro2::TokenTree::Group(g) = &tt {
-                let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
-                group.set_span(span);
-                tt = proc_macro2::TokenTree::Group(group);
-            } else {
-                tt.set_span(span);
-            }
-            tt
-        })
-        .collect()
 }

@@ -95,7 +95,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
     let checked = spec.map(|spec| check_for_strategy(&input, spec, ret.as_ref(), marks, errors));
     check_key(&input, errors);
     if let Some(fp) = &raw.fingerprint {
-        signature::check_rooted(fp, &func.sig, "fingerprint", errors);
+        signature::check_rooted(&fp.0, &func.sig, "fingerprint", errors);
     }
     let retention_ms = raw.retention.as_ref().and_then(|r| check_duration(r, &RETENTION, errors));
     check_scope(&input, errors);
@@ -108,13 +108,13 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
         // `token` keys on the token: the expansion adds it as the one part.
         key: raw.key.unwrap_or(KeyArg { parts: Vec::new(), source: "<token>".to_owned(), span: attr_span }),
         scope: raw.scope.map(|s| s.as_str().to_owned()),
-        fingerprint: raw.fingerprint,
+        fingerprint: raw.fingerprint.map(|fp| fp.0),
         retention_ms,
         claim_after,
         transition: checked.transition,
         tx: checked.tx,
         lease_ms: checked.lease_ms,
-        store: raw.store.filter(|_| spec.store.is_some() || precheck),
+        store: raw.store.map(|s| s.0).filter(|_| spec.store.is_some() || precheck),
         token: checked.token,
         allow_on_store_error: checked.allow_on_store_error,
         precheck,
@@ -190,7 +190,7 @@ fn check_allowed(input: &Input, spec: &Spec, errors: &mut Errors) {
         ("transition", raw.transition.as_ref().map(|v| v.span()), spec.transition != Use::Refused),
         ("ttl", raw.ttl.as_ref().map(|v| v.span()), spec.ttl != Use::Refused || precheck),
         ("lease", raw.lease.as_ref().map(|v| v.span()), spec.lease != Use::Refused),
-        ("store", raw.store.as_ref().map(|v| v.span()), spec.store.is_some() || precheck),
+        ("store", raw.store.as_ref().map(|v| v.0.span()), spec.store.is_some() || precheck),
         ("precheck", raw.precheck.as_ref().map(|v| v.span()), spec.precheck == Precheck::Fits),
         ("concurrency_only", raw.concurrency_only.as_ref().map(|v| v.span()), spec.concurrency_only != Use::Refused),
         ("wait", raw.wait.as_ref().map(|v| v.span()), spec.wait != Use::Refused),
@@ -236,7 +236,7 @@ fn check_record_arguments(input: &Input, spec: &Spec, errors: &mut Errors) {
     let Record::None { instead } = spec.record else { return };
     let raw = input.raw;
     let recordless = [
-        ("fingerprint", raw.fingerprint.as_ref().map(|f| f.span())),
+        ("fingerprint", raw.fingerprint.as_ref().map(|f| f.0.span())),
         ("retention", raw.retention.as_ref().map(|r| r.span())),
     ];
     for (arg, span) in recordless {

@@ -81,9 +81,12 @@ pub use strategy::token::TokenTicket;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be replayed to a repeated call",
     label = "the first call's answer is stored and returned to every repeat",
-    note = "derive `serde::Serialize` and `serde::Deserialize` on `{Self}`"
+    note = "derive `serde::Serialize` and `serde::Deserialize` on `{Self}` (or, in an `Option` or a `Vec`, on your type)"
 )]
 pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
+// Not recommended: rustc then reports the one missing `Replayable` (with
+// the fix above) instead of one error per serde trait the impl needs.
+#[diagnostic::do_not_recommend]
 impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 
 /// Not a stable API: the items generated code names. Reach them only through

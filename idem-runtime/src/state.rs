@@ -228,7 +228,7 @@ pub trait StateMachine {
 #[diagnostic::on_unimplemented(
     message = "a repeated state change has no stored answer to return as `{Self}`",
     label = "a repeat (the entity is already in the target state) must return a value of this type",
-    note = "return `Result<(), E>`, or implement `idem::SilentRepeat` for `{Self}` to say what a repeat returns"
+    note = "return `Result<(), E>` or `Result<Option<{Self}>, E>` (a repeat gets `None`), or implement `idem::SilentRepeat` for `{Self}` to say what a repeat returns"
 )]
 pub trait SilentRepeat {
     /// The answer to a repeat whose first answer is not stored.

@@ -35,4 +35,16 @@ async fn pay(tx: &mut Transaction<'_, Postgres>, order_no: &str) -> Result<Recei
     let _ = (tx, order_no);
     Ok(Receipt { coupon_id: 1 })
 }
+// `dedup+state` replays the stored answer, but a repeat that finds the order
+// paid with no record left (past its retention) has none to replay.
+#[idempotent(
+    key = "order_no",
+    strategy = "dedup+state",
+    scope = "orders.pay_again",
+    transition = "OrderStatus::WaitPay -> OrderStatus::Paid"
+)]
+async fn pay_again(tx: &mut Transaction<'_, Postgres>, order_no: &str) -> Result<Receipt, AppError> {
+    let _ = (tx, order_no);
+    Ok(Receipt { coupon_id: 1 })
+}
 fn main() {}
