@@ -225,7 +225,7 @@
 //! ERROR for what needs a person (a lease taken over or lost, an illegal
 //! state change, a store down). With the `metrics` feature, counters and
 //! histograms go to the [`metrics`](https://docs.rs/metrics) facade: see
-//! [`metrics`].
+//! [`telemetry`].
 //!
 //! ## Errors
 //!
@@ -302,7 +302,7 @@ pub mod sql {
     pub use idem_runtime::sql::*;
 }
 
-pub use idem_runtime::{MemoryStore, admin, error, key, metrics, record};
+pub use idem_runtime::{MemoryStore, admin, error, key, record, telemetry};
 
 /// The `Idempotency-Key` layer for HTTP services (feature `http`).
 #[cfg(feature = "http")]

@@ -34,9 +34,10 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use crate::error::Error;
+use crate::key::Key;
 use crate::key::{Fingerprint, Fingerprintable, IdempotencyKey, KeyBuilder, SqlKey};
 use crate::precheck::PrecheckStore;
-use crate::{Error, Key};
 
 /// Records are kept this long unless the guard says otherwise
 /// ([`Guard::retention`], `retention = "..."`). Payment gateways retry
@@ -285,26 +286,26 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    pub fn labels(&self) -> crate::metrics::Labels<'_> {
-        crate::metrics::Labels { scope: &self.scope, strategy: self.strategy, store: self.store }
+    pub fn labels(&self) -> crate::telemetry::metrics::Labels<'_> {
+        crate::telemetry::metrics::Labels { scope: &self.scope, strategy: self.strategy, store: self.store }
     }
 
     /// Tell `observe`, the logs and the metrics what this call did.
-    pub fn report(&self, outcome: crate::Outcome) {
-        if !matches!(outcome, crate::Outcome::Executed) {
+    pub fn report(&self, outcome: crate::telemetry::Outcome) {
+        if !matches!(outcome, crate::telemetry::Outcome::Executed) {
             // Decided without running the body: the claim was the whole guard.
-            crate::metrics::claim(self.labels(), self.started.elapsed());
+            crate::telemetry::metrics::claim(self.labels(), self.started.elapsed());
         }
-        crate::record::report(self.labels(), &self.key, outcome);
+        crate::telemetry::report(self.labels(), &self.key, outcome);
     }
 
     /// The claim decided that the body runs.
     pub fn claimed(&self) {
-        crate::metrics::claim(self.labels(), self.started.elapsed());
+        crate::telemetry::metrics::claim(self.labels(), self.started.elapsed());
     }
 
     pub fn mismatch(&self) -> Error {
-        self.report(crate::Outcome::Mismatched);
+        self.report(crate::telemetry::Outcome::Mismatched);
         Error::KeyMismatch { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
@@ -314,7 +315,7 @@ impl Prepared {
 
     /// A repeat of a call that ran to success but whose answer was not kept.
     pub fn not_kept(&self) -> Error {
-        self.report(crate::Outcome::NotKept);
+        self.report(crate::telemetry::Outcome::NotKept);
         Error::AnswerNotKept { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
@@ -322,7 +323,7 @@ impl Prepared {
     /// says "completed, answer not kept", and the first call still gets the
     /// answer its body gave.
     pub fn answer_not_kept(&self, why: impl std::fmt::Display) {
-        crate::metrics::answer_not_kept(&self.scope, self.store);
+        crate::telemetry::metrics::answer_not_kept(&self.scope, self.store);
         tracing::warn!(target: "idem", scope = %self.scope, key = %self.key.hash(), strategy = self.strategy,
             store = self.store, reason = %why,
             "answer not kept: the body ran to success, but its answer cannot be stored; the record says so, and \
@@ -330,7 +331,7 @@ impl Prepared {
     }
 
     pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {
-        self.report(crate::Outcome::InProgress);
+        self.report(crate::telemetry::Outcome::InProgress);
         Error::InProgress { scope: self.scope.to_string(), key_hash: self.key.hash(), retry_after }
     }
 

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Keys longer than this many bytes are stored as `\sha256:<hex>`, so every key
 /// fits the indexed column on every backend.

@@ -27,28 +27,29 @@
 
 mod canonical;
 pub mod error;
-mod exact;
 mod guard;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod key;
 pub mod lease;
 pub mod lock;
-pub mod metrics;
 pub mod precheck;
 pub mod record;
+mod replay;
 pub mod state;
 pub mod store;
 pub use store::sql;
 pub use store::sql::admin;
 mod stores;
 mod strategy;
+pub mod telemetry;
 pub mod token;
 
 pub use error::{Error, Result};
 pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
 pub use key::{Fingerprint, IdempotencyKey, Key};
-pub use record::{DedupRecord, Outcome, RecordStatus, observe};
+pub use record::{DedupRecord, RecordStatus};
+pub use replay::Replayable;
 pub use sql::table::{RecordTable, record_table, set_record_table};
 #[cfg(feature = "mysql")]
 pub use sql::tx::MySqlTx;
@@ -67,27 +68,7 @@ pub use strategy::lease::LeaseTicket;
 pub use strategy::lock::LockTicket;
 pub use strategy::ticket::Ticket;
 pub use strategy::token::TokenTicket;
-
-/// The `Ok` type of a guarded function: stored after the first call and
-/// returned to every repeat, so it must survive a JSON round trip. `()`, `0`,
-/// `false`, `""`, empty collections and `None` all replay exactly. The first
-/// call checks that its answer decodes back, so a value JSON cannot carry
-/// fails that call ([`Error::Response`]) instead of every repeat: `f64::NAN`,
-/// and a `Some` around a value JSON writes as `null` (`Some(())`, `Some(None)`
-/// of an `Option<Option<T>>`, `Some(Value::Null)`), which would replay as
-/// `None`; use `bool` for `Option<()>` and an enum of your own for
-/// three-valued answers. Serde shapes that decode into another variant
-/// (an `#[serde(untagged)]` enum whose variants overlap) are not detected.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be replayed to a repeated call",
-    label = "the first call's answer is stored and returned to every repeat",
-    note = "derive `serde::Serialize` and `serde::Deserialize` on `{Self}` (or, in an `Option` or a `Vec`, on your type)"
-)]
-pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
-// Not recommended: rustc then reports the one missing `Replayable` (with
-// the fix above) instead of one error per serde trait the impl needs.
-#[diagnostic::do_not_recommend]
-impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
+pub use telemetry::{Outcome, observe};
 
 /// Not a stable API: the items generated code names. Reach them only through
 /// `#[idempotent]`.

@@ -26,7 +26,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 use crate::store::BoxFuture;
 use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::lock::{LockAttempt, LockStore};

@@ -10,9 +10,9 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode, request};
 
 use super::fingerprint::{Fingerprint, FingerprintFn};
-use super::service::Idempotency;
+use crate::error::Error;
 use crate::store::lease::LeaseStore;
-use crate::{Error, Stores};
+use crate::stores::Stores;
 
 pub(super) type TenantFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
 pub(super) type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
@@ -82,7 +82,7 @@ impl std::fmt::Debug for Records {
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    config: Arc<Config>,
+    pub(super) config: Arc<Config>,
 }
 
 impl std::fmt::Debug for IdempotencyLayer {
@@ -318,11 +318,3 @@ impl Config {
 
 /// Room for a stored response's status and headers beside its body.
 const HEADROOM: usize = 64 * 1024;
-
-impl<S> tower_layer::Layer<S> for IdempotencyLayer {
-    type Service = Idempotency<S>;
-
-    fn layer(&self, inner: S) -> Idempotency<S> {
-        Idempotency::new(inner, self.config.clone())
-    }
-}

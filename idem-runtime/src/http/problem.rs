@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 
 use super::{REPLAYED, ResponseBody};
-use crate::Error;
+use crate::error::Error;
 
 /// A guard's refusal as an HTTP answer (`lease`: the layer's).
 pub(super) fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {

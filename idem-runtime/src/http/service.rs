@@ -12,12 +12,15 @@ use http_body::Body as HttpBody;
 
 use super::body::{Collected, OVER_LIMIT, collect_up_to};
 use super::fingerprint::fingerprint;
-use super::layer::Config;
+use super::layer::{Config, IdempotencyLayer};
 use super::problem::{problem, refused};
 use super::request::{body_of, key_of, tenant_of};
 use super::stored::StoredResponse;
 use super::{BoxError, ResponseBody};
-use crate::{Claim, Error, Guard, LeaseTicket};
+use crate::error::Error;
+use crate::guard::Claim;
+use crate::guard::Guard;
+use crate::strategy::lease::LeaseTicket;
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around another.
 #[derive(Clone)]
@@ -35,6 +38,14 @@ impl<S> Idempotency<S> {
 impl<S> std::fmt::Debug for Idempotency<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotency").field("scope", &self.config.scope).finish_non_exhaustive()
+    }
+}
+
+impl<S> tower_layer::Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency::new(inner, self.config.clone())
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 use crate::key::stored_scope;
 use crate::key::{IdempotencyKey, Key};
 use crate::store::new_owner;

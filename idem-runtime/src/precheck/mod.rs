@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// Marker TTL when the attribute gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::BoxFuture;
-use crate::Error;
+use crate::error::Error;
 
 /// A claim as a store receives it.
 #[derive(Clone, Debug)]

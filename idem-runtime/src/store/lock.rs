@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::BoxFuture;
-use crate::Error;
+use crate::error::Error;
 
 /// What an acquire found.
 #[derive(Clone, Debug, PartialEq, Eq)]

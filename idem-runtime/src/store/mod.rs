@@ -43,11 +43,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// `call` within `timeout`, else a retryable store error of `store`.
+#[cfg(feature = "redis")]
 pub(crate) async fn within<T>(
     timeout: Duration,
     store: &'static str,
-    call: impl Future<Output = Result<T, crate::Error>>,
-) -> Result<T, crate::Error> {
+    call: impl Future<Output = Result<T, crate::error::Error>>,
+) -> Result<T, crate::error::Error> {
     match tokio::time::timeout(timeout, call).await {
         Ok(result) => result,
         Err(_) => Err(no_answer(store, timeout)),
@@ -55,8 +56,8 @@ pub(crate) async fn within<T>(
 }
 
 /// The error of a store call that did not answer within `timeout`.
-pub(crate) fn no_answer(store: &'static str, timeout: Duration) -> crate::Error {
-    crate::Error::Store { store, source: format!("no answer within {timeout:?}").into() }
+pub(crate) fn no_answer(store: &'static str, timeout: Duration) -> crate::error::Error {
+    crate::error::Error::Store { store, source: format!("no answer within {timeout:?}").into() }
 }
 
 /// A fresh owner id: this process (its id and start time) and a counter.

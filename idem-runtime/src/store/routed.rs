@@ -4,7 +4,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::BoxFuture;
 use super::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
-use crate::Error;
+use crate::error::Error;
 
 type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
 

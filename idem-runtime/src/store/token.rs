@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::BoxFuture;
-use crate::Error;
+use crate::error::Error;
 
 /// A store of one-time tokens.
 ///

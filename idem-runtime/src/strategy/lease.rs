@@ -3,14 +3,16 @@
 
 use std::time::Duration;
 
+use crate::error::Error;
+use crate::guard::Claim;
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
 use crate::precheck::{Sight, confirmed as precheck_confirmed, look};
-use crate::record::Outcome;
+use crate::replay::Replayable;
 use crate::store::new_owner;
 use crate::strategy::record::{keep, replayed};
 use crate::strategy::renew::{bounded, under_renewal};
-use crate::{Claim, Error, Replayable};
+use crate::telemetry::Outcome;
 
 /// The lease a first call holds while its body runs: see [`LeaseTicket::run`].
 /// A ticket dropped without `run` (or with its `run` future dropped
@@ -98,7 +100,7 @@ impl Guard<'_> {
         match claim {
             LeaseClaim::Acquired { fence, reclaimed } => {
                 if reclaimed {
-                    crate::metrics::lease_taken_over(&p.scope, store.kind());
+                    crate::telemetry::metrics::lease_taken_over(&p.scope, store.kind());
                     tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence, store = store.kind(),
                         "reclaimed a record whose lease had passed (its worker stopped mid-work)");
                 }
@@ -204,7 +206,7 @@ impl LeaseTicket<'_> {
             let completed = bounded(self.lease, self.store.kind(), self.store.complete(&held, json.as_deref())).await;
             let e = match completed {
                 Ok(true) => {
-                    crate::metrics::complete(p.labels(), started.elapsed());
+                    crate::telemetry::metrics::complete(p.labels(), started.elapsed());
                     p.report(Outcome::Executed);
                     return Ok(());
                 }
@@ -255,7 +257,7 @@ impl LeaseTicket<'_> {
 
     fn lost(&self) -> Error {
         let p = &self.prepared;
-        crate::metrics::lease_lost(&p.scope, self.store.kind());
+        crate::telemetry::metrics::lease_lost(&p.scope, self.store.kind());
         tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence = self.fence,
             store = self.store.kind(), "lease lost: another worker took the record over, the store lost it, or it could not be renewed in time");
         Error::LeaseLost { scope: p.scope.to_string(), key_hash: p.key.hash() }

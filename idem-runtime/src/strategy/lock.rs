@@ -4,14 +4,14 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 use crate::guard::{Guard, GuardError};
 use crate::key::Key;
 use crate::key::stored_scope;
 use crate::lock::{CURRENT, LockInfo, LockStore, acquire_as};
-use crate::record::{Outcome, forget_reported, report, reported};
 use crate::store::new_owner;
 use crate::strategy::renew::{bounded, under_renewal};
+use crate::telemetry::{Outcome, forget_reported, report, reported};
 
 /// A lock held around a body: see [`LockTicket::run`].
 #[must_use = "a held lock must run the body and be released"]
@@ -150,7 +150,8 @@ impl LockTicket<'_> {
         // A guard nested in the body (a dedup call inside a `lock` alone)
         // knows better whether the work ran or replayed.
         if self.alone && result.is_ok() && !reported() {
-            let labels = crate::metrics::Labels { scope: &self.scope, strategy: "lock", store: self.store.kind() };
+            let labels =
+                crate::telemetry::metrics::Labels { scope: &self.scope, strategy: "lock", store: self.store.kind() };
             report(labels, &self.key, Outcome::Executed);
         }
         result
@@ -163,7 +164,7 @@ impl LockTicket<'_> {
     }
 
     fn lost(&self) -> Error {
-        crate::metrics::lock_lost(&self.scope, self.store.kind());
+        crate::telemetry::metrics::lock_lost(&self.scope, self.store.kind());
         tracing::error!(target: "idem", scope = %self.scope, key = %self.key.hash(), fence = self.fence,
             store = self.store.kind(), "lock lost while the body ran: another caller may hold it now");
         Error::LockLost { scope: self.scope.to_string(), key_hash: self.key.hash() }

@@ -2,14 +2,16 @@
 //! every strategy that keeps one (`dedup`, `dedup+state`, `token+dedup`,
 //! and the lock strategies around them).
 
+use crate::error::Error;
 use crate::guard::Prepared;
 use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
-use crate::record::{Outcome, RecordStatus};
+use crate::record::RecordStatus;
+use crate::replay::{Replayable, encode, fit};
 use crate::store::sql::tx::TxCore;
 use crate::store::sql::{
     Cas, ClaimResult, ExistingRecord, NewRecord, SqlBackend, TxContext, classify, classify_state, in_transaction,
 };
-use crate::{Error, Replayable};
+use crate::telemetry::Outcome;
 
 /// Claims can loop when a record disappears between statements (its
 /// transaction rolled back, or it expired and was purged). Bounded.
@@ -185,7 +187,7 @@ pub(crate) enum Kept<T> {
     /// returns, so that it gets what every repeat will (a `#[serde(skip)]`
     /// field at its default, a map in the order JSON gives it).
     Answer(String, T),
-    /// It cannot be kept (see [`encode`] and [`fit`]): the record is
+    /// It cannot be kept (see [`encode`] and [`fit`], in `replay`): the record is
     /// completed without it, and the first call returns the value as the
     /// body gave it. A repeat gets [`Error::AnswerNotKept`], never a second run.
     NotKept(T),
@@ -200,33 +202,6 @@ impl<T> Kept<T> {
             Kept::NotKept(value) => (None, value),
         }
     }
-}
-
-/// The answer as JSON, or why it has none.
-pub(crate) fn encode<T: Replayable>(value: &T) -> Result<String, serde_json::Error> {
-    serde_json::to_string(value)
-}
-
-/// `json` as the record keeps it, once checked: at most `max` bytes (what
-/// the store holds), and decoding back into `T` with no `Some` that would
-/// come back as `None`. A value JSON cannot carry exactly (`f64::NAN`
-/// becomes `null`, `Some(())` is written like `None`) would replay as
-/// another answer than the first call's.
-pub(crate) fn fit<T: Replayable>(value: &T, json: String, max: usize) -> Result<(String, T), serde_json::Error> {
-    use serde::ser::Error as _;
-    if json.len() > max {
-        return Err(serde_json::Error::custom(format_args!(
-            "its JSON is {} bytes, more than the {max} the store holds; return less (an id to look the rest up by), \
-             or keep the records where answers may be larger",
-            json.len()
-        )));
-    }
-    let back = serde_json::from_str::<T>(&json)?;
-    // Only JSON with a `null` in it can hide such a `Some`.
-    if json.contains("null") {
-        crate::exact::check(value, &back).map_err(serde_json::Error::custom)?;
-    }
-    Ok((json, back))
 }
 
 /// [`encode`] then [`fit`], the store's limit asked of `limit` only for an

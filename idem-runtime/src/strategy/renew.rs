@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::Error;
+use crate::error::Error;
 
 /// Drive `body` to its end, renewing the hold every third of `lease` while
 /// it waits. `None` when the hold is lost: `renew` answered `false` (another

@@ -4,13 +4,15 @@
 
 use std::marker::PhantomData;
 
+use crate::error::Error;
+use crate::guard::Claim;
 use crate::guard::{GuardError, Prepared};
-use crate::record::Outcome;
+use crate::replay::Replayable;
 use crate::store::sql::tx::{INLINE_ANSWER_MAX, TxCore};
 use crate::store::sql::{InsertDone, SqlBackend, TxContext, classify};
 use crate::strategy::record::{discard, judge, keep, new_record};
 use crate::strategy::transition::{Moved, revert};
-use crate::{Claim, Error, Replayable};
+use crate::telemetry::Outcome;
 
 /// The right to run the body once, in the caller's transaction: hand the
 /// body's result to [`Ticket::complete`], which stores the answer (or, for
@@ -125,17 +127,17 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
         // An `idem::Tx`: the answer goes out with COMMIT (a text that fails
         // before its COMMIT if the record is gone).
         core.queue(&DB::complete_text(&p.stored_scope, p.key.as_str(), json));
-        crate::metrics::complete(p.labels(), started.elapsed());
+        crate::telemetry::metrics::complete(p.labels(), started.elapsed());
         p.report(Outcome::Executed);
         return Ok(Ok(value));
     }
     if p.claim_after {
         let done = complete_after::<T, E, DB>(conn, core, &p, value, json.as_deref()).await;
-        crate::metrics::complete(p.labels(), started.elapsed());
+        crate::telemetry::metrics::complete(p.labels(), started.elapsed());
         return done;
     }
     let completed = DB::complete(conn, &p.stored_scope, p.key.as_str(), json.as_deref()).await;
-    crate::metrics::complete(p.labels(), started.elapsed());
+    crate::telemetry::metrics::complete(p.labels(), started.elapsed());
     match completed {
         Ok(1) => {
             p.report(Outcome::Executed);

@@ -2,10 +2,10 @@
 //! one atomic step before the body runs.
 
 use crate::guard::{Guard, GuardError, Prepared};
-use crate::record::{Outcome, report};
 use crate::store::sql::TxContext;
 use crate::strategy::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
 use crate::strategy::ticket::Ticket;
+use crate::telemetry::{Outcome, report};
 use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};
 
 /// The token a `#[idem(token)]` parameter carries, if any.
@@ -13,7 +13,9 @@ use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};
 pub fn token_param<K: TokenParam + ?Sized>(param: &K) -> Option<&str> {
     param.token()
 }
-use crate::{Claim, Error, Replayable};
+use crate::error::Error;
+use crate::guard::Claim;
+use crate::replay::Replayable;
 
 /// The right to run the body once, its token spent: see [`TokenTicket::run`].
 #[derive(Debug)]
@@ -36,8 +38,9 @@ impl Guard<'_> {
     pub async fn token<T>(self, store: &dyn TokenStore, token: Option<&str>) -> Result<Claim<T, TokenTicket>, Error> {
         let Some(token) = token.filter(|t| well_formed(t)) else {
             // No usable token to key on: report under an empty key.
-            let labels = crate::metrics::Labels { scope: self.scope(), strategy: "token", store: store.kind() };
-            report(labels, &crate::Key::from_stored(String::new()), Outcome::Rejected);
+            let labels =
+                crate::telemetry::metrics::Labels { scope: self.scope(), strategy: "token", store: store.kind() };
+            report(labels, &crate::key::Key::from_stored(String::new()), Outcome::Rejected);
             return Err(Error::TokenRejected);
         };
         let on_store_error = self.store_error_policy();

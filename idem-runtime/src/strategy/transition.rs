@@ -1,12 +1,12 @@
 //! An entity's status moved by compare-and-set in the caller's transaction
 //! (the `state` strategies): the move, why it cannot be made, and its undo.
 
-use crate::Error;
+use crate::error::Error;
 use crate::guard::Prepared;
-use crate::record::Outcome;
 use crate::state::{SilentRepeat, StateCode, StoredState, Transition};
 use crate::store::sql::{Cas, ReadMode, SqlBackend, classify_state};
 use crate::strategy::record::MAX_ATTEMPTS;
+use crate::telemetry::Outcome;
 
 /// A transition this call made: undone if the body fails.
 #[derive(Debug)]
@@ -142,7 +142,7 @@ fn decide(p: &Prepared, t: &Transition, ignore_case: bool, current: Option<Store
     };
     let (from, to) = (t.qualified_from(), t.qualified(to));
     p.report(Outcome::Rejected);
-    crate::metrics::illegal_transition(&p.scope, p.store);
+    crate::telemetry::metrics::illegal_transition(&p.scope, p.store);
     tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), %from, %to, %current,
         "illegal state transition refused");
     Err(Error::IllegalTransition { scope: p.scope.to_string(), key_hash: p.key.hash(), from, to, current })

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// Longest token the stores accept; longer input is rejected without a
 /// round trip.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::MemoryStore;
-use crate::Error;
+use crate::error::Error;
 use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 

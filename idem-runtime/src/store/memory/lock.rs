@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::MemoryStore;
-use crate::Error;
+use crate::error::Error;
 use crate::store::lock::{LockAttempt, LockStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 

@@ -9,8 +9,8 @@
 use std::sync::LazyLock;
 
 use super::{Lua, RedisStore, store_error, store_message, unexpected};
-use crate::Error;
 use crate::admin::{Record, RecordId, RecordState, Release};
+use crate::error::Error;
 use crate::record::RecordStatus;
 use crate::store::RecordKind;
 

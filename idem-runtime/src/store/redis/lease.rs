@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
 
 use super::{Lua, RedisStore, Shared, store_error, store_message, unexpected};
-use crate::Error;
+use crate::error::Error;
 use crate::store::keyspace::Keyspace;
 use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::{BoxFuture, RecordKind, millis};

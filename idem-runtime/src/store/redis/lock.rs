@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::{Lua, RedisStore, int, store_error, unexpected};
-use crate::Error;
+use crate::error::Error;
 use crate::store::lock::{LockAttempt, LockStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use super::RecordKind;
 use super::keyspace::Keyspace;
-use crate::Error;
+use crate::error::Error;
 
 mod admin;
 mod lease;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{RedisStore, store_error};
-use crate::Error;
+use crate::error::Error;
 use crate::store::precheck::PrecheckStore;
 use crate::store::{BoxFuture, RecordKind, millis};
 

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::{RedisStore, store_error};
-use crate::Error;
+use crate::error::Error;
 use crate::store::token::TokenStore;
 use crate::store::{BoxFuture, RecordKind, millis};
 

@@ -57,8 +57,9 @@ use std::future::Future;
 
 use super::table::record_table;
 use super::{PurgeOptions, SqlBackend, classify};
+use crate::error::Error;
+use crate::key::Key;
 use crate::record::RecordStatus;
-use crate::{Error, Key};
 
 /// Which record: a scope and a key, as the record stores them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -8,7 +8,7 @@ use sqlx::pool::PoolConnection;
 use tokio::time::Instant;
 
 use super::{SqlBackend, classify};
-use crate::Error;
+use crate::error::Error;
 use crate::store::BoxFuture;
 use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 

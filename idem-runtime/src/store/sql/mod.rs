@@ -6,10 +6,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::error::Error;
+use crate::key::Key;
 use crate::key::SqlKey;
+use crate::record::DedupRecord;
 use crate::state::{StateCode, StateTable, StoredState};
 use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
-use crate::{DedupRecord, Error, Key};
 
 /// Bind entity key values (state strategies) to a query; `|u| expr` says how
 /// a UUID binds on this backend.
@@ -822,7 +824,7 @@ where
     Ok(DedupRecord {
         scope: row.try_get::<S, _>(0)?.into(),
         key: row.try_get::<S, _>(1)?.into(),
-        status: crate::RecordStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
+        status: crate::record::RecordStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
             index: "status".into(),
             source: format!("unknown record status {status:?}").into(),
         })?,

@@ -28,7 +28,7 @@ use super::{
     Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
     SchemaSql, SqlBackend, StateSql,
 };
-use crate::DedupRecord;
+use crate::record::DedupRecord;
 use crate::state::StoredState;
 use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 

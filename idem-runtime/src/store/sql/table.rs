@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
-use crate::Error;
+use crate::error::Error;
 
 /// The default record table.
 const DEFAULT: &str = "idem_records";

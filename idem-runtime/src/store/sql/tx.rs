@@ -98,7 +98,7 @@ use sqlx::pool::PoolConnection;
 use sqlx_core::transaction::TransactionManager;
 
 use super::{ExistingRecord, NewRecord, SqlBackend, TxContext, classify};
-use crate::Error;
+use crate::error::Error;
 
 type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 
