@@ -17,8 +17,11 @@
 //!   for each (`current()`, `issue()`, `acquire()`, `counters()`, state
 //!   machines);
 //! - [`error`], [`key`], [`record`]: the error type, key parts and
-//!   fingerprints, and whether a call ran or replayed ([`observe`]);
-//!   `canonical`: the one canonical JSON every fingerprint hashes.
+//!   fingerprints, a record as stores keep it; `replay`: what an answer
+//!   must be to replay exactly ([`Replayable`]); [`telemetry`]: whether a
+//!   call ran or replayed ([`observe`]), events and metrics; `canonical`:
+//!   the one canonical JSON every fingerprint hashes. These leaves import
+//!   nothing above them.
 
 #![warn(missing_docs)]
 // docs.rs builds with `--cfg docsrs` (see Cargo.toml): label items by the
@@ -73,32 +76,4 @@ pub use telemetry::{Outcome, observe};
 /// Not a stable API: the items generated code names. Reach them only through
 /// `#[idempotent]`.
 #[doc(hidden)]
-pub mod __private {
-    pub use crate::state::Transition;
-    pub use crate::store::sql::connection;
-    pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
-    pub use crate::strategy::ticket::{finish, settle};
-    pub use crate::strategy::token::token_param;
-    pub use crate::token::OnStoreError;
-
-    /// The store named by `store = "..."` of a token guard.
-    pub fn token_store<S: crate::token::TokenStore>(store: &S) -> &dyn crate::token::TokenStore {
-        store
-    }
-
-    /// The store named by `store = "..."` of a precheck.
-    pub fn precheck_store<S: crate::precheck::PrecheckStore>(store: &S) -> &dyn crate::precheck::PrecheckStore {
-        store
-    }
-
-    /// The store named by `store = "..."` of a lock guard.
-    pub fn lock_store<S: crate::lock::LockStore>(store: &S) -> &dyn crate::lock::LockStore {
-        store
-    }
-
-    /// The store named by `store = "..."`, as the guard takes it.
-    pub fn lease_store<S: crate::lease::LeaseStore>(store: &S) -> &dyn crate::lease::LeaseStore {
-        store
-    }
-    pub use std::time::Duration;
-}
+pub mod __private;

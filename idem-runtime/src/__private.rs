@@ -1,0 +1,29 @@
+//! Not a stable API: the items generated code names (see the crate root).
+
+pub use crate::state::Transition;
+pub use crate::store::sql::connection;
+pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
+pub use crate::strategy::ticket::{finish, settle};
+pub use crate::strategy::token::token_param;
+pub use crate::token::OnStoreError;
+
+/// The store named by `store = "..."` of a token guard.
+pub fn token_store<S: crate::token::TokenStore>(store: &S) -> &dyn crate::token::TokenStore {
+    store
+}
+
+/// The store named by `store = "..."` of a precheck.
+pub fn precheck_store<S: crate::precheck::PrecheckStore>(store: &S) -> &dyn crate::precheck::PrecheckStore {
+    store
+}
+
+/// The store named by `store = "..."` of a lock guard.
+pub fn lock_store<S: crate::lock::LockStore>(store: &S) -> &dyn crate::lock::LockStore {
+    store
+}
+
+/// The store named by `store = "..."`, as the guard takes it.
+pub fn lease_store<S: crate::lease::LeaseStore>(store: &S) -> &dyn crate::lease::LeaseStore {
+    store
+}
+pub use std::time::Duration;
