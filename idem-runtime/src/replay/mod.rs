@@ -7,12 +7,13 @@ mod exact;
 /// The `Ok` type of a guarded function: stored after the first call and
 /// returned to every repeat, so it must survive a JSON round trip. `()`, `0`,
 /// `false`, `""`, empty collections and `None` all replay exactly. The first
-/// call checks that its answer decodes back, so a value JSON cannot carry
-/// fails that call ([`Error::Response`]) instead of every repeat: `f64::NAN`,
-/// and a `Some` around a value JSON writes as `null` (`Some(())`, `Some(None)`
-/// of an `Option<Option<T>>`, `Some(Value::Null)`), which would replay as
-/// `None`; use `bool` for `Option<()>` and an enum of your own for
-/// three-valued answers. Serde shapes that decode into another variant
+/// call checks that its answer decodes back; a value JSON cannot carry is
+/// not kept (the first call still gets it, its record says "answer not
+/// kept", and repeats get [`Error::AnswerNotKept`](crate::error::Error::AnswerNotKept),
+/// never a second run): `f64::NAN`, and a `Some` around a value JSON writes
+/// as `null` (`Some(())`, `Some(None)` of an `Option<Option<T>>`,
+/// `Some(Value::Null)`), which would replay as `None`; use `bool` for
+/// `Option<()>` and an enum of your own for three-valued answers. Serde shapes that decode into another variant
 /// (an `#[serde(untagged)]` enum whose variants overlap) are not detected.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be replayed to a repeated call",

@@ -138,9 +138,9 @@ pub trait SqlBackend: sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaS
     const TEXT_IGNORES_CASE: bool = false;
 
     /// The most bytes the record's `response` column holds: a longer answer
-    /// fails its first call with [`Error::Response`]
-    /// instead of reaching the server (where MySQL, by its `sql_mode`, might
-    /// cut it short or drop the connection).
+    /// is not kept (its record says so, [`Error::AnswerNotKept`] for its
+    /// repeats) instead of reaching the server (where MySQL, by its
+    /// `sql_mode`, might cut it short or drop the connection).
     const MAX_RESPONSE: usize = usize::MAX;
 
     /// Whether [`answer_limit`](Self::answer_limit) asks the server (else
