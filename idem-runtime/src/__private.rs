@@ -1,11 +1,11 @@
 //! Not a stable API: the items generated code names (see the crate root).
 
+pub use crate::dedup::ticket::{finish, settle};
 pub use crate::state::Transition;
 pub use crate::store::sql::connection;
 pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
-pub use crate::strategy::ticket::{finish, settle};
-pub use crate::strategy::token::token_param;
 pub use crate::token::OnStoreError;
+pub use crate::token::guard::token_param;
 
 /// The store named by `store = "..."` of a token guard.
 pub fn token_store<S: crate::token::TokenStore>(store: &S) -> &dyn crate::token::TokenStore {

@@ -3,19 +3,22 @@
 //! which re-exports everything public here next to the `#[idempotent]`
 //! attribute and documents it for users.
 //!
-//! Module map:
-//! - `guard`: [`Guard`], the entry point the attribute expands to;
-//!   `strategy`: one module per strategy over shared steps (the record,
-//!   the transition, the ticket), each a method of `Guard`;
-//! - [`store`]: the store traits and the stores, one module each:
-//!   `store/memory`, `store/redis` (Lua in `.lua` files), [`store::sql`]
-//!   (the dedup record in PostgreSQL, MySQL/MariaDB and SQLite, one file
-//!   each, and the SQL lease store), `store/routed`, and the record names of
-//!   key-value stores (`store/keyspace`);
+//! Module map, one folder per concern:
+//! - `guard`: [`Guard`], the entry point the attribute expands to; each
+//!   strategy adds its method in its own folder;
+//! - `dedup`, [`state`], [`token`], [`lease`] (with its renewal),
+//!   [`lock`], [`precheck`]: one folder per strategy, holding what users
+//!   call (`current()`, `issue()`, `acquire()`, `counters()`, state
+//!   machines), its store trait (`store.rs`) and its guard method
+//!   (`guard.rs`); `dedup` also holds the record's steps and the ticket the
+//!   other in-transaction strategies share;
+//! - [`store`]: the stores, one folder each (`memory`, `redis` with its Lua
+//!   in `.lua` files, [`store::sql`]: PostgreSQL, MySQL/MariaDB and SQLite,
+//!   and the SQL lease store), `routed`, and the record names of key-value
+//!   stores (`keyspace`); a store implements the strategies' store traits
+//!   and knows no strategy's logic;
 //! - [`Stores`]: which stores guards use when they name none;
-//! - [`lease`], [`token`], [`lock`], [`precheck`], [`state`]: what users call
-//!   for each (`current()`, `issue()`, `acquire()`, `counters()`, state
-//!   machines);
+//! - `http`: the `Idempotency-Key` layer (feature `http`);
 //! - [`error`], [`key`], [`record`]: the error type, key parts and
 //!   fingerprints, a record as stores keep it; `replay`: what an answer
 //!   must be to replay exactly ([`Replayable`]); [`telemetry`]: whether a
@@ -29,6 +32,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod canonical;
+mod dedup;
 pub mod error;
 mod guard;
 #[cfg(feature = "http")]
@@ -44,13 +48,15 @@ pub mod store;
 pub use store::sql;
 pub use store::sql::admin;
 mod stores;
-mod strategy;
 pub mod telemetry;
 pub mod token;
 
+pub use dedup::ticket::Ticket;
 pub use error::{Error, Result};
 pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
 pub use key::{Fingerprint, IdempotencyKey, Key};
+pub use lease::guard::LeaseTicket;
+pub use lock::guard::LockTicket;
 pub use record::{DedupRecord, RecordStatus};
 pub use replay::Replayable;
 pub use sql::table::{RecordTable, record_table, set_record_table};
@@ -67,11 +73,8 @@ pub use store::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use stores::{Stores, StoresBuilder};
-pub use strategy::lease::LeaseTicket;
-pub use strategy::lock::LockTicket;
-pub use strategy::ticket::Ticket;
-pub use strategy::token::TokenTicket;
 pub use telemetry::{Outcome, observe};
+pub use token::guard::TokenTicket;
 
 /// Not a stable API: the items generated code names. Reach them only through
 /// `#[idempotent]`.

@@ -27,11 +27,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lock::store::{LockAttempt, LockStore};
+use crate::precheck::store::PrecheckStore;
 use crate::store::BoxFuture;
-use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
-use crate::store::lock::{LockAttempt, LockStore};
-use crate::store::precheck::PrecheckStore;
-use crate::store::token::TokenStore;
+use crate::token::store::TokenStore;
 
 /// The stores guards use when the attribute names no `store`: one per role
 /// (lease records, tokens, locks, precheck markers), each optional. Built

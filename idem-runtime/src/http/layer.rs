@@ -11,7 +11,7 @@ use http::{HeaderName, Method, StatusCode, request};
 
 use super::fingerprint::{Fingerprint, FingerprintFn};
 use crate::error::Error;
-use crate::store::lease::LeaseStore;
+use crate::lease::store::LeaseStore;
 use crate::stores::Stores;
 
 pub(super) type TenantFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;

@@ -20,7 +20,7 @@ use super::{BoxError, ResponseBody};
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::Guard;
-use crate::strategy::lease::LeaseTicket;
+use crate::lease::guard::LeaseTicket;
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around another.
 #[derive(Clone)]

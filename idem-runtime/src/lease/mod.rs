@@ -1,9 +1,13 @@
 //! Lease records (`strategy = "lease"`): the user-facing documentation is the
 //! `idem` crate's `lease` module; this is the runtime behind it.
 
+pub(crate) mod guard;
+pub(crate) mod renew;
+pub(crate) mod store;
+
 use std::time::Duration;
 
-pub use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 pub use crate::store::routed::Routed;
 pub use crate::store::sql::SqlStore;
 

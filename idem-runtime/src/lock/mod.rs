@@ -1,6 +1,9 @@
 //! Locks (`lock+dedup`, `lock+state`, `lock`): the user-facing documentation
 //! is the `idem` crate's `lock` module; this is the runtime behind it.
 
+pub(crate) mod guard;
+pub(crate) mod store;
+
 use std::time::Duration;
 
 use crate::error::Error;
@@ -12,7 +15,7 @@ use crate::store::new_owner;
 #[doc(hidden)]
 pub use crate::store::redis::ACQUIRE_SCRIPT;
 
-pub use crate::store::lock::{LockAttempt, LockStore};
+pub use crate::lock::store::{LockAttempt, LockStore};
 
 /// A lock taken with [`acquire`], outside any guard: the caller releases
 /// it with [`HeldLock::release`], which says whether it was still held; one

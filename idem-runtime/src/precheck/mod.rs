@@ -1,6 +1,8 @@
 //! `precheck = "redis"`: the user-facing documentation is the `idem` crate's
 //! `precheck` module; this is the runtime behind it.
 
+pub(crate) mod store;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use crate::error::Error;
 /// Marker TTL when the attribute gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 
-pub use crate::store::precheck::PrecheckStore;
+pub use crate::precheck::store::PrecheckStore;
 
 /// What the prechecks of this process found, since it started. Monotonic:
 /// take differences between two readings.

@@ -12,15 +12,11 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub(crate) mod keyspace;
-pub(crate) mod lease;
-pub(crate) mod lock;
 pub(crate) mod memory;
-pub(crate) mod precheck;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod routed;
 pub mod sql;
-pub(crate) mod token;
 
 pub use keyspace::RecordKind;
 pub use memory::MemoryStore;

@@ -3,8 +3,8 @@
 use sha2::{Digest as _, Sha256};
 
 use super::BoxFuture;
-use super::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::error::Error;
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 
 type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
 

@@ -1,6 +1,9 @@
 //! One-time tokens (`token`, `token+dedup`): the user-facing documentation is
 //! the `idem` crate's `token` module; this is the runtime behind it.
 
+pub(crate) mod guard;
+pub(crate) mod store;
+
 use std::time::Duration;
 
 use crate::error::Error;
@@ -9,7 +12,7 @@ use crate::error::Error;
 /// round trip.
 pub const MAX_TOKEN_LEN: usize = 128;
 
-pub use crate::store::token::TokenStore;
+pub use crate::token::store::TokenStore;
 
 /// Issue a one-time token for `scope` (the `scope` of the guard that will
 /// consume it), valid for `ttl`: 128 random bits as 32 hex digits. A `ttl`

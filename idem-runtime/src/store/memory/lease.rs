@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::error::Error;
-use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 
 pub(super) struct Rec {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::error::Error;
-use crate::store::lock::{LockAttempt, LockStore};
+use crate::lock::store::{LockAttempt, LockStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 
 /// The holder of one lock.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::error::Error;
-use crate::store::precheck::PrecheckStore;
+use crate::precheck::store::PrecheckStore;
 use crate::store::{BoxFuture, RecordKind, millis};
 
 impl PrecheckStore for MemoryStore {

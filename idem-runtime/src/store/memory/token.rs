@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::error::Error;
-use crate::store::token::TokenStore;
 use crate::store::{BoxFuture, RecordKind, millis};
+use crate::token::store::TokenStore;
 
 impl TokenStore for MemoryStore {
     fn kind(&self) -> &'static str {

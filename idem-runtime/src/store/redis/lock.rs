@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::{Lua, RedisStore, int, store_error, unexpected};
 use crate::error::Error;
-use crate::store::lock::{LockAttempt, LockStore};
+use crate::lock::store::{LockAttempt, LockStore};
 use crate::store::{BoxFuture, RecordKind, millis};
 
 /// How long a lock's fencing counter outlives its last grant.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{RedisStore, store_error};
 use crate::error::Error;
-use crate::store::precheck::PrecheckStore;
+use crate::precheck::store::PrecheckStore;
 use crate::store::{BoxFuture, RecordKind, millis};
 
 impl<C> PrecheckStore for RedisStore<C>

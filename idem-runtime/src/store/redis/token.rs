@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::{RedisStore, store_error};
 use crate::error::Error;
-use crate::store::token::TokenStore;
 use crate::store::{BoxFuture, RecordKind, millis};
+use crate::token::store::TokenStore;
 
 impl<C> TokenStore for RedisStore<C>
 where

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use super::{SqlBackend, classify};
 use crate::error::Error;
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::BoxFuture;
-use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 
 /// Lease records in a SQL database, through a connection pool. The lease
 /// deadline and expiry use the database's clock.

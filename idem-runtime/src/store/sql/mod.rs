@@ -9,9 +9,9 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::key::Key;
 use crate::key::SqlKey;
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::record::DedupRecord;
 use crate::state::{StateCode, StateTable, StoredState};
-use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 
 /// Bind entity key values (state strategies) to a query; `|u| expr` says how
 /// a UUID binds on this backend.

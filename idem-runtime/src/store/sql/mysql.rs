@@ -28,9 +28,9 @@ use super::{
     Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
     SchemaSql, SqlBackend, StateSql,
 };
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::record::DedupRecord;
 use crate::state::StoredState;
-use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 
 /// One of idem's text values as a statement binds it: its UTF-8 bytes,
 /// which the server takes as binary whatever the session's charset (a

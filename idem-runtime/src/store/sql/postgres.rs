@@ -11,9 +11,9 @@ use super::{
     Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
     SchemaSql, SqlBackend, StateSql,
 };
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::record::DedupRecord;
 use crate::state::StoredState;
-use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 
 fn pg_cast(col: &str, int: bool) -> String {
     if int { format!("{col}::int8") } else { format!("{col}::text") }

@@ -18,9 +18,9 @@ use super::{
     Cas, ClaimResult, ExistingRecord, InsertDone, LeaseAction, LeaseRow, LeaseSql, NewRecord, ReadMode, RecordSql,
     SchemaSql, SqlBackend, StateSql,
 };
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest};
 use crate::record::DedupRecord;
 use crate::state::StoredState;
-use crate::store::lease::{HeldLease, LeaseClaim, LeaseRequest};
 
 fn sqlite_cast(col: &str, int: bool) -> String {
     if int { format!("CAST({col} AS INTEGER)") } else { format!("CAST({col} AS TEXT)") }

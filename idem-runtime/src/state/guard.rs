@@ -11,15 +11,15 @@
 //! replays the first answer, the transition stops a repeat whose record is
 //! gone. Either line of defence alone keeps the call idempotent.
 
+use crate::dedup::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
+use crate::dedup::ticket::Ticket;
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::Guard;
 use crate::replay::Replayable;
+use crate::state::transition::{Moved, Step, check_key, move_entity, silent_repeat};
 use crate::state::{SilentRepeat, Transition};
 use crate::store::sql::{Cas, TxContext};
-use crate::strategy::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
-use crate::strategy::ticket::Ticket;
-use crate::strategy::transition::{Moved, Step, check_key, move_entity, silent_repeat};
 
 impl Guard<'_> {
     /// `state`: move the entity the key selects along `transition`, with a

@@ -5,14 +5,14 @@
 //! change; a concurrent duplicate waits on the record's row lock and then
 //! replays (or claims, if the first call rolled back).
 
+use crate::dedup::record::{Claimed, claim_record, guard_context, judge, prechecked};
+use crate::dedup::ticket::Ticket;
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::{Guard, Prepared};
 use crate::replay::Replayable;
 use crate::store::sql::tx::TxCore;
 use crate::store::sql::{SqlBackend, TxContext};
-use crate::strategy::record::{Claimed, claim_record, guard_context, judge, prechecked};
-use crate::strategy::ticket::Ticket;
 
 impl Guard<'_> {
     /// `dedup`: claim the key with a record written in the caller's

@@ -4,14 +4,14 @@
 
 use std::marker::PhantomData;
 
+use crate::dedup::record::{discard, judge, keep, new_record};
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::{GuardError, Prepared};
 use crate::replay::Replayable;
+use crate::state::transition::{Moved, revert};
 use crate::store::sql::tx::{INLINE_ANSWER_MAX, TxCore};
 use crate::store::sql::{InsertDone, SqlBackend, TxContext, classify};
-use crate::strategy::record::{discard, judge, keep, new_record};
-use crate::strategy::transition::{Moved, revert};
 use crate::telemetry::Outcome;
 
 /// The right to run the body once, in the caller's transaction: hand the

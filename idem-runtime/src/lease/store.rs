@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::BoxFuture;
 use crate::error::Error;
+use crate::store::BoxFuture;
 
 /// A claim as a store receives it.
 #[derive(Clone, Debug)]

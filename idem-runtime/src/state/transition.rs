@@ -1,11 +1,11 @@
 //! An entity's status moved by compare-and-set in the caller's transaction
 //! (the `state` strategies): the move, why it cannot be made, and its undo.
 
+use crate::dedup::record::MAX_ATTEMPTS;
 use crate::error::Error;
 use crate::guard::Prepared;
 use crate::state::{SilentRepeat, StateCode, StoredState, Transition};
 use crate::store::sql::{Cas, ReadMode, SqlBackend, classify_state};
-use crate::strategy::record::MAX_ATTEMPTS;
 use crate::telemetry::Outcome;
 
 /// A transition this call made: undone if the body fails.

@@ -1,10 +1,10 @@
 //! `strategy = "token"` and `"token+dedup"`: a one-time token consumed in
 //! one atomic step before the body runs.
 
+use crate::dedup::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
+use crate::dedup::ticket::Ticket;
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::store::sql::TxContext;
-use crate::strategy::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
-use crate::strategy::ticket::Ticket;
 use crate::telemetry::{Outcome, report};
 use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};
 

@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
+use crate::dedup::record::{keep, replayed};
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::{Guard, GuardError, Prepared};
+use crate::lease::renew::{bounded, under_renewal};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
 use crate::precheck::{Sight, confirmed as precheck_confirmed, look};
 use crate::replay::Replayable;
 use crate::store::new_owner;
-use crate::strategy::record::{keep, replayed};
-use crate::strategy::renew::{bounded, under_renewal};
 use crate::telemetry::Outcome;
 
 /// The lease a first call holds while its body runs: see [`LeaseTicket::run`].

@@ -7,6 +7,9 @@
 //! `UPDATE <table> SET <status> = <to> WHERE <key> = ? AND <status> IN (<from>...)`
 //! in the caller's transaction.
 
+pub(crate) mod guard;
+pub(crate) mod transition;
+
 /// How one state is stored in the status column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateCode {

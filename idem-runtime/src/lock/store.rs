@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::BoxFuture;
 use crate::error::Error;
+use crate::store::BoxFuture;
 
 /// What an acquire found.
 #[derive(Clone, Debug, PartialEq, Eq)]
