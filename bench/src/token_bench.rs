@@ -304,9 +304,11 @@ struct Raw {
     sha: String,
 }
 
-/// The lock store's own acquire script, for the floor.
-static ACQUIRE: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(idem::lock::ACQUIRE_SCRIPT));
+/// The lock store's own acquire script, for the floor: the very file the
+/// runtime sends.
+static ACQUIRE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(include_str!("../../idem-runtime/src/store/redis/lock_acquire.lua"))
+});
 
 /// Which code sits between the caller and the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,10 +11,6 @@ use crate::key::stored_scope;
 use crate::key::{IdempotencyKey, Key};
 use crate::store::new_owner;
 
-#[cfg(feature = "redis")]
-#[doc(hidden)]
-pub use crate::store::redis::ACQUIRE_SCRIPT;
-
 pub use crate::lock::store::{LockAttempt, LockStore};
 
 /// A lock taken with [`acquire`], outside any guard: the caller releases

@@ -17,9 +17,6 @@ mod lock;
 mod precheck;
 mod token;
 
-#[doc(hidden)]
-pub use lock::ACQUIRE_SCRIPT;
-
 pub(super) struct Shared {
     batcher: Mutex<lease::Batcher>,
     /// Off for Redis Cluster (a batch would span slots), or when asked.
