@@ -223,10 +223,8 @@ async fn finished<E>(
             });
         }
         Ok(Handled::Unkept(response, why)) => (response, why),
-        Err(Failure::Release(response)) => {
-            ticket.release_failed("answered with a response not to keep").await;
-            return Ok(response);
-        }
+        // `run_body` removed the record, as for every `Err`.
+        Err(Failure::Release(response)) => return Ok(response),
         Err(Failure::Inner(e)) => return Err(e),
         Err(Failure::Guard(e)) => return Ok(refused(&e, config.lease)),
     };

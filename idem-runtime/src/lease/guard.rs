@@ -245,8 +245,9 @@ impl LeaseTicket<'_> {
         }
     }
 
-    /// The body `failed` or `panicked` (or, from the HTTP layer, gave an
-    /// answer not to keep): remove the record so a retry runs again.
+    /// The body `failed` or `panicked` (or, from the HTTP layer, its claim
+    /// was refused by a misconfigured layer): remove the record so a retry
+    /// runs again.
     pub(crate) async fn release_failed(&self, how: &str) {
         if let Err(e) = bounded(self.lease, self.store.kind(), self.store.release(&self.held())).await {
             let p = &self.prepared;
