@@ -27,8 +27,6 @@
 //! `CREATEDB` for that, once). PostgreSQL only.
 
 mod common;
-#[path = "common/shards.rs"]
-mod shards;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,11 +34,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
+use common::shards::{SHARDS, ensure_database, shard_of};
 use common::{AppError, BoxError};
 use idem::lease::{Routed, SqlStore};
 use idem::{Outcome, idempotent};
 use serde::{Deserialize, Serialize};
-use shards::{SHARDS, ensure_database, shard_of};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 

@@ -4,7 +4,7 @@
 //! scenario runs on all three, with a `sqlx::Transaction` (`*::sqlx_tx::*`)
 //! and with an `idem::Tx` (`*::idem_tx::*`).
 
-mod common;
+use idem_test_support as common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! called by hand (an HTTP layer, a consumer loop, a handler generic over
 //! its work), on SQLite and memory, and on PostgreSQL where it says so.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `strategy = "lease"` against the memory store, SQLite, PostgreSQL,
 //! MySQL/MariaDB, Redis and Redis Cluster. One suite, stamped out per store.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

@@ -3,7 +3,7 @@
 //! the earlier layout (names joined with `:`), on memory and a real Redis.
 //! The naming itself is property-tested in idem-runtime (store/keyspace.rs).
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::Arc;
 use std::time::Duration;

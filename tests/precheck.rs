@@ -2,7 +2,7 @@
 //! hint, the record decides. Against a real Redis, Redis Cluster (and
 //! memory), with SQLite and PostgreSQL records.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;

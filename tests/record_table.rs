@@ -3,7 +3,7 @@
 //! and `idem_records` is never touched. The table is fixed per process, so
 //! this binary runs with `idem_custom_records` only.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! MySQL/MariaDB (where the schema is a database), and refused on SQLite
 //! with a message that says why. One name per process: its own binary.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 

@@ -4,7 +4,7 @@
 //! precheck.rs, each a `redis_cluster` module); the failover is
 //! tests/redis_cluster_failover.rs.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

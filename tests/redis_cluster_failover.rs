@@ -1,7 +1,7 @@
 //! A Redis Cluster master killed under a stream of lease calls, its replica
 //! promoted.
 //!
-//! On a cluster of the test's own (tests/common/redis_server.rs): 3
+//! On a cluster of the test's own (`idem_test_support::redis_server`): 3
 //! masters and 3 replicas on free ports, nothing kept on disk, every node
 //! stopped when the test ends (a failing one included). While a master is
 //! down the whole cluster answers `CLUSTERDOWN` (with
@@ -10,9 +10,8 @@
 //! and person using it. Without `redis-server` installed the test says it
 //! skipped (or fails, with `IDEM_REQUIRE_SERVICES=1`).
 
-mod common;
-#[path = "common/redis_server.rs"]
-mod redis_server;
+use idem_test_support as common;
+use idem_test_support::redis_server;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};

@@ -1,14 +1,13 @@
 //! Redis restarted between a lease claim and its completion.
 //!
-//! On a server of the test's own (tests/common/redis_server.rs): a free
+//! On a server of the test's own (`idem_test_support::redis_server`): a free
 //! port, nothing kept on disk, stopped when the test ends. Restarting the
 //! shared server would cut every other user's connections and drop their
 //! keys. Without `redis-server` installed the test says it skipped (or
 //! fails, with `IDEM_REQUIRE_SERVICES=1`).
 
-mod common;
-#[path = "common/redis_server.rs"]
-mod redis_server;
+use idem_test_support as common;
+use idem_test_support::redis_server;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

@@ -4,7 +4,7 @@
 //! a statement of the application's under one of their names, and a
 //! MariaDB session whose user variables idem's texts must leave alone.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 

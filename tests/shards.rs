@@ -8,7 +8,7 @@
 //! missing. Keys are unique per run: tests and earlier runs share the
 //! tables without seeing each other's rows.
 
-mod common;
+use idem_test_support as common;
 #[path = "../examples/common/shards.rs"]
 mod shards;
 

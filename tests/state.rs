@@ -3,7 +3,7 @@
 //! type (`*::sqlx_tx::*` with a `sqlx::Transaction`, `*::idem_tx::*` with an
 //! `idem::Tx`).
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

@@ -6,7 +6,7 @@
 //! One test, in a binary of its own: it watches the process-wide
 //! configuration from before it is installed to after.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;

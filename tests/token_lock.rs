@@ -2,7 +2,7 @@
 //! memory store and a real Redis (tokens and locks), with SQLite for the
 //! strategies that also write a record.
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

@@ -4,7 +4,7 @@
 //! `sqlx::Transaction` guard hold (the suites in dedup.rs and state.rs run
 //! with both transaction types as well).
 
-mod common;
+use idem_test_support as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::SeqCst};

@@ -1,6 +1,6 @@
 //! An application's own unit of work as the guard's transaction (`#[idem(tx)]`).
 
-mod common;
+use idem_test_support as common;
 
 use common::{AppError, unique};
 use idem::idempotent;

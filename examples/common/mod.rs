@@ -1,14 +1,17 @@
 //! What the examples share: connecting to the store named by `--database-url`
 //! (SQLite in a temporary file when none is given) and the demo shop's
-//! business statements for each database. Also included (`#[path]`) by the
-//! load generator (`bench/`) and the message consumer (`mq-consumer/`),
-//! which are packages of their own for their dependencies' sake.
+//! business statements for each database; [`shards`], the route of
+//! `sharded_orders`. Also included (`#[path]`) by the load generator
+//! (`bench/`) and the message consumer (`mq-consumer/`), which are packages
+//! of their own for their dependencies' sake.
 #![allow(dead_code)]
 
 use std::future::Future;
 use std::path::PathBuf;
 
 use sqlx::{MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
+
+pub mod shards;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

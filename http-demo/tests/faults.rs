@@ -1,13 +1,11 @@
 //! The `Idempotency-Key` layer when its store fails: down before a
 //! request, gone while a handler runs, and MariaDB's deadlock victims among
 //! concurrent duplicates. Redis here is a server of the test's own
-//! (tests/common/redis_server.rs), killed by the test; the shared servers
+//! (`idem_test_support::redis_server`), killed by the test; the shared servers
 //! are never touched.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-#[path = "../../tests/common/redis_server.rs"]
-mod redis_server;
+use idem_test_support as common;
+use idem_test_support::redis_server;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,8 +2,7 @@
 //! client over loopback, on every lease store: memory, SQLite, PostgreSQL,
 //! MySQL/MariaDB and Redis.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use idem_test_support as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,11 +11,10 @@
 //! server that cannot be reached skips its tests (fails them with
 //! `IDEM_REQUIRE_SERVICES=1`).
 
-// tests/common names the runtime `idem` (the facade crate re-exports it).
+// The runtime under the name the facade gives it (which re-exports it).
 extern crate idem_runtime as idem;
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use idem_test_support as common;
 
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;

@@ -5,9 +5,8 @@
 //! uses keys of its own; the effects table has no unique index, so a
 //! duplicate effect would be counted.
 
-// The root package's test set-up (databases, Redis, skipping).
-#[path = "../../tests/common/mod.rs"]
-mod common;
+// The workspace's test set-up (databases, Redis, skipping).
+use idem_test_support as common;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,7 @@
-//! Shared set-up of the integration tests: real databases, unique keys.
-//! (Also included by `mq-consumer/tests/mq.rs`.)
+//! Shared set-up of the workspace's integration tests: real databases,
+//! unique keys. A dev-dependency of the root package, `idem-cli`,
+//! `http-demo` and `mq-consumer`, which name it `common`
+//! (`use idem_test_support as common;`).
 //!
 //! PostgreSQL, MySQL/MariaDB and Redis come from `IDEM_PG_URL`,
 //! `IDEM_MYSQL_URL` and `IDEM_REDIS_URL` (defaulting to the local servers).
@@ -7,7 +9,13 @@
 //! need it, each saying so in a `SKIPPED:` line (see [`skip`]); with
 //! `IDEM_REQUIRE_SERVICES=1` (CI) it fails them instead, after
 //! [`REQUIRED_WAIT`].
-#![allow(dead_code)]
+//!
+//! With the feature `redis-server`, [`redis_server`]: Redis servers a test
+//! starts for itself, to kill or restart them.
+
+// The runtime under the facade's name, as the tests write it (the facade
+// re-exports its types): `idem::Tx` is `idem_runtime::Tx`.
+extern crate idem_runtime as idem;
 
 use std::fmt::Display;
 use std::future::Future;
@@ -16,6 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{MySqlPool, PgPool, SqlitePool};
+
+#[cfg(feature = "redis-server")]
+pub mod redis_server;
 
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -172,6 +183,9 @@ pub mod idem_tx {
 
 /// What the SQL suites do with either transaction type outside guarded
 /// bodies: begin one, and reach its connection.
+// Its futures need not be `Send` (the tests await them in place), which is
+// what the lint asks a public trait to decide.
+#[allow(async_fn_in_trait)]
 pub trait TestTx<DB: idem::SqlBackend>: Sized {
     /// `pool.begin()` / `idem::begin(&pool)`.
     async fn begin(pool: &sqlx::Pool<DB>) -> Self;

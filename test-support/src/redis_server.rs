@@ -1,5 +1,6 @@
 //! Redis servers a test starts for itself, for the tests that kill or
-//! restart one (`tests/redis_restart.rs`, `tests/redis_cluster_failover.rs`):
+//! restart one (`tests/redis_restart.rs`, `tests/redis_cluster_failover.rs`,
+//! `http-demo/tests/faults.rs`):
 //! the shared servers (6379, the cluster on 7000-7005) belong to every
 //! other test and person on the machine, and are never stopped.
 //!
@@ -13,9 +14,8 @@
 //! pipe (cargo's, a `| tee` of the test run) would keep its reader waiting
 //! after the test.
 //!
-//! Included with `#[path]` by the tests that use it, not by `common`: it
-//! needs `libc`, which the other packages including `common` lack.
-#![allow(dead_code)]
+//! Behind the feature `redis-server`: it needs `libc`, which the other
+//! packages using this crate lack.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{cannot_run, unique};
+use crate::{cannot_run, unique};
 
 /// How long a server may take to answer `PING` after it was started.
 const START_WITHIN: Duration = Duration::from_secs(15);
