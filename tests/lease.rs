@@ -204,6 +204,22 @@ macro_rules! lease_suite {
                 assert_eq!(runs, 1);
             }
 
+            /// An answer that does not serialize at all (a map JSON cannot
+            /// key: its keys are pairs): the first call gets it, and no repeat
+            /// runs the body again.
+            #[tokio::test]
+            async fn an_answer_that_does_not_serialize_is_returned_and_never_run_again() {
+                let store: Store = store!();
+                let id = unique("unserializable");
+                let answer = || std::collections::BTreeMap::from([((1, 2), 3)]);
+                let (first, later, runs) = answer_then_repeat(&*store, "tests.lease.unserializable", &id, answer, 2).await;
+                assert_eq!(first.unwrap(), answer(), "the first call gets its answer");
+                for repeat in later {
+                    assert!(matches!(repeat, Err(Error::AnswerNotKept { .. })), "{repeat:?}");
+                }
+                assert_eq!(runs, 1);
+            }
+
             /// An answer longer than the store holds (here a limit of 65,000
             /// bytes given by the store; MariaDB's own is its packet size) is
             /// not sent: the record is completed without it.
