@@ -204,13 +204,12 @@ impl<T> Kept<T> {
     }
 }
 
-/// [`encode`] then [`fit`], the store's limit asked of `limit` only for an
-/// answer too long to be sure of (see [`SURE_FIT`]): the answer kept, or
-/// (logged and counted) not kept.
+/// [`encode`] then [`fit`], within the limit `limit` gives for the answer's
+/// length: the answer kept, or (logged and counted) not kept.
 pub(crate) async fn keep<T: Replayable, L: Future<Output = usize>>(
     p: &Prepared,
     value: T,
-    limit: impl FnOnce() -> L,
+    limit: impl FnOnce(usize) -> L,
 ) -> Kept<T> {
     let json = match encode(&value) {
         Ok(json) => json,
@@ -219,7 +218,7 @@ pub(crate) async fn keep<T: Replayable, L: Future<Output = usize>>(
             return Kept::NotKept(value);
         }
     };
-    let max = if json.len() <= SURE_FIT { SURE_FIT } else { limit().await };
+    let max = limit(json.len()).await;
     match fit(&value, json, max) {
         Ok((json, back)) => Kept::Answer(json, back),
         Err(e) => {
@@ -229,8 +228,8 @@ pub(crate) async fn keep<T: Replayable, L: Future<Output = usize>>(
     }
 }
 
-/// Answers up to this long are not checked against the store's limit (on
-/// MySQL, asking costs a round trip): it is below every store's default
+/// Answers up to this long in the caller's transaction are not checked
+/// against the server's limit (on MySQL, asking costs a round trip): it is below every store's default
 /// (MySQL's `max_allowed_packet` is 4 MiB to 64 MiB by version). On a
 /// server configured below it, the write fails instead: in the caller's
 /// transaction its connection is dropped and everything rolls back; a lease

@@ -4,7 +4,7 @@
 
 use std::marker::PhantomData;
 
-use crate::dedup::record::{discard, judge, keep, new_record};
+use crate::dedup::record::{SURE_FIT, discard, judge, keep, new_record};
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::{GuardError, Prepared};
@@ -116,8 +116,12 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
     // An answer that cannot be kept leaves the record in the transaction,
     // completed without it: committed with the body's writes, a repeat is
     // told so and never runs the body again; rolled back, both go.
-    let (json, value) =
-        keep(&p, value, || async { DB::answer_limit(&mut *conn).await.unwrap_or(DB::MAX_RESPONSE) }).await.split();
+    let asked = &mut *conn;
+    let (json, value) = keep(&p, value, |len| async move {
+        if len <= SURE_FIT { DB::MAX_RESPONSE } else { DB::answer_limit(asked).await.unwrap_or(DB::MAX_RESPONSE) }
+    })
+    .await
+    .split();
     let started = std::time::Instant::now();
     let mut core = core;
     if let (Some(core), Some(json)) = (

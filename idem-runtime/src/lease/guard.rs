@@ -178,7 +178,7 @@ impl LeaseTicket<'_> {
     /// every repeat will get (decoded back from the record), or `value`
     /// itself if it cannot be kept.
     pub(crate) async fn completed<T: Replayable>(&self, value: T) -> Result<T, Error> {
-        let (json, value) = keep(&self.prepared, value, || self.store.answer_limit()).await.split();
+        let (json, value) = keep(&self.prepared, value, |_| self.store.answer_limit()).await.split();
         self.write_completion(json).await?;
         Ok(value)
     }
