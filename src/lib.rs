@@ -79,18 +79,20 @@ pub use idem_macros::idempotent;
 #[doc = include_str!("../docs/state_machine.md")]
 pub use idem_macros::StateMachine;
 
-#[cfg(feature = "mysql")]
+#[cfg(all(feature = "tx", feature = "mysql"))]
 pub use idem_runtime::MySqlTx;
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "tx", feature = "postgres"))]
 pub use idem_runtime::PgTx;
-#[cfg(feature = "sqlite")]
+#[cfg(all(feature = "tx", feature = "sqlite"))]
 pub use idem_runtime::SqliteTx;
 pub use idem_runtime::{
     Claim, DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, GuardError, IdempotencyKey, Key, LeaseTicket,
     LockTicket, Outcome, PurgeOptions, PurgeReport, RecordStatus, RecordTable, Replayable, Result, SilentRepeat,
-    SqlBackend, StateMachine, Stores, StoresBuilder, Ticket, TokenTicket, Tx, TxContext, begin, begin_with,
-    find_record, migrate, migrator, purge_expired, record_table, set_record_table,
+    SqlBackend, StateMachine, Stores, StoresBuilder, Ticket, TokenTicket, TxContext, find_record, migrate, migrator,
+    purge_expired, record_table, set_record_table,
 };
+#[cfg(feature = "tx")]
+pub use idem_runtime::{Tx, begin, begin_with};
 
 #[doc = include_str!("../docs/guard.md")]
 pub use idem_runtime::Guard;

@@ -1,8 +1,8 @@
 //! Not a stable API: the items generated code names (see the crate root).
 
+pub use crate::dedup::context::connection;
 pub use crate::dedup::ticket::{finish, settle};
 pub use crate::state::Transition;
-pub use crate::store::sql::connection;
 pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
 pub use crate::token::OnStoreError;
 pub use crate::token::guard::token_param;

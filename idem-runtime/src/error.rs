@@ -199,7 +199,7 @@ pub enum Error {
         scope: String,
     },
 
-    /// An [`idem::Tx`](crate::sql::tx::Tx) was used after its commit or
+    /// An `idem::Tx` (feature `tx`) was used after its commit or
     /// rollback, or after one of its statements was cancelled (a dropped
     /// future, a timeout) or failed with the server's state unknown. Its
     /// connection is closed when it is dropped, so the server rolls back.
@@ -207,6 +207,36 @@ pub enum Error {
     TxUnusable {
         /// What happened to it.
         reason: &'static str,
+    },
+
+    /// The dedup record a first call claimed was gone from its own
+    /// transaction when its answer was to be stored: the body deleted it,
+    /// the ticket was completed on another transaction than its claim's,
+    /// or the server rolled the transaction back (a deadlock victim). The
+    /// transaction must not commit: roll it back (an `idem::Tx` committed
+    /// nothing); running the call again is safe.
+    #[error(
+        "the dedup record of scope `{scope}` vanished inside its own transaction before its answer was stored \
+         (deleted by the body, completed on another transaction, or rolled back by the server); roll the \
+         transaction back"
+    )]
+    RecordVanished {
+        /// Scope of the guard.
+        scope: String,
+    },
+
+    /// A state machine does not fit its table: a transition moved more
+    /// than one row (the key columns are not unique), or a key or state
+    /// code has another type than its column. Nothing may commit: roll the
+    /// transaction back and fix the mapping.
+    #[error("the state machine `{name}` does not fit its table `{table}`: {reason}; roll the transaction back")]
+    StateTable {
+        /// The state enum's name.
+        name: &'static str,
+        /// Its table.
+        table: &'static str,
+        /// What does not fit, and what to change.
+        reason: String,
     },
 
     /// The guarded function's `Ok` value could not be stored, or a stored one no

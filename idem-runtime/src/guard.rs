@@ -265,33 +265,34 @@ fn check_scope(scope: &str) -> Result<(), Error> {
     Err(Error::InvalidScope { scope: scope.escape_default().to_string(), reason })
 }
 
-/// A validated call: key, fingerprint, and the scope as stored.
+/// A validated call: key, fingerprint, and the scope as stored. (Public
+/// only as a parameter of [`TxContext`](crate::TxContext)'s hidden steps.)
 #[derive(Debug)]
-pub(crate) struct Prepared {
+pub struct Prepared {
     /// When the guard started (for the claim's latency).
-    pub started: std::time::Instant,
+    pub(crate) started: std::time::Instant,
     /// Which strategy and store, for logs and metrics.
-    pub strategy: &'static str,
-    pub store: &'static str,
+    pub(crate) strategy: &'static str,
+    pub(crate) store: &'static str,
     /// The scope as given, for messages and logs.
-    pub scope: Cow<'static, str>,
+    pub(crate) scope: Cow<'static, str>,
     /// The scope as records store it (long ones hashed).
-    pub stored_scope: String,
-    pub retention: Duration,
-    pub claim_after: bool,
-    pub key: Key,
+    pub(crate) stored_scope: String,
+    pub(crate) retention: Duration,
+    pub(crate) claim_after: bool,
+    pub(crate) key: Key,
     /// The key parts as bound to the entity's key columns (state strategies).
-    pub entity: Vec<SqlKey>,
-    pub fingerprint: Option<Fingerprint>,
+    pub(crate) entity: Vec<SqlKey>,
+    pub(crate) fingerprint: Option<Fingerprint>,
 }
 
 impl Prepared {
-    pub fn labels(&self) -> crate::telemetry::metrics::Labels<'_> {
+    pub(crate) fn labels(&self) -> crate::telemetry::metrics::Labels<'_> {
         crate::telemetry::metrics::Labels { scope: &self.scope, strategy: self.strategy, store: self.store }
     }
 
     /// Tell `observe`, the logs and the metrics what this call did.
-    pub fn report(&self, outcome: crate::telemetry::Outcome) {
+    pub(crate) fn report(&self, outcome: crate::telemetry::Outcome) {
         if !matches!(outcome, crate::telemetry::Outcome::Executed) {
             // Decided without running the body: the claim was the whole guard.
             crate::telemetry::metrics::claim(self.labels(), self.started.elapsed());
@@ -300,21 +301,21 @@ impl Prepared {
     }
 
     /// The claim decided that the body runs.
-    pub fn claimed(&self) {
+    pub(crate) fn claimed(&self) {
         crate::telemetry::metrics::claim(self.labels(), self.started.elapsed());
     }
 
-    pub fn mismatch(&self) -> Error {
+    pub(crate) fn mismatch(&self) -> Error {
         self.report(crate::telemetry::Outcome::Mismatched);
         Error::KeyMismatch { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
-    pub fn unfinished(&self) -> Error {
+    pub(crate) fn unfinished(&self) -> Error {
         Error::Unfinished { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
     /// A repeat of a call that ran to success but whose answer was not kept.
-    pub fn not_kept(&self) -> Error {
+    pub(crate) fn not_kept(&self) -> Error {
         self.report(crate::telemetry::Outcome::NotKept);
         Error::AnswerNotKept { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
@@ -322,7 +323,7 @@ impl Prepared {
     /// The first call's answer cannot go into its record (`why`): the record
     /// says "completed, answer not kept", and the first call still gets the
     /// answer its body gave.
-    pub fn answer_not_kept(&self, why: impl std::fmt::Display) {
+    pub(crate) fn answer_not_kept(&self, why: impl std::fmt::Display) {
         crate::telemetry::metrics::answer_not_kept(&self.scope, self.store);
         tracing::warn!(target: "idem", scope = %self.scope, key = %self.key.hash(), strategy = self.strategy,
             store = self.store, reason = %why,
@@ -330,7 +331,7 @@ impl Prepared {
              repeats get Error::AnswerNotKept (never a second run)");
     }
 
-    pub fn in_progress(&self, retry_after: Option<Duration>) -> Error {
+    pub(crate) fn in_progress(&self, retry_after: Option<Duration>) -> Error {
         self.report(crate::telemetry::Outcome::InProgress);
         Error::InProgress { scope: self.scope.to_string(), key_hash: self.key.hash(), retry_after }
     }
@@ -339,7 +340,7 @@ impl Prepared {
     /// mismatch is a mismatch even while the first call still runs. A record
     /// written without a fingerprint (before one was declared) cannot be
     /// compared and passes.
-    pub fn check_fingerprint(&self, stored: Option<&str>) -> Result<(), Error> {
+    pub(crate) fn check_fingerprint(&self, stored: Option<&str>) -> Result<(), Error> {
         match (&self.fingerprint, stored) {
             (Some(ours), Some(theirs)) if ours.as_str() != theirs => Err(self.mismatch()),
             _ => Ok(()),

@@ -50,7 +50,10 @@ pub use store::sql::admin;
 mod stores;
 pub mod telemetry;
 pub mod token;
+#[cfg(feature = "tx")]
+mod tx;
 
+pub use dedup::context::TxContext;
 pub use dedup::ticket::Ticket;
 pub use error::{Error, Result};
 pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
@@ -60,14 +63,7 @@ pub use lock::guard::LockTicket;
 pub use record::{DedupRecord, RecordStatus};
 pub use replay::Replayable;
 pub use sql::table::{RecordTable, record_table, set_record_table};
-#[cfg(feature = "mysql")]
-pub use sql::tx::MySqlTx;
-#[cfg(feature = "postgres")]
-pub use sql::tx::PgTx;
-#[cfg(feature = "sqlite")]
-pub use sql::tx::SqliteTx;
-pub use sql::tx::{Tx, begin, begin_with};
-pub use sql::{PurgeOptions, PurgeReport, SqlBackend, TxContext, find_record, migrate, migrator, purge_expired};
+pub use sql::{PurgeOptions, PurgeReport, SqlBackend, find_record, migrate, migrator, purge_expired};
 pub use state::{SilentRepeat, StateMachine};
 pub use store::MemoryStore;
 #[cfg(feature = "redis")]
@@ -75,6 +71,14 @@ pub use store::RedisStore;
 pub use stores::{Stores, StoresBuilder};
 pub use telemetry::{Outcome, observe};
 pub use token::guard::TokenTicket;
+#[cfg(all(feature = "tx", feature = "mysql"))]
+pub use tx::MySqlTx;
+#[cfg(all(feature = "tx", feature = "postgres"))]
+pub use tx::PgTx;
+#[cfg(all(feature = "tx", feature = "sqlite"))]
+pub use tx::SqliteTx;
+#[cfg(feature = "tx")]
+pub use tx::{Tx, begin, begin_with};
 
 /// Not a stable API: the items generated code names. Reach them only through
 /// `#[idempotent]`.

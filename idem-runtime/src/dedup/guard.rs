@@ -5,14 +5,13 @@
 //! change; a concurrent duplicate waits on the record's row lock and then
 //! replays (or claims, if the first call rolled back).
 
-use crate::dedup::record::{Claimed, claim_record, guard_context, judge, prechecked};
+use crate::dedup::context::{Claimed, TxContext};
+use crate::dedup::record::{judge, prechecked};
 use crate::dedup::ticket::Ticket;
 use crate::error::Error;
 use crate::guard::Claim;
-use crate::guard::{Guard, Prepared};
+use crate::guard::Guard;
 use crate::replay::Replayable;
-use crate::store::sql::tx::TxCore;
-use crate::store::sql::{SqlBackend, TxContext};
 
 impl Guard<'_> {
     /// `dedup`: claim the key with a record written in the caller's
@@ -41,26 +40,18 @@ impl Guard<'_> {
         let p = self.prepare("dedup", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
         // `claim_after` writes its record after the body: an `idem::Tx`
         // begins now. A claim before the body rides on its BEGIN.
-        let (conn, core) = guard_context(tx, &p, !p.claim_after).await?;
-        if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
+        tx.ready_for_guard(&p, !p.claim_after).await?;
+        if let Some(replay) = prechecked::<T, C::Db>(tx.guard_connection(), &p, precheck).await? {
             return Ok(Claim::Replay(replay));
         }
-        dedup_prepared::<T, C::Db>(conn, core, p).await
-    }
-}
-
-async fn dedup_prepared<T: Replayable, DB: SqlBackend>(
-    conn: &mut DB::Connection,
-    mut core: Option<&mut TxCore>,
-    p: Prepared,
-) -> Result<Claim<T, Ticket<DB>>, Error> {
-    if p.claim_after {
-        // Nothing to do before the body: the record is written with its
-        // response in `Ticket::complete`.
-        return Ok(Claim::Run(Ticket::new(p, true, None).running_on(core)));
-    }
-    match claim_record::<DB>(conn, core.as_deref_mut(), &p, None).await? {
-        Claimed::Fresh { .. } => Ok(Claim::Run(Ticket::new(p, true, None).running_on(core))),
-        Claimed::Existing(existing) => judge(&p, existing).map(Claim::Replay),
+        if p.claim_after {
+            // Nothing to do before the body: the record is written with its
+            // response in `Ticket::complete`.
+            return Ok(Claim::Run(Ticket::new(p, true, None).running_on(tx)));
+        }
+        match tx.claim_record(&p, None).await? {
+            Claimed::Fresh { .. } => Ok(Claim::Run(Ticket::new(p, true, None).running_on(tx))),
+            Claimed::Existing(existing) => judge(&p, existing).map(Claim::Replay),
+        }
     }
 }

@@ -7,18 +7,8 @@ use crate::guard::Prepared;
 use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
 use crate::record::RecordStatus;
 use crate::replay::{Replayable, encode, fit};
-use crate::store::sql::tx::TxCore;
-use crate::store::sql::{
-    Cas, ClaimResult, ExistingRecord, NewRecord, SqlBackend, TxContext, classify, classify_state, in_transaction,
-};
+use crate::store::sql::{ExistingRecord, SqlBackend, classify};
 use crate::telemetry::Outcome;
-
-/// Claims can loop when a record disappears between statements (its
-/// transaction rolled back, or it expired and was purged). Bounded.
-pub(crate) const MAX_ATTEMPTS: usize = 5;
-
-/// Deadlock victims among claims a guard sends again (see `claim_with_begin`).
-const MAX_DEADLOCKS: u64 = 10;
 
 /// `precheck`: a "seen" marker first; a seen key whose completed record is
 /// there replays from a plain read (SQLite: taking the write lock first),
@@ -42,127 +32,6 @@ pub(crate) async fn prechecked<T: Replayable, DB: SqlBackend>(
         }
     }
     Ok(None)
-}
-
-pub(crate) fn require_transaction<DB: SqlBackend>(conn: &DB::Connection, p: &Prepared) -> Result<(), Error> {
-    if in_transaction::<DB>(conn) { Ok(()) } else { Err(Error::NoTransaction { scope: p.scope.to_string() }) }
-}
-
-/// The connection of `tx` for a guard, with the bookkeeping of an
-/// `idem::Tx` if it is one. An `idem::Tx` that has not begun stays so when
-/// the guard's claim can ride on its `BEGIN` (`inline`: a claim of a dedup
-/// record before the body, on a backend that sends texts); otherwise it is
-/// begun here (and what it queued for `COMMIT` is sent first). Every other
-/// transaction must be open.
-pub(crate) async fn guard_context<'t, C: TxContext + ?Sized>(
-    tx: &'t mut C,
-    p: &Prepared,
-    inline: bool,
-) -> Result<(&'t mut <C::Db as sqlx::Database>::Connection, Option<&'t mut TxCore>), Error> {
-    let (conn, mut core) = tx.tx_parts();
-    let rides_on_begin =
-        inline && <C::Db as crate::store::sql::RecordSql>::INLINE && core.as_ref().is_some_and(|c| c.is_deferred());
-    if !rides_on_begin {
-        if let Some(core) = core.as_deref_mut() {
-            core.ready::<C::Db>(&mut *conn).await?;
-        }
-        require_transaction::<C::Db>(conn, p)?;
-    }
-    Ok((conn, core))
-}
-
-/// What [`claim_record`] found.
-pub(crate) enum Claimed {
-    /// This call inserted the record; with a transition, the rows it moved.
-    Fresh { moved: u64 },
-    /// A live record of an earlier call holds the key.
-    Existing(ExistingRecord),
-}
-
-/// Insert the record (and, with `cas`, make the transition in the same step
-/// if the insert won), or find the live record that holds the key.
-pub(crate) async fn claim_record<DB: SqlBackend>(
-    conn: &mut DB::Connection,
-    core: Option<&mut TxCore>,
-    p: &Prepared,
-    cas: Option<&Cas<'_>>,
-) -> Result<Claimed, Error> {
-    let record = new_record(p);
-    if let Some(core) = core.filter(|c| DB::INLINE && c.is_deferred()) {
-        return claim_with_begin::<DB>(conn, core, p, &record, cas).await;
-    }
-    for _ in 0..MAX_ATTEMPTS {
-        let (claim, moved) = match cas {
-            None => (DB::claim(conn, &record).await.map_err(classify::<DB>)?, 0),
-            Some(cas) => DB::claim_transition(conn, &record, cas).await.map_err(classify_state::<DB>(cas.states))?,
-        };
-        if claim == ClaimResult::Claimed {
-            return Ok(Claimed::Fresh { moved });
-        }
-        let Some(existing) = DB::read(conn, record.scope, record.key).await.map_err(classify::<DB>)? else {
-            continue; // the holder rolled back, or the record was purged: claim again
-        };
-        if existing.expired {
-            // Past retention but not yet purged: the old answer no longer
-            // counts. Remove it (only if still expired) and claim afresh.
-            DB::discard_expired(conn, record.scope, record.key).await.map_err(classify::<DB>)?;
-            continue;
-        }
-        return Ok(Claimed::Existing(existing));
-    }
-    Err(p.in_progress(None))
-}
-
-/// [`claim_record`] on an `idem::Tx` that has not begun: `BEGIN` and the
-/// claim in one text. A repeat's claim fails on the unique key, which
-/// stops the text; the failed block is rolled back and the record read in
-/// one more round trip, and the `Tx` has still not begun. The transition
-/// of `dedup+state` follows the claim as a statement of its own.
-async fn claim_with_begin<DB: SqlBackend>(
-    conn: &mut DB::Connection,
-    core: &mut TxCore,
-    p: &Prepared,
-    record: &NewRecord<'_>,
-    cas: Option<&Cas<'_>>,
-) -> Result<Claimed, Error> {
-    let (mut take_over, mut deadlocks) = (false, 0);
-    let mut attempts = 0;
-    while attempts < MAX_ATTEMPTS {
-        attempts += 1;
-        let claimed = match core.claim_with_begin::<DB>(conn, record, take_over).await {
-            // InnoDB picks claims waiting on a record whose first call rolls
-            // back as deadlock victims (1213). The claim was the first
-            // statement of the Tx's own BEGIN: nothing of the caller's went
-            // with the rollback, so it is sent again.
-            Err(e) if e.is_deadlock() && core.is_deferred() && deadlocks < MAX_DEADLOCKS => {
-                deadlocks += 1;
-                attempts -= 1;
-                tokio::time::sleep(std::time::Duration::from_millis(2 * deadlocks)).await;
-                continue;
-            }
-            claimed => claimed?,
-        };
-        match claimed {
-            None => {
-                let Some(cas) = cas else { return Ok(Claimed::Fresh { moved: 0 }) };
-                return match DB::transition(conn, cas).await {
-                    Ok(moved) => Ok(Claimed::Fresh { moved }),
-                    Err(e) => {
-                        // Leave no PROCESSING record to a caller that commits anyway.
-                        let _ = DB::discard(conn, record.scope, record.key).await;
-                        Err(classify_state::<DB>(cas.states)(e))
-                    }
-                };
-            }
-            // The holder rolled back, or the record was purged: claim again.
-            Some(None) => take_over = false,
-            // Past retention but not yet purged: delete it (only if still
-            // expired) in the text of the next claim.
-            Some(Some(existing)) if existing.expired => take_over = true,
-            Some(Some(existing)) => return Ok(Claimed::Existing(existing)),
-        }
-    }
-    Err(p.in_progress(None))
 }
 
 /// A committed record exists: decide between replay, mismatch and in-progress.
@@ -266,15 +135,5 @@ pub(crate) async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepa
             tracing::debug!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
                 "dedup record not removed after the body failed; the transaction cannot commit it");
         }
-    }
-}
-
-/// The record a claim inserts for `p`.
-pub(crate) fn new_record(p: &Prepared) -> NewRecord<'_> {
-    NewRecord {
-        scope: &p.stored_scope,
-        key: p.key.as_str(),
-        fingerprint: p.fingerprint.as_ref().map(|f| f.as_str()),
-        retention: p.retention,
     }
 }

@@ -4,14 +4,14 @@
 
 use std::marker::PhantomData;
 
-use crate::dedup::record::{SURE_FIT, discard, judge, keep, new_record};
+use crate::dedup::context::{TxContext, new_record};
+use crate::dedup::record::{SURE_FIT, discard, judge, keep};
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::{GuardError, Prepared};
 use crate::replay::Replayable;
 use crate::state::transition::{Moved, revert};
-use crate::store::sql::tx::{INLINE_ANSWER_MAX, TxCore};
-use crate::store::sql::{InsertDone, SqlBackend, TxContext, classify};
+use crate::store::sql::{InsertDone, RecordSql, SqlBackend, classify};
 use crate::telemetry::Outcome;
 
 /// The right to run the body once, in the caller's transaction: hand the
@@ -30,24 +30,19 @@ pub struct Ticket<DB: SqlBackend> {
     pub(crate) record: bool,
     /// The state change this call made, undone if the body fails.
     pub(crate) moved: Option<Moved>,
-    /// The claim counted a running body on an `idem::Tx` (see `running_on`).
-    pub(crate) on_tx: bool,
     pub(crate) db: PhantomData<fn() -> DB>,
 }
 
 impl<DB: SqlBackend> Ticket<DB> {
     pub(crate) fn new(prepared: Prepared, record: bool, moved: Option<Moved>) -> Ticket<DB> {
         prepared.claimed();
-        Ticket { prepared, record, moved, on_tx: false, db: PhantomData }
+        Ticket { prepared, record, moved, db: PhantomData }
     }
 
-    /// The body runs on this `idem::Tx` (if it is one): `&mut **tx` is
-    /// allowed until the ticket is completed.
-    pub(crate) fn running_on(mut self, core: Option<&mut TxCore>) -> Ticket<DB> {
-        if let Some(core) = core {
-            core.body_started();
-            self.on_tx = true;
-        }
+    /// The body runs on `tx` (on an `idem::Tx`, `&mut **tx` is allowed
+    /// until the ticket is completed).
+    pub(crate) fn running_on<C: TxContext<Db = DB> + ?Sized>(self, tx: &mut C) -> Ticket<DB> {
+        tx.body_started();
         self
     }
 }
@@ -72,13 +67,8 @@ impl<DB: SqlBackend> Ticket<DB> {
         tx: &mut C,
         result: Result<T, E>,
     ) -> Result<Result<T, E>, Error> {
-        let (conn, mut core) = tx.tx_parts();
-        if self.on_tx
-            && let Some(core) = core.as_deref_mut()
-        {
-            core.body_ended();
-        }
-        complete::<T, E, DB>(self, conn, core, result).await
+        tx.body_ended();
+        complete::<T, E, C>(self, tx, result).await
     }
 
     /// What the body returned, as the function's own result: the answer, or
@@ -93,18 +83,17 @@ impl<DB: SqlBackend> Ticket<DB> {
     }
 }
 
-async fn complete<T: Replayable, E, DB: SqlBackend>(
-    ticket: Ticket<DB>,
-    conn: &mut DB::Connection,
-    core: Option<&mut TxCore>,
+async fn complete<T: Replayable, E, C: TxContext + ?Sized>(
+    ticket: Ticket<C::Db>,
+    tx: &mut C,
     result: Result<T, E>,
 ) -> Result<Result<T, E>, Error> {
     let Ticket { prepared: p, record, moved, .. } = ticket;
     let value = match result {
         Ok(value) => value,
-        Err(e) if p.claim_after => return failed_after::<T, E, DB>(conn, core, &p, e).await,
+        Err(e) if p.claim_after => return failed_after::<T, E, C>(tx, &p, e).await,
         Err(e) => {
-            undo::<DB>(conn, &p, record, moved.as_ref()).await;
+            undo::<C::Db>(tx.guard_connection(), &p, record, moved.as_ref()).await;
             return Ok(Err(e));
         }
     };
@@ -116,62 +105,43 @@ async fn complete<T: Replayable, E, DB: SqlBackend>(
     // An answer that cannot be kept leaves the record in the transaction,
     // completed without it: committed with the body's writes, a repeat is
     // told so and never runs the body again; rolled back, both go.
-    let asked = &mut *conn;
+    let asked = tx.guard_connection();
     let (json, value) = keep(&p, value, |len| async move {
-        if len <= SURE_FIT { DB::MAX_RESPONSE } else { DB::answer_limit(asked).await.unwrap_or(DB::MAX_RESPONSE) }
+        let max = <C::Db as SqlBackend>::MAX_RESPONSE;
+        if len <= SURE_FIT { max } else { <C::Db as SqlBackend>::answer_limit(asked).await.unwrap_or(max) }
     })
     .await
     .split();
     let started = std::time::Instant::now();
-    let mut core = core;
-    if let (Some(core), Some(json)) = (
-        core.as_deref_mut().filter(|c| DB::INLINE && c.is_open() && !p.claim_after),
-        json.as_deref().filter(|json| json.len() <= INLINE_ANSWER_MAX),
-    ) {
-        // An `idem::Tx`: the answer goes out with COMMIT (a text that fails
-        // before its COMMIT if the record is gone).
-        core.queue(&DB::complete_text(&p.stored_scope, p.key.as_str(), json));
-        crate::telemetry::metrics::complete(p.labels(), started.elapsed());
-        p.report(Outcome::Executed);
-        return Ok(Ok(value));
-    }
-    if p.claim_after {
-        let done = complete_after::<T, E, DB>(conn, core, &p, value, json.as_deref()).await;
-        crate::telemetry::metrics::complete(p.labels(), started.elapsed());
-        return done;
-    }
-    let completed = DB::complete(conn, &p.stored_scope, p.key.as_str(), json.as_deref()).await;
-    crate::telemetry::metrics::complete(p.labels(), started.elapsed());
-    match completed {
-        Ok(1) => {
+    let done = if p.claim_after {
+        complete_after::<T, E, C>(tx, &p, value, json.as_deref()).await
+    } else {
+        tx.store_answer(&p, json).await.map(|()| {
             p.report(Outcome::Executed);
-            Ok(Ok(value))
-        }
-        Ok(_) => Err(Error::Database(sqlx::Error::Protocol(format!(
-            "the dedup record of scope `{}` vanished inside its own transaction",
-            &p.scope
-        )))),
-        Err(e) => Err(classify::<DB>(e)),
-    }
+            Ok(value)
+        })
+    };
+    crate::telemetry::metrics::complete(p.labels(), started.elapsed());
+    done
 }
 
 /// `claim = "after"`: the body already ran in the caller's transaction; write
 /// the record with its response in one statement. If a live record is there,
 /// this call was a repeat: roll the transaction back to its start (the body's
 /// writes go with it), continue in a fresh one, and replay the first answer.
-async fn complete_after<T: Replayable, E, DB: SqlBackend>(
-    conn: &mut DB::Connection,
-    core: Option<&mut TxCore>,
+async fn complete_after<T: Replayable, E, C: TxContext + ?Sized>(
+    tx: &mut C,
     p: &Prepared,
     value: T,
     json: Option<&str>,
 ) -> Result<Result<T, E>, Error> {
-    match DB::insert_done(conn, &new_record(p), json).await.map_err(classify::<DB>)? {
+    let inserted = <C::Db as RecordSql>::insert_done(tx.guard_connection(), &new_record(p), json).await;
+    match inserted.map_err(classify::<C::Db>)? {
         InsertDone::Written => {
             p.report(Outcome::Executed);
             Ok(Ok(value))
         }
-        InsertDone::Conflict => replay_after_restart::<T, E, DB>(conn, core, p).await?.ok_or_else(|| vanished(p)),
+        InsertDone::Conflict => replay_after_restart::<T, E, C>(tx, p).await?.ok_or_else(|| vanished(p)),
     }
 }
 
@@ -180,13 +150,12 @@ async fn complete_after<T: Replayable, E, DB: SqlBackend>(
 /// guard's record is reached. Answering that with an error would make a
 /// gateway retry forever, so look for a live record first (in a fresh
 /// transaction: the failed one may be aborted) and replay it if there is one.
-async fn failed_after<T: Replayable, E, DB: SqlBackend>(
-    conn: &mut DB::Connection,
-    core: Option<&mut TxCore>,
+async fn failed_after<T: Replayable, E, C: TxContext + ?Sized>(
+    tx: &mut C,
     p: &Prepared,
     error: E,
 ) -> Result<Result<T, E>, Error> {
-    Ok(match replay_after_restart::<T, E, DB>(conn, core, p).await? {
+    Ok(match replay_after_restart::<T, E, C>(tx, p).await? {
         Some(replay) => replay,
         None => Err(error),
     })
@@ -196,19 +165,13 @@ async fn failed_after<T: Replayable, E, DB: SqlBackend>(
 /// one. The read comes after the restart on purpose: a record written earlier
 /// in this same transaction (the guarded call was not the transaction's first
 /// work) is gone now, and must not be replayed as if it had committed.
-async fn replay_after_restart<T: Replayable, E, DB: SqlBackend>(
-    conn: &mut DB::Connection,
-    core: Option<&mut TxCore>,
+async fn replay_after_restart<T: Replayable, E, C: TxContext + ?Sized>(
+    tx: &mut C,
     p: &Prepared,
 ) -> Result<Option<Result<T, E>>, Error> {
-    // An `idem::Tx` begins again with its own statement, and drops what
-    // guards of the rolled-back work queued for COMMIT.
-    match core {
-        Some(core) => core.restart::<DB>(conn).await,
-        None => DB::restart(conn).await,
-    }
-    .map_err(classify::<DB>)?;
-    match DB::read(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)? {
+    tx.restart().await?;
+    let read = <C::Db as RecordSql>::read(tx.guard_connection(), &p.stored_scope, p.key.as_str()).await;
+    match read.map_err(classify::<C::Db>)? {
         // Expired: another caller's take-over won, or is about to; retry.
         Some(existing) if existing.expired => Err(p.in_progress(Some(std::time::Duration::ZERO))),
         Some(existing) => judge(p, existing).map(|v| Some(Ok(v))),

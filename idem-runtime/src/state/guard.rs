@@ -11,7 +11,8 @@
 //! replays the first answer, the transition stops a repeat whose record is
 //! gone. Either line of defence alone keeps the call idempotent.
 
-use crate::dedup::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
+use crate::dedup::context::{Claimed, TxContext};
+use crate::dedup::record::{discard, judge, prechecked};
 use crate::dedup::ticket::Ticket;
 use crate::error::Error;
 use crate::guard::Claim;
@@ -19,7 +20,7 @@ use crate::guard::Guard;
 use crate::replay::Replayable;
 use crate::state::transition::{Moved, Step, check_key, move_entity, silent_repeat};
 use crate::state::{SilentRepeat, Transition};
-use crate::store::sql::{Cas, TxContext};
+use crate::store::sql::Cas;
 
 impl Guard<'_> {
     /// `state`: move the entity the key selects along `transition`, with a
@@ -44,11 +45,9 @@ impl Guard<'_> {
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let p = self.prepare_claim_before("state", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
         check_key(transition, &p)?;
-        let (conn, core) = guard_context(tx, &p, false).await?;
-        match move_entity::<C::Db>(conn, &p, transition, None).await? {
-            Step::Moved(from) => {
-                Ok(Claim::Run(Ticket::new(p, false, Some(Moved { transition, from })).running_on(core)))
-            }
+        tx.ready_for_guard(&p, false).await?;
+        match move_entity::<C::Db>(tx.guard_connection(), &p, transition, None).await? {
+            Step::Moved(from) => Ok(Claim::Run(Ticket::new(p, false, Some(Moved { transition, from })).running_on(tx))),
             Step::Repeat => Ok(Claim::Replay(silent_repeat(&p))),
         }
     }
@@ -68,8 +67,8 @@ impl Guard<'_> {
         let precheck = self.precheck_store();
         let p = self.prepare_claim_before("dedup+state", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
         check_key(transition, &p)?;
-        let (conn, mut core) = guard_context(tx, &p, true).await?;
-        if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
+        tx.ready_for_guard(&p, true).await?;
+        if let Some(replay) = prechecked::<T, C::Db>(tx.guard_connection(), &p, precheck).await? {
             return Ok(Claim::Replay(replay));
         }
         let states = transition.states;
@@ -79,21 +78,21 @@ impl Guard<'_> {
             from.as_ref().map(|from| Cas { states, from, to: states.codes[transition.to_index()], key: &p.entity });
         // One source: claim and transition together. Several: claim first,
         // then read the status under a row lock to learn which source it is in.
-        let tried = match claim_record::<C::Db>(conn, core.as_deref_mut(), &p, cas.as_ref()).await? {
+        let tried = match tx.claim_record(&p, cas.as_ref()).await? {
             Claimed::Existing(existing) => return judge(&p, existing).map(Claim::Replay),
             Claimed::Fresh { moved } => cas.as_ref().map(|_| moved),
         };
-        match move_entity::<C::Db>(conn, &p, transition, tried).await {
+        match move_entity::<C::Db>(tx.guard_connection(), &p, transition, tried).await {
             Ok(Step::Moved(from)) => {
-                Ok(Claim::Run(Ticket::new(p, true, Some(Moved { transition, from })).running_on(core)))
+                Ok(Claim::Run(Ticket::new(p, true, Some(Moved { transition, from })).running_on(tx)))
             }
             // The record just claimed belongs to no first answer: remove it.
             Ok(Step::Repeat) => {
-                discard::<C::Db>(conn, &p).await;
+                discard::<C::Db>(tx.guard_connection(), &p).await;
                 Ok(Claim::Replay(silent_repeat(&p)))
             }
             Err(e) => {
-                discard::<C::Db>(conn, &p).await;
+                discard::<C::Db>(tx.guard_connection(), &p).await;
                 Err(e)
             }
         }

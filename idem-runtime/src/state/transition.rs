@@ -1,7 +1,7 @@
 //! An entity's status moved by compare-and-set in the caller's transaction
 //! (the `state` strategies): the move, why it cannot be made, and its undo.
 
-use crate::dedup::record::MAX_ATTEMPTS;
+use crate::dedup::context::MAX_ATTEMPTS;
 use crate::error::Error;
 use crate::guard::Prepared;
 use crate::state::{SilentRepeat, StateCode, StoredState, Transition};
@@ -106,15 +106,18 @@ fn moved_rows(p: &Prepared, t: &Transition, rows: u64, from: usize) -> Result<St
         return Ok(Step::Moved(from));
     }
     // The caller's transaction must not commit this: the error says so.
-    Err(Error::Database(sqlx::Error::Protocol(format!(
-        "the transition {} -> {} of scope `{}` changed {rows} rows of `{}`: its key column(s) {:?} must be unique \
-         (a primary key or a unique index); roll the transaction back",
-        t.qualified_from(),
-        t.qualified(t.to_index()),
-        &p.scope,
-        t.states.table,
-        t.states.key_columns,
-    ))))
+    Err(Error::StateTable {
+        name: t.states.name,
+        table: t.states.table,
+        reason: format!(
+            "the transition {} -> {} of scope `{}` changed {rows} rows: its key column(s) {:?} must be unique (a \
+             primary key or a unique index)",
+            t.qualified_from(),
+            t.qualified(t.to_index()),
+            &p.scope,
+            t.states.key_columns,
+        ),
+    })
 }
 
 enum Decision {

@@ -1,10 +1,10 @@
 //! `strategy = "token"` and `"token+dedup"`: a one-time token consumed in
 //! one atomic step before the body runs.
 
-use crate::dedup::record::{Claimed, claim_record, discard, guard_context, judge, prechecked};
+use crate::dedup::context::{Claimed, TxContext};
+use crate::dedup::record::{discard, judge, prechecked};
 use crate::dedup::ticket::Ticket;
 use crate::guard::{Guard, GuardError, Prepared};
-use crate::store::sql::TxContext;
 use crate::telemetry::{Outcome, report};
 use crate::token::{OnStoreError, TokenParam, TokenStore, well_formed};
 
@@ -67,11 +67,11 @@ impl Guard<'_> {
     ) -> Result<Claim<T, Ticket<C::Db>>, Error> {
         let (precheck, on_store_error) = (self.precheck_store(), self.store_error_policy());
         let p = self.prepare_claim_before("token+dedup", <C::Db as crate::store::sql::SqlBackend>::BACKEND)?;
-        let (conn, mut core) = guard_context(tx, &p, true).await?;
-        if let Some(replay) = prechecked::<T, C::Db>(conn, &p, precheck).await? {
+        tx.ready_for_guard(&p, true).await?;
+        if let Some(replay) = prechecked::<T, C::Db>(tx.guard_connection(), &p, precheck).await? {
             return Ok(Claim::Replay(replay));
         }
-        match claim_record::<C::Db>(conn, core.as_deref_mut(), &p, None).await? {
+        match tx.claim_record(&p, None).await? {
             Claimed::Fresh { .. } => {
                 let spent = match token.filter(|t| well_formed(t)) {
                     Some(token) => spend(store, &p, token, on_store_error).await,
@@ -81,9 +81,9 @@ impl Guard<'_> {
                     }
                 };
                 match spent {
-                    Ok(()) => Ok(Claim::Run(Ticket::new(p, true, None).running_on(core))),
+                    Ok(()) => Ok(Claim::Run(Ticket::new(p, true, None).running_on(tx))),
                     Err(e) => {
-                        discard::<C::Db>(conn, &p).await;
+                        discard::<C::Db>(tx.guard_connection(), &p).await;
                         Err(e)
                     }
                 }

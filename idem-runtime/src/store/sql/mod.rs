@@ -34,13 +34,13 @@ macro_rules! bind_keys {
 pub mod admin;
 mod lease;
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub mod table;
-pub mod tx;
+pub(crate) mod texts;
 
 pub use lease::SqlStore;
 #[doc(hidden)]
@@ -123,7 +123,9 @@ pub enum ReadMode {
     message = "idem cannot keep dedup records in `{Self}`",
     note = "supported databases: sqlx::Postgres, sqlx::MySql (MySQL and MariaDB) and sqlx::Sqlite, each behind the idem feature of the same name"
 )]
-pub trait SqlBackend: sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaSql + admin::AdminSql {
+pub trait SqlBackend:
+    sqlx::Database + RecordSql + StateSql + LeaseSql + SchemaSql + admin::AdminSql + texts::TxSql
+{
     /// The schema, as shipped in `idem-runtime/migrations/<NAME>/`.
     const SCHEMA: &'static str;
     /// `postgres`, `mysql` or `sqlite`.
@@ -234,92 +236,6 @@ pub trait RecordSql: sqlx::Database + sealed::Sealed {
         scope: &str,
         key: &str,
     ) -> impl Future<Output = Result<Option<DedupRecord>, sqlx::Error>> + Send;
-
-    /// Run a text of idem's (`;`-separated statements, simple protocol);
-    /// returns rows changed.
-    #[doc(hidden)]
-    fn execute_text(
-        conn: &mut Self::Connection,
-        text: sqlx::SqlStr,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
-
-    /// Run a text whose only rows are a [`RecordSql::read_text`]'s.
-    #[doc(hidden)]
-    fn read_text_record(
-        conn: &mut Self::Connection,
-        text: sqlx::SqlStr,
-    ) -> impl Future<Output = Result<Option<ExistingRecord>, sqlx::Error>> + Send;
-
-    /// Whether an [`idem::Tx`](tx::Tx) sends its claim with `BEGIN` and its
-    /// answer with `COMMIT` (the `*_text` statements below, one text each);
-    /// SQLite, with no network to save, sends the statements above.
-    #[doc(hidden)]
-    const INLINE: bool = false;
-
-    /// What ends an `idem::Tx`'s commit text. sqlx lowers its transaction
-    /// depth only by rolling back, so `Tx::commit` queues a `ROLLBACK`
-    /// after the text: PostgreSQL warns of a `ROLLBACK` outside a
-    /// transaction (a log line per commit), so its text begins an empty one
-    /// for it (`COMMIT; BEGIN`); MySQL ignores it silently.
-    #[doc(hidden)]
-    const COMMIT_TEXT: &'static str = "COMMIT; BEGIN";
-
-    /// How an `idem::Tx`'s texts roll back (MySQL: whatever the session's
-    /// `completion_type`, no chained transaction and no disconnect).
-    #[doc(hidden)]
-    const ROLLBACK_TEXT: &'static str = "ROLLBACK";
-
-    /// The statement that prepares [`RecordSql::claim_text`]'s on the
-    /// server, once per session, so that the text names it
-    /// (`EXECUTE name(...)`) and it is not planned on every call
-    /// (PostgreSQL); `None` where texts carry the statements themselves.
-    #[doc(hidden)]
-    fn prepare_claim_text() -> Option<String> {
-        None
-    }
-
-    /// [`RecordSql::prepare_claim_text`] for [`RecordSql::read_text`]'s.
-    #[doc(hidden)]
-    fn prepare_read_text() -> Option<String> {
-        None
-    }
-
-    /// The error a text gets when it names a statement the session has not
-    /// prepared (PostgreSQL 26000).
-    #[doc(hidden)]
-    fn is_unprepared(_err: &sqlx::Error) -> bool {
-        false
-    }
-
-    /// The claim as text, a plain `INSERT` whose unique-key error stops the
-    /// rest of the text; `prepared`: as an `EXECUTE` of the statement
-    /// [`RecordSql::prepare_claim_text`] prepares. Values only as literals no
-    /// value can break out of.
-    #[doc(hidden)]
-    fn claim_text(_record: &NewRecord<'_>, _prepared: bool) -> String {
-        unreachable!("only backends with INLINE send text claims")
-    }
-
-    /// [`RecordSql::read`] as text, for autocommit (after the ROLLBACK of a
-    /// refused claim: a fresh statement that sees the latest commit).
-    #[doc(hidden)]
-    fn read_text(_scope: &str, _key: &str, _prepared: bool) -> String {
-        unreachable!("only backends with INLINE send text reads")
-    }
-
-    /// [`RecordSql::discard_expired`] as text.
-    #[doc(hidden)]
-    fn discard_expired_text(_scope: &str, _key: &str) -> String {
-        unreachable!("only backends with INLINE send text statements")
-    }
-
-    /// [`RecordSql::complete`] as text, failing (before a `COMMIT` after it)
-    /// when it matches no record. Written out, naming no prepared
-    /// statement: the body before it may have deallocated them.
-    #[doc(hidden)]
-    fn complete_text(_scope: &str, _key: &str, _response: &str) -> String {
-        unreachable!("only backends with INLINE send text statements")
-    }
 }
 
 /// The statements of the state strategies: an entity's compare-and-set and its status. Sealed: implemented for the supported databases only.
@@ -414,72 +330,6 @@ mod sealed {
     /// Implemented by the backends of this crate only: the statements are
     /// idem's, bound to its schema.
     pub trait Sealed {}
-}
-
-/// A transaction a dedup record can be written in.
-///
-/// Implemented for `sqlx::Transaction<'_, DB>` and [`idem::Tx<DB>`](tx::Tx)
-/// of every supported database. A type of your own (a unit-of-work wrapper) can implement it by handing out
-/// the connection of a transaction it holds: the record must commit or roll
-/// back together with the business change, so never hand out a connection
-/// that is not inside a transaction.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a transaction idem can write its dedup record in",
-    label = "not a supported transaction",
-    note = "take `&mut sqlx::Transaction<'_, DB>` or `&mut idem::Tx<DB>` with DB = sqlx::Postgres, sqlx::MySql or sqlx::Sqlite (or a type implementing `idem::TxContext`)",
-    note = "a pool or a bare connection would commit the record apart from your business change: begin a transaction and pass it"
-)]
-pub trait TxContext: Send {
-    /// The database.
-    type Db: SqlBackend;
-    /// The connection the open transaction runs on.
-    fn connection(&mut self) -> &mut <Self::Db as sqlx::Database>::Connection;
-
-    /// The connection, and the bookkeeping of an [`idem::Tx`](tx::Tx) if
-    /// this is one (or wraps one). A type of your own that wraps an
-    /// `idem::Tx` forwards this method too, or its guards take the path
-    /// of a `sqlx::Transaction` (and fail with [`Error::NoTransaction`]
-    /// before the `Tx` has begun). Not a stable API.
-    #[doc(hidden)]
-    fn tx_parts(&mut self) -> (&mut <Self::Db as sqlx::Database>::Connection, Option<&mut tx::TxCore>) {
-        (self.connection(), None)
-    }
-}
-
-impl<DB: SqlBackend> TxContext for sqlx::Transaction<'_, DB>
-where
-    DB::Connection: Send,
-{
-    type Db = DB;
-    fn connection(&mut self) -> &mut DB::Connection {
-        self
-    }
-}
-
-/// A caller's transaction as generated code takes it: one call per use,
-/// spanned at the parameter's type, so a parameter that is no transaction
-/// is reported once, there (the later uses see an error type and stay
-/// quiet).
-#[doc(hidden)]
-pub struct Conn<'a, DB: SqlBackend>(&'a mut DB::Connection, Option<&'a mut tx::TxCore>);
-
-#[doc(hidden)]
-pub fn connection<T: TxContext + ?Sized>(tx: &mut T) -> Conn<'_, T::Db> {
-    let (conn, core) = tx.tx_parts();
-    Conn(conn, core)
-}
-
-impl<DB: SqlBackend> TxContext for Conn<'_, DB>
-where
-    DB::Connection: Send,
-{
-    type Db = DB;
-    fn connection(&mut self) -> &mut DB::Connection {
-        self.0
-    }
-    fn tx_parts(&mut self) -> (&mut DB::Connection, Option<&mut tx::TxCore>) {
-        (self.0, self.1.as_deref_mut())
-    }
 }
 
 /// The statement that throws away everything the caller's transaction did
@@ -587,16 +437,18 @@ pub(crate) fn classify_state<DB: SqlBackend>(states: &'static StateTable) -> imp
             Some(d) if d.code().is_some_and(|c| c == "42883" || c == "42804") => d.message().to_owned(),
             _ => return classify::<DB>(err),
         };
-        Error::Database(sqlx::Error::Protocol(format!(
-            "a value a `{}` guard compares with a column of `{}` has another type than the column (the database \
-             says: {said}): key the guard with a value of the type of {} (an integer for an integer column, text \
-             for a text column) and store the states as `{}` holds them (`code = N` for a numeric column, \
-             `stored_as = \"name\"` for text)",
-            states.name,
-            states.table,
-            states.key_columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", "),
-            states.status_column,
-        )))
+        Error::StateTable {
+            name: states.name,
+            table: states.table,
+            reason: format!(
+                "a value its guard compares with a column has another type than the column (the database says: \
+                 {said}): key the guard with a value of the type of {} (an integer for an integer column, text for \
+                 a text column) and store the states as `{}` holds them (`code = N` for a numeric column, \
+                 `stored_as = \"name\"` for text)",
+                states.key_columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", "),
+                states.status_column,
+            ),
+        }
     }
 }
 

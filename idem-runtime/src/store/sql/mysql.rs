@@ -45,7 +45,7 @@ fn utf8<'a>(value: impl Into<Option<&'a str>>) -> Option<&'a [u8]> {
 /// statement casts it `AS BINARY`, and a `VARBINARY` is bytes already),
 /// never converted to the session's charset, decoded as the UTF-8 idem
 /// wrote.
-struct Utf8(String);
+pub(crate) struct Utf8(String);
 
 impl sqlx::Type<MySql> for Utf8 {
     fn type_info() -> sqlx::mysql::MySqlTypeInfo {
@@ -246,18 +246,6 @@ impl SqlBackend for MySql {
 }
 
 impl RecordSql for MySql {
-    async fn execute_text(conn: &mut MySqlConnection, text: sqlx::SqlStr) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::raw_sql(text).execute(conn).await?.rows_affected())
-    }
-
-    async fn read_text_record(
-        conn: &mut MySqlConnection,
-        text: sqlx::SqlStr,
-    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let row = sqlx::raw_sql(text).fetch_optional(conn).await?;
-        row.map(|row| super::decode_existing_as::<Utf8, _>(&row)).transpose()
-    }
-
     async fn claim(conn: &mut MySqlConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let micros = super::retention_us(r.retention);
         let inserted = sqlx::query(super::table::sql(CLAIM))
@@ -379,72 +367,6 @@ impl RecordSql for MySql {
         let row = sqlx::query(super::table::sql(FETCH)).bind(utf8(scope)).bind(utf8(key)).fetch_optional(conn).await?;
         row.map(|row| super::decode_record_as::<Utf8, _>(&row)).transpose()
     }
-
-    const INLINE: bool = true;
-    const COMMIT_TEXT: &'static str = "COMMIT AND NO CHAIN NO RELEASE";
-    const ROLLBACK_TEXT: &'static str = "ROLLBACK AND NO CHAIN NO RELEASE";
-
-    fn claim_text(r: &NewRecord<'_>, _prepared: bool) -> String {
-        format!(
-            "INSERT INTO {} (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
-             VALUES ({}, {}, 'PROCESSING', {}, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
-             UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)",
-            table(),
-            bytes(r.scope),
-            bytes(r.key),
-            r.fingerprint.map_or_else(|| "NULL".to_owned(), text),
-            super::retention_us(r.retention),
-        )
-    }
-
-    fn read_text(scope: &str, key: &str, _prepared: bool) -> String {
-        format!(
-            "SELECT CAST(status AS BINARY), CAST(fingerprint AS BINARY), CAST(response AS BINARY), \
-             CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) FROM {} WHERE {}",
-            table(),
-            key_where(scope, key)
-        )
-    }
-
-    fn discard_expired_text(scope: &str, key: &str) -> String {
-        format!("DELETE FROM {} WHERE {} AND expires_at <= UTC_TIMESTAMP(6)", table(), key_where(scope, key))
-    }
-
-    fn complete_text(scope: &str, key: &str, response: &str) -> String {
-        // No record updated: the scalar subquery returns two rows (error
-        // 1242), which stops the text before its COMMIT. A `SELECT` of its
-        // own, so that no variable of the session's is set (a `SET
-        // @name = ...` would overwrite the application's `@name`; `DO`
-        // would turn the error into a warning).
-        format!(
-            "UPDATE {} SET status = 'DONE', response = {}, updated_at = UTC_TIMESTAMP(6) WHERE {}; \
-             SELECT (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)",
-            table(),
-            text(response),
-            key_where(scope, key)
-        )
-    }
-}
-
-/// The record table as written into text statements (a validated name).
-fn table() -> &'static str {
-    super::table::record_table().qualified()
-}
-
-/// A `VARBINARY` value as a text statement carries it: a hexadecimal
-/// literal (`X'6b33'`), only hex digits between the quotes whatever the
-/// value holds, and a literal (no function call to plan).
-fn bytes(s: &str) -> String {
-    format!("X'{}'", crate::key::hex(s.as_bytes()))
-}
-
-/// A string for a text column: a hexadecimal literal read as UTF-8.
-fn text(s: &str) -> String {
-    format!("_utf8mb4 X'{}'", crate::key::hex(s.as_bytes()))
-}
-
-fn key_where(scope: &str, key: &str) -> String {
-    format!("scope = {} AND idem_key = {}", bytes(scope), bytes(key))
 }
 
 impl StateSql for MySql {

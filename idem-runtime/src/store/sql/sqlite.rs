@@ -166,18 +166,6 @@ impl SqlBackend for Sqlite {
 }
 
 impl RecordSql for Sqlite {
-    async fn execute_text(conn: &mut SqliteConnection, text: sqlx::SqlStr) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::raw_sql(text).execute(conn).await?.rows_affected())
-    }
-
-    async fn read_text_record(
-        conn: &mut SqliteConnection,
-        text: sqlx::SqlStr,
-    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let row = sqlx::raw_sql(text).fetch_optional(conn).await?;
-        row.map(|row| super::decode_existing(&row)).transpose()
-    }
-
     async fn claim(conn: &mut SqliteConnection, r: &NewRecord<'_>) -> Result<ClaimResult, sqlx::Error> {
         let inserted = sqlx::query(super::table::sql(CLAIM))
             .bind(r.scope)

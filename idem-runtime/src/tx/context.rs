@@ -1,0 +1,145 @@
+//! The guard's steps on an [`idem::Tx`](super::Tx): where a
+//! `sqlx::Transaction` sends a statement of the guard's own, the `Tx`
+//! sends the claim with its `BEGIN` and queues the answer for its
+//! `COMMIT`; everything else is the plain step of
+//! [`TxContext`](crate::dedup::context::TxContext).
+
+use super::Tx;
+use super::core::INLINE_ANSWER_MAX;
+use crate::dedup::context::{self, Claimed, MAX_ATTEMPTS, TxContext, new_record, require_transaction};
+use crate::error::Error;
+use crate::guard::Prepared;
+use crate::store::sql::texts::Texts;
+use crate::store::sql::{Cas, ExistingRecord, NewRecord, SqlBackend, classify, classify_state};
+
+/// Deadlock victims among claims a `Tx` sends again (see [`claim_with_begin`]).
+const MAX_DEADLOCKS: u64 = 10;
+
+impl<DB: SqlBackend> TxContext for Tx<DB>
+where
+    DB::Connection: Send,
+{
+    type Db = DB;
+
+    /// The connection, under the rules of `&mut **tx` (guards use their
+    /// own access).
+    fn connection(&mut self) -> &mut DB::Connection {
+        self.check_deref();
+        &mut self.conn
+    }
+
+    fn guard_connection(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+
+    /// Nothing has begun and the claim comes next: it rides on `BEGIN`.
+    /// Otherwise begin now (and send what is queued for `COMMIT` first, so
+    /// that this guard sees the answers of the ones before it).
+    async fn ready_for_guard(&mut self, p: &Prepared, claim_next: bool) -> Result<(), Error> {
+        if claim_next && DB::TEXTS.is_some() && self.core.is_deferred() {
+            return Ok(());
+        }
+        self.core.ready::<DB>(&mut self.conn).await?;
+        require_transaction::<DB>(&self.conn, p)
+    }
+
+    async fn claim_record(&mut self, p: &Prepared, cas: Option<&Cas<'_>>) -> Result<Claimed, Error> {
+        match DB::TEXTS.filter(|_| self.core.is_deferred()) {
+            Some(texts) => claim_with_begin(self, texts, p, cas).await,
+            None => context::claim::<DB>(&mut self.conn, p, cas).await,
+        }
+    }
+
+    /// An answer of a claim that rode on `BEGIN` goes out with `COMMIT`,
+    /// in a text that fails before its `COMMIT` if the record is gone.
+    async fn store_answer(&mut self, p: &Prepared, json: Option<String>) -> Result<(), Error> {
+        match (DB::TEXTS.filter(|_| self.core.is_open()), json) {
+            (Some(texts), Some(json)) if json.len() <= INLINE_ANSWER_MAX => {
+                self.core.queue(&(texts.complete)(&p.stored_scope, p.key.as_str(), &json), &p.scope);
+                Ok(())
+            }
+            (_, json) => context::store_answer::<DB>(&mut self.conn, p, json).await,
+        }
+    }
+
+    /// Begin again with the `Tx`'s own statement (its isolation level); the
+    /// answers queued for `COMMIT` go with the rollback.
+    async fn restart(&mut self) -> Result<(), Error> {
+        self.core.restart::<DB>(&mut self.conn).await.map_err(classify::<DB>)
+    }
+
+    fn body_started(&mut self) {
+        self.core.body_started();
+    }
+
+    fn body_ended(&mut self) {
+        self.core.body_ended();
+    }
+}
+
+/// The claim of a `Tx` that has not begun: `BEGIN` and the claim in one
+/// text. A repeat's claim fails on the unique key, which stops the text;
+/// the failed block is rolled back and the record read in one more round
+/// trip, and the `Tx` has still not begun. The transition of
+/// `dedup+state` follows the claim as a statement of its own.
+async fn claim_with_begin<DB: SqlBackend>(
+    tx: &mut Tx<DB>,
+    texts: &Texts,
+    p: &Prepared,
+    cas: Option<&Cas<'_>>,
+) -> Result<Claimed, Error> {
+    let record = new_record(p);
+    let (mut take_over, mut deadlocks) = (false, 0);
+    for _ in 0..MAX_ATTEMPTS {
+        match claim_once(tx, texts, &record, take_over, &mut deadlocks).await? {
+            None => return transition_after_claim(tx, &record, cas).await,
+            // The holder rolled back, or the record was purged: claim again.
+            Some(None) => take_over = false,
+            // Past retention but not yet purged: delete it (only if still
+            // expired) in the text of the next claim.
+            Some(Some(existing)) if existing.expired => take_over = true,
+            Some(Some(existing)) => return Ok(Claimed::Existing(existing)),
+        }
+    }
+    Err(p.in_progress(None))
+}
+
+/// One claim with `BEGIN` (see `TxCore::claim_with_begin`), sent again
+/// while InnoDB picks it as a deadlock victim: claims waiting on a record
+/// whose first call rolls back are (1213). The claim was the first
+/// statement of the `Tx`'s own `BEGIN`: nothing of the caller's went with
+/// the rollback. `deadlocks` counts them over the whole claim.
+async fn claim_once<DB: SqlBackend>(
+    tx: &mut Tx<DB>,
+    texts: &Texts,
+    record: &NewRecord<'_>,
+    take_over: bool,
+    deadlocks: &mut u64,
+) -> Result<Option<Option<ExistingRecord>>, Error> {
+    loop {
+        match tx.core.claim_with_begin::<DB>(&mut tx.conn, texts, record, take_over).await {
+            Err(e) if e.is_deadlock() && tx.core.is_deferred() && *deadlocks < MAX_DEADLOCKS => {
+                *deadlocks += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(2 * *deadlocks)).await;
+            }
+            claimed => return claimed,
+        }
+    }
+}
+
+/// `dedup+state`: the transition after a claim that rode on `BEGIN`.
+async fn transition_after_claim<DB: SqlBackend>(
+    tx: &mut Tx<DB>,
+    record: &NewRecord<'_>,
+    cas: Option<&Cas<'_>>,
+) -> Result<Claimed, Error> {
+    let Some(cas) = cas else { return Ok(Claimed::Fresh { moved: 0 }) };
+    match DB::transition(&mut tx.conn, cas).await {
+        Ok(moved) => Ok(Claimed::Fresh { moved }),
+        Err(e) => {
+            // Leave no PROCESSING record to a caller that commits anyway.
+            let _ = DB::discard(&mut tx.conn, record.scope, record.key).await;
+            Err(classify_state::<DB>(cas.states)(e))
+        }
+    }
+}
