@@ -37,20 +37,15 @@ where
     if let std::task::Poll::Ready(output) = first {
         return Some(output);
     }
-    let every = (lease / 3).max(Duration::from_millis(10));
-    let retry = (every / 4).max(Duration::from_millis(5));
-    let margin = every / 2;
-    // Until when the hold is safe to count on.
-    let mut safe_until = start + lease.saturating_sub(margin);
-    let mut next = start + every;
+    let mut hold = Hold::new(start, lease);
     loop {
         tokio::select! {
             // The body first: a body that is ready is never held up.
             biased;
             output = &mut body => return Some(output),
-            () = tokio::time::sleep_until(next.min(safe_until)) => {}
+            () = tokio::time::sleep_until(hold.next.min(hold.safe_until())) => {}
         }
-        if Instant::now() >= safe_until {
+        if Instant::now() >= hold.safe_until() {
             tracing::warn!(target: "idem", scope, "no renewal of the {what} succeeded in time; giving it up");
             return None;
         }
@@ -59,23 +54,59 @@ where
         let renewal = tokio::select! {
             biased;
             output = &mut body => return Some(output),
-            renewal = tokio::time::timeout_at(safe_until, renew()) => renewal,
+            renewal = tokio::time::timeout_at(hold.safe_until(), renew()) => renewal,
         };
         match renewal {
-            Ok(Ok(true)) => {
-                safe_until = sent + lease.saturating_sub(margin);
-                next = sent + every;
-            }
+            Ok(Ok(true)) => hold.renewed(sent),
             Ok(Ok(false)) => return None,
             Ok(Err(e)) => {
                 tracing::warn!(target: "idem", scope, error = %e, "could not renew the {what}; trying again");
-                next = Instant::now() + retry;
+                hold.retry_soon();
             }
             Err(_) => {
                 tracing::warn!(target: "idem", scope, "renewing the {what} timed out");
-                next = Instant::now() + retry;
+                hold.retry_soon();
             }
         }
+    }
+}
+
+/// The renewal schedule of [`under_renewal`]'s hold: a renewal every third
+/// of the lease, a retry a quarter of that after a failure, and the hold
+/// counted on until a sixth of the lease before it would end.
+struct Hold {
+    lease: Duration,
+    every: Duration,
+    retry: Duration,
+    margin: Duration,
+    /// When the last renewal that succeeded was sent (at first, the start).
+    renewed_at: Instant,
+    /// When to renew next.
+    next: Instant,
+}
+
+impl Hold {
+    fn new(start: Instant, lease: Duration) -> Hold {
+        let every = (lease / 3).max(Duration::from_millis(10));
+        let retry = (every / 4).max(Duration::from_millis(5));
+        Hold { lease, every, retry, margin: every / 2, renewed_at: start, next: start + every }
+    }
+
+    /// Until when the hold is safe to count on.
+    fn safe_until(&self) -> Instant {
+        self.renewed_at + self.lease.saturating_sub(self.margin)
+    }
+
+    /// A renewal sent at `sent` succeeded: the store restarted the TTL no
+    /// earlier than that.
+    fn renewed(&mut self, sent: Instant) {
+        self.renewed_at = sent;
+        self.next = sent + self.every;
+    }
+
+    /// A renewal failed: tried again soon, not a third of the lease later.
+    fn retry_soon(&mut self) {
+        self.next = Instant::now() + self.retry;
     }
 }
 

@@ -38,28 +38,19 @@ pub(crate) async fn move_entity<DB: SqlBackend>(
     t: &'static Transition,
     mut tried: Option<u64>,
 ) -> Result<Step, Error> {
-    let states = t.states;
-    let to = states.codes[t.to_index()];
-    let sources: Vec<usize> = t.source_indexes().collect();
-    let all_from: Vec<StateCode> = sources.iter().map(|&i| states.codes[i]).collect();
+    let entity = Entity::new(p, t);
     for _ in 0..MAX_ATTEMPTS {
-        let source = if let [only] = sources.as_slice() {
+        let source = if let [only] = entity.sources.as_slice() {
             // One source: the compare-and-set first (the common case costs
             // one statement), the status only when it changed nothing.
-            let cas = Cas { states, from: &all_from, to, key: &p.entity };
             let rows = match tried.take() {
                 Some(rows) => rows,
-                None => DB::transition(conn, &cas).await.map_err(classify_state::<DB>(states))?,
+                None => entity.transition::<DB>(conn, &entity.all_from).await?,
             };
             if rows > 0 {
                 return moved_rows(p, t, rows, *only);
             }
-            match decide(
-                p,
-                t,
-                DB::TEXT_IGNORES_CASE,
-                DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify_state::<DB>(states))?,
-            )? {
+            match entity.decide::<DB>(conn, ReadMode::Latest, DB::TEXT_IGNORES_CASE).await? {
                 Decision::Repeat => return Ok(Step::Repeat),
                 // It was moved back to the source since: try again.
                 Decision::Source(_) => continue,
@@ -67,20 +58,12 @@ pub(crate) async fn move_entity<DB: SqlBackend>(
         } else {
             // Several sources: read the status under a row lock first, so the
             // move (and an undo, should the body fail) knows which one it was.
-            let cas = Cas { states, from: &all_from, to, key: &p.entity };
-            match decide(
-                p,
-                t,
-                DB::TEXT_IGNORES_CASE,
-                DB::read_state(conn, &cas, ReadMode::ForUpdate).await.map_err(classify_state::<DB>(states))?,
-            )? {
+            match entity.decide::<DB>(conn, ReadMode::ForUpdate, DB::TEXT_IGNORES_CASE).await? {
                 Decision::Repeat => return Ok(Step::Repeat),
                 Decision::Source(i) => i,
             }
         };
-        let from = [states.codes[source]];
-        let cas = Cas { states, from: &from, to, key: &p.entity };
-        let rows = DB::transition(conn, &cas).await.map_err(classify_state::<DB>(states))?;
+        let rows = entity.transition::<DB>(conn, &[t.states.codes[source]]).await?;
         if rows > 0 {
             return moved_rows(p, t, rows, source);
         }
@@ -89,15 +72,50 @@ pub(crate) async fn move_entity<DB: SqlBackend>(
     // moving under us, or its text matched a source only ignoring case and
     // the column compares exactly (a `_bin` collation on MySQL). Read it once
     // more, exactly: the second is no state, and an error says so.
-    let cas = Cas { states, from: &all_from, to, key: &p.entity };
-    match decide(
-        p,
-        t,
-        false,
-        DB::read_state(conn, &cas, ReadMode::Latest).await.map_err(classify_state::<DB>(states))?,
-    )? {
+    match entity.decide::<DB>(conn, ReadMode::Latest, false).await? {
         Decision::Repeat => Ok(Step::Repeat),
         Decision::Source(_) => Err(p.in_progress(Some(std::time::Duration::ZERO))),
+    }
+}
+
+/// The entity a transition moves, with the states it may move from: what
+/// each statement of [`move_entity`] names.
+struct Entity<'a> {
+    p: &'a Prepared,
+    t: &'static Transition,
+    /// The indexes of the transition's source states.
+    sources: Vec<usize>,
+    /// Their stored codes, in the same order.
+    all_from: Vec<StateCode>,
+}
+
+impl<'a> Entity<'a> {
+    fn new(p: &'a Prepared, t: &'static Transition) -> Self {
+        let sources: Vec<usize> = t.source_indexes().collect();
+        let all_from = sources.iter().map(|&i| t.states.codes[i]).collect();
+        Entity { p, t, sources, all_from }
+    }
+
+    fn cas<'c>(&'c self, from: &'c [StateCode]) -> Cas<'c> {
+        let states = self.t.states;
+        Cas { states, from, to: states.codes[self.t.to_index()], key: &self.p.entity }
+    }
+
+    /// The compare-and-set from any of `from`: the rows it moved.
+    async fn transition<DB: SqlBackend>(&self, conn: &mut DB::Connection, from: &[StateCode]) -> Result<u64, Error> {
+        DB::transition(conn, &self.cas(from)).await.map_err(classify_state::<DB>(self.t.states))
+    }
+
+    /// Read the entity's status with `mode` and [`decide`] by it.
+    async fn decide<DB: SqlBackend>(
+        &self,
+        conn: &mut DB::Connection,
+        mode: ReadMode,
+        ignore_case: bool,
+    ) -> Result<Decision, Error> {
+        let cas = self.cas(&self.all_from);
+        let current = DB::read_state(conn, &cas, mode).await.map_err(classify_state::<DB>(self.t.states))?;
+        decide(self.p, self.t, ignore_case, current)
     }
 }
 

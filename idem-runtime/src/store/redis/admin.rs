@@ -93,14 +93,7 @@ where
             ));
         }
         let stored_scope = scope.map(crate::key::stored_scope);
-        let mut pattern = glob_escape(self.names.escaped_prefix());
-        pattern.push_str("{*}");
-        pattern.push_str(RecordKind::Lease.word());
-        pattern.push(':');
-        match &stored_scope {
-            Some(scope) => pattern.push_str(&glob_escape(scope)),
-            None => pattern.push('*'),
-        }
+        let pattern = self.lease_pattern(stored_scope.as_deref());
         let mut conn = self.connection();
         let mut found = Vec::new();
         let mut cursor: u64 = 0;
@@ -114,31 +107,10 @@ where
                 .query_async(&mut conn)
                 .await
                 .map_err(store_error)?;
-            // The pattern's `*` can span a `}`: keep the names that read back
-            // as lease records of the scope asked for.
-            let mut ids = Vec::new();
-            let mut keys = Vec::new();
-            for name in names {
-                let Ok(name) = String::from_utf8(name) else { continue };
-                match self.names.read(&name) {
-                    Some((RecordKind::Lease, s, k)) if stored_scope.as_deref().is_none_or(|want| want == s) => {
-                        ids.push(RecordId::stored(s, k));
-                        keys.push(name);
-                    }
-                    _ => {}
-                }
-            }
-            if !keys.is_empty() {
-                let read = self.read(&keys).await?;
-                for (id, (value, pttl, now_ms)) in ids.iter().zip(read) {
-                    if let Some(record) = value.and_then(|v| decode(id, v, pttl, now_ms))
-                        && record.state.is_stuck()
-                    {
-                        found.push(record);
-                        if found.len() >= limit {
-                            return Ok(found);
-                        }
-                    }
+            for record in self.stuck_among(names, stored_scope.as_deref()).await? {
+                found.push(record);
+                if found.len() >= limit {
+                    return Ok(found);
                 }
             }
             if next == 0 {
@@ -146,6 +118,45 @@ where
             }
             cursor = next;
         }
+    }
+
+    /// The `SCAN MATCH` pattern of the lease records of `stored_scope`, or
+    /// of every scope.
+    fn lease_pattern(&self, stored_scope: Option<&str>) -> String {
+        let mut pattern = glob_escape(self.names.escaped_prefix());
+        pattern.push_str("{*}");
+        pattern.push_str(RecordKind::Lease.word());
+        pattern.push(':');
+        match stored_scope {
+            Some(scope) => pattern.push_str(&glob_escape(scope)),
+            None => pattern.push('*'),
+        }
+        pattern
+    }
+
+    /// The stuck lease records among one `SCAN` page's `names`, read in one
+    /// script call, in the page's order.
+    async fn stuck_among(&self, names: Vec<Vec<u8>>, stored_scope: Option<&str>) -> Result<Vec<Record>, Error> {
+        // The pattern's `*` can span a `}`: keep the names that read back
+        // as lease records of the scope asked for.
+        let mut ids = Vec::new();
+        let mut keys = Vec::new();
+        for name in names {
+            let Ok(name) = String::from_utf8(name) else { continue };
+            match self.names.read(&name) {
+                Some((RecordKind::Lease, s, k)) if stored_scope.is_none_or(|want| want == s) => {
+                    ids.push(RecordId::stored(s, k));
+                    keys.push(name);
+                }
+                _ => {}
+            }
+        }
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let read = self.read(&keys).await?;
+        let records = ids.iter().zip(read).filter_map(|(id, (value, pttl, now_ms))| decode(id, value?, pttl, now_ms));
+        Ok(records.filter(|record| record.state.is_stuck()).collect())
     }
 
     /// Delete the lease record of `id` only if its lease has passed and its

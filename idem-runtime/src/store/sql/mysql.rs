@@ -399,8 +399,6 @@ impl LeaseSql for MySql {
         conn: &mut MySqlConnection,
         req: &LeaseRequest<'_>,
     ) -> Result<Option<LeaseClaim>, sqlx::Error> {
-        let lease = super::retention_us(req.lease);
-        let keep = super::retention_us(req.retention.max(req.lease));
         // Read first: a replay (the common repeat) or a live holder is then
         // answered in one round trip. A fresh key costs the insert too; a
         // record inserted in between fails the insert (only a unique-key
@@ -411,23 +409,7 @@ impl LeaseSql for MySql {
             .fetch_optional(&mut *conn)
             .await?;
         let Some((status, fingerprint, response, lease_left_ms, expired)) = row else {
-            let inserted = sqlx::query(super::table::sql(LEASE_INSERT))
-                .bind(utf8(req.scope))
-                .bind(utf8(req.key))
-                .bind(utf8(req.fingerprint))
-                .bind(utf8(req.owner))
-                .bind(lease)
-                .bind(keep)
-                .execute(&mut *conn)
-                .await;
-            return match inserted {
-                Ok(done) => {
-                    let fence = granted_fence(&done);
-                    Ok(Some(LeaseClaim::Acquired { fence, reclaimed: false }))
-                }
-                Err(e) if is_duplicate_key(&e) => Ok(None), // inserted since the read: ask again
-                Err(e) => Err(e),
-            };
+            return lease_insert(conn, req).await;
         };
         let (status, fingerprint, response) =
             (status.into(), fingerprint.map(String::from), response.map(String::from));
@@ -441,22 +423,7 @@ impl LeaseSql for MySql {
         }
         // Past its lease or its retention: take it over, in one conditional
         // statement (it re-checks, so two reclaimers cannot both win).
-        let taken = sqlx::query(super::table::sql(LEASE_TAKE_OVER))
-            .bind(utf8(req.owner))
-            .bind(lease)
-            .bind(keep)
-            .bind(utf8(req.fingerprint))
-            .bind(utf8(req.scope))
-            .bind(utf8(req.key))
-            .bind(utf8(req.fingerprint))
-            .bind(utf8(req.fingerprint))
-            .execute(&mut *conn)
-            .await?;
-        if taken.rows_affected() == 1 {
-            let fence = granted_fence(&taken);
-            return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: true }));
-        }
-        Ok(None) // another caller took it over first: ask again
+        lease_take_over(conn, req).await
     }
 
     async fn lease_finish(
@@ -486,6 +453,58 @@ impl LeaseSql for MySql {
             q.bind(utf8(held.scope)).bind(utf8(held.key)).bind(utf8(held.owner)).bind(held.fence).execute(conn).await?;
         Ok(done.rows_affected() == 1)
     }
+}
+
+/// The lease and the record's retention (never shorter than the lease), in
+/// microseconds.
+fn lease_and_keep_us(req: &LeaseRequest<'_>) -> (i64, i64) {
+    (super::retention_us(req.lease), super::retention_us(req.retention.max(req.lease)))
+}
+
+/// A claim of a key that had no record when it was read.
+async fn lease_insert(conn: &mut MySqlConnection, req: &LeaseRequest<'_>) -> Result<Option<LeaseClaim>, sqlx::Error> {
+    let (lease, keep) = lease_and_keep_us(req);
+    let inserted = sqlx::query(super::table::sql(LEASE_INSERT))
+        .bind(utf8(req.scope))
+        .bind(utf8(req.key))
+        .bind(utf8(req.fingerprint))
+        .bind(utf8(req.owner))
+        .bind(lease)
+        .bind(keep)
+        .execute(&mut *conn)
+        .await;
+    match inserted {
+        Ok(done) => {
+            let fence = granted_fence(&done);
+            Ok(Some(LeaseClaim::Acquired { fence, reclaimed: false }))
+        }
+        Err(e) if is_duplicate_key(&e) => Ok(None), // inserted since the read: ask again
+        Err(e) => Err(e),
+    }
+}
+
+/// A claim of a record read past its lease or its retention.
+async fn lease_take_over(
+    conn: &mut MySqlConnection,
+    req: &LeaseRequest<'_>,
+) -> Result<Option<LeaseClaim>, sqlx::Error> {
+    let (lease, keep) = lease_and_keep_us(req);
+    let taken = sqlx::query(super::table::sql(LEASE_TAKE_OVER))
+        .bind(utf8(req.owner))
+        .bind(lease)
+        .bind(keep)
+        .bind(utf8(req.fingerprint))
+        .bind(utf8(req.scope))
+        .bind(utf8(req.key))
+        .bind(utf8(req.fingerprint))
+        .bind(utf8(req.fingerprint))
+        .execute(&mut *conn)
+        .await?;
+    if taken.rows_affected() == 1 {
+        let fence = granted_fence(&taken);
+        return Ok(Some(LeaseClaim::Acquired { fence, reclaimed: true }));
+    }
+    Ok(None) // another caller took it over first: ask again
 }
 
 impl SchemaSql for MySql {
