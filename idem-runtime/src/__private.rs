@@ -1,7 +1,7 @@
 //! Not a stable API: the items generated code names (see the crate root).
 
+#[cfg(feature = "sql")]
 pub use crate::dedup::context::connection;
-pub use crate::dedup::ticket::{finish, settle};
 pub use crate::state::Transition;
 pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
 pub use crate::token::OnStoreError;
@@ -27,3 +27,15 @@ pub fn lease_store<S: crate::lease::LeaseStore>(store: &S) -> &dyn crate::lease:
     store
 }
 pub use std::time::Duration;
+
+/// Turn a claim into the function's own result: a replay is `Ok`, a guard
+/// failure converts into the function's error type.
+pub fn settle<T, R, E: crate::guard::GuardError>(
+    claim: Result<crate::guard::Claim<T, R>, crate::error::Error>,
+) -> Result<T, E> {
+    match claim {
+        Ok(crate::guard::Claim::Replay(value)) => Ok(value),
+        Ok(crate::guard::Claim::Run(_)) => unreachable!("generated code handles Claim::Run before settling"),
+        Err(e) => Err(e.into()),
+    }
+}

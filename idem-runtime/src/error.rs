@@ -259,6 +259,7 @@ pub enum Error {
         "an idem table is missing on {backend}: run `idem::migrate(&pool).await` at start-up or apply every \
          SQL file in idem-runtime/migrations/{backend}/ (the database's error names the table: {source})"
     )]
+    #[cfg(feature = "sql")]
     NotMigrated {
         /// `postgres`, `mysql` or `sqlite`.
         backend: &'static str,
@@ -336,6 +337,7 @@ pub enum Error {
     /// Any other database error. Never a duplicate: only a unique-key violation on
     /// the record is treated as one.
     #[error("database error: {0}")]
+    #[cfg(feature = "sql")]
     Database(#[from] sqlx::Error),
 }
 
@@ -349,12 +351,14 @@ impl Error {
             Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } => true,
             // A route to a shard that does not exist stays wrong.
             Error::Store { store, .. } => *store != "routed",
+            #[cfg(feature = "sql")]
             Error::Database(sqlx::Error::Database(db)) => {
                 // Deadlock and serialization failures (SQLSTATE 40001, PostgreSQL
                 // 40P01), SQLite's busy and locked: the transaction was rolled
                 // back or never got its lock; running it again can succeed.
                 matches!(db.code().as_deref(), Some("40001" | "40P01" | "5" | "6" | "517"))
             }
+            #[cfg(feature = "sql")]
             Error::Database(e) => matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed),
             _ => false,
         }
@@ -364,6 +368,7 @@ impl Error {
 impl Error {
     /// A deadlock or serialization failure: the server rolled the statement
     /// (or its transaction) back, and sending it again can succeed.
+    #[cfg(feature = "sql")]
     pub(crate) fn is_deadlock(&self) -> bool {
         matches!(self, Error::Database(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
     }

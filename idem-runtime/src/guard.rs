@@ -36,8 +36,11 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::key::Key;
-use crate::key::{Fingerprint, Fingerprintable, IdempotencyKey, KeyBuilder, SqlKey};
+#[cfg(feature = "sql")]
+use crate::key::SqlKey;
+use crate::key::{Fingerprint, Fingerprintable, IdempotencyKey, KeyBuilder};
 use crate::precheck::PrecheckStore;
+use crate::replay::{Replayable, encode, fit};
 
 /// Records are kept this long unless the guard says otherwise
 /// ([`Guard::retention`], `retention = "..."`). Payment gateways retry
@@ -211,6 +214,7 @@ impl<'s> Guard<'s> {
     /// `store` (both for logs and metrics).
     pub(crate) fn prepare(self, strategy: &'static str, store: &'static str) -> Result<Prepared, Error> {
         check_scope(&self.scope)?;
+        #[cfg_attr(not(feature = "sql"), allow(unused_variables))]
         let (key, entity) = self.key.finish_with_entity(&self.scope)?;
         let fingerprint = match self.fingerprint {
             None => None,
@@ -233,6 +237,7 @@ impl<'s> Guard<'s> {
             retention,
             claim_after: self.claim_after,
             key,
+            #[cfg(feature = "sql")]
             entity,
             fingerprint,
         })
@@ -282,6 +287,7 @@ pub struct Prepared {
     pub(crate) claim_after: bool,
     pub(crate) key: Key,
     /// The key parts as bound to the entity's key columns (state strategies).
+    #[cfg(feature = "sql")]
     pub(crate) entity: Vec<SqlKey>,
     pub(crate) fingerprint: Option<Fingerprint>,
 }
@@ -310,6 +316,7 @@ impl Prepared {
         Error::KeyMismatch { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
 
+    #[cfg(feature = "sql")]
     pub(crate) fn unfinished(&self) -> Error {
         Error::Unfinished { scope: self.scope.to_string(), key_hash: self.key.hash() }
     }
@@ -340,6 +347,7 @@ impl Prepared {
     /// mismatch is a mismatch even while the first call still runs. A record
     /// written without a fingerprint (before one was declared) cannot be
     /// compared and passes.
+    #[cfg(feature = "sql")]
     pub(crate) fn check_fingerprint(&self, stored: Option<&str>) -> Result<(), Error> {
         match (&self.fingerprint, stored) {
             (Some(ours), Some(theirs)) if ours.as_str() != theirs => Err(self.mismatch()),
@@ -357,3 +365,61 @@ impl Prepared {
 )]
 pub trait GuardError: From<Error> {}
 impl<E: From<Error>> GuardError for E {}
+
+/// A first call's answer as its record keeps it.
+pub(crate) enum Kept<T> {
+    /// Its JSON, and the value decoded back from it: what the first call
+    /// returns, so that it gets what every repeat will (a `#[serde(skip)]`
+    /// field at its default, a map in the order JSON gives it).
+    Answer(String, T),
+    /// It cannot be kept (see `encode` and `fit`, in `replay`): the record is
+    /// completed without it, and the first call returns the value as the
+    /// body gave it. A repeat gets [`Error::AnswerNotKept`], never a second run.
+    NotKept(T),
+}
+
+impl<T> Kept<T> {
+    /// The JSON to write (`None`: completed, answer not kept) and the value
+    /// the first call returns.
+    pub(crate) fn split(self) -> (Option<String>, T) {
+        match self {
+            Kept::Answer(json, value) => (Some(json), value),
+            Kept::NotKept(value) => (None, value),
+        }
+    }
+}
+
+/// `encode` then `fit`, within the limit `limit` gives for the answer's
+/// length: the answer kept, or (logged and counted) not kept.
+pub(crate) async fn keep<T: Replayable, L: Future<Output = usize>>(
+    p: &Prepared,
+    value: T,
+    limit: impl FnOnce(usize) -> L,
+) -> Kept<T> {
+    let json = match encode(&value) {
+        Ok(json) => json,
+        Err(e) => {
+            p.answer_not_kept(format_args!("it does not serialize: {e}"));
+            return Kept::NotKept(value);
+        }
+    };
+    let max = limit(json.len()).await;
+    match fit(&value, json, max) {
+        Ok((json, back)) => Kept::Answer(json, back),
+        Err(e) => {
+            p.answer_not_kept(&e);
+            Kept::NotKept(value)
+        }
+    }
+}
+
+/// Decode a stored first answer for a repeat, and report the replay.
+pub(crate) fn replayed<T: Replayable>(p: &Prepared, json: &str) -> Result<T, Error> {
+    let value = serde_json::from_str(json).map_err(|source| Error::Response {
+        scope: p.scope.to_string(),
+        action: "replayed",
+        source,
+    })?;
+    p.report(crate::telemetry::Outcome::Replayed);
+    Ok(value)
+}

@@ -32,6 +32,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod canonical;
+#[cfg(feature = "sql")]
 mod dedup;
 pub mod error;
 mod guard;
@@ -45,7 +46,9 @@ pub mod record;
 mod replay;
 pub mod state;
 pub mod store;
+#[cfg(feature = "sql")]
 pub use store::sql;
+#[cfg(feature = "sql")]
 pub use store::sql::admin;
 mod stores;
 pub mod telemetry;
@@ -53,7 +56,9 @@ pub mod token;
 #[cfg(feature = "tx")]
 mod tx;
 
+#[cfg(feature = "sql")]
 pub use dedup::context::TxContext;
+#[cfg(feature = "sql")]
 pub use dedup::ticket::Ticket;
 pub use error::{Error, Result};
 pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
@@ -62,7 +67,9 @@ pub use lease::guard::LeaseTicket;
 pub use lock::guard::LockTicket;
 pub use record::{DedupRecord, RecordStatus};
 pub use replay::Replayable;
+#[cfg(feature = "sql")]
 pub use sql::table::{RecordTable, record_table, set_record_table};
+#[cfg(feature = "sql")]
 pub use sql::{PurgeOptions, PurgeReport, SqlBackend, find_record, migrate, migrator, purge_expired};
 pub use state::{SilentRepeat, StateMachine};
 pub use store::MemoryStore;

@@ -1,6 +1,8 @@
 //! What a record holds: plain data, as stores and the operator's tools
 //! read it.
 
+use crate::key::Key;
+
 /// Lifecycle of a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordStatus {
@@ -22,6 +24,8 @@ impl RecordStatus {
         }
     }
 
+    /// The status as an SQL record's column holds it.
+    #[cfg(feature = "sql")]
     pub(crate) fn parse(s: &str) -> Option<RecordStatus> {
         match s {
             "PROCESSING" => Some(RecordStatus::Processing),
@@ -61,4 +65,194 @@ pub struct DedupRecord {
     pub updated_at_ms: i64,
     /// When it may be purged.
     pub expires_at_ms: i64,
+}
+
+/// Which record: a scope and a key, as the record stores them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RecordId {
+    scope: String,
+    key: String,
+}
+
+impl RecordId {
+    /// The record a guard of `scope` (as the guard names it: its
+    /// `scope = "..."`, or `module_path::fn_name`) keeps for `key` (built as
+    /// the guard builds it: [`Key::new`] for a one-part business key).
+    /// Long scopes are hashed as the guards hash them.
+    pub fn new(scope: &str, key: &Key) -> RecordId {
+        RecordId { scope: crate::key::stored_scope(scope).into_owned(), key: key.as_str().to_owned() }
+    }
+
+    /// A record named as the store holds it: a scope and a key exactly as
+    /// [`Record::scope`] and [`Record::key`] show them (a hashed
+    /// `\sha256:...` one included), e.g. from `stuck`'s list.
+    pub fn stored(scope: impl Into<String>, key: impl Into<String>) -> RecordId {
+        RecordId { scope: scope.into(), key: key.into() }
+    }
+
+    /// The scope as stored.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The key as stored.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// What a record means now, by the store's clock. See the [module](self)
+/// docs for which states are stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// `PROCESSING` with a live lease: a worker runs the call.
+    Running,
+    /// `PROCESSING` with its lease passed: the worker died or was dropped
+    /// (stuck; the next call takes it over).
+    LeasePassed,
+    /// `PROCESSING` with no lease: a dedup record committed without its
+    /// answer (stuck; repeats get [`Error::Unfinished`]).
+    Unfinished,
+    /// `DONE`: repeats replay its response.
+    Done,
+    /// `FAILED` (reserved by the schema; no guard writes it today).
+    Failed,
+    /// Past its retention (SQL only: Redis drops such a record itself):
+    /// guards ignore it, a purge deletes it.
+    Expired,
+}
+
+impl RecordState {
+    /// `running`, `lease_passed`, `unfinished`, `done`, `failed` or `expired`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::Running => "running",
+            RecordState::LeasePassed => "lease_passed",
+            RecordState::Unfinished => "unfinished",
+            RecordState::Done => "done",
+            RecordState::Failed => "failed",
+            RecordState::Expired => "expired",
+        }
+    }
+
+    /// True for the states `release` acts on: [`LeasePassed`](Self::LeasePassed)
+    /// and [`Unfinished`](Self::Unfinished).
+    pub fn is_stuck(self) -> bool {
+        matches!(self, RecordState::LeasePassed | RecordState::Unfinished)
+    }
+
+    #[cfg(feature = "sql")]
+    pub(crate) fn parse(s: &str) -> Option<RecordState> {
+        Some(match s {
+            "running" => RecordState::Running,
+            "lease_passed" => RecordState::LeasePassed,
+            "unfinished" => RecordState::Unfinished,
+            "done" => RecordState::Done,
+            "failed" => RecordState::Failed,
+            "expired" => RecordState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// A record as an operator sees it, read with the store's clock.
+///
+/// Timestamps are milliseconds since the Unix epoch on the store's clock;
+/// `now_ms` is that clock when the record was read (so `now_ms -
+/// created_at_ms` is its age, `lease_until_ms - now_ms` the lease left).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Record {
+    /// The scope as stored (long ones hashed, see [`RecordId::new`]).
+    pub scope: String,
+    /// The key as stored ([`Key::as_str`]: parts joined and escaped, long
+    /// keys hashed).
+    pub key: String,
+    /// The stored status.
+    pub status: RecordStatus,
+    /// What the record means now.
+    pub state: RecordState,
+    /// Hex SHA-256 of the first call's payload, when its guard declared one.
+    pub fingerprint: Option<String>,
+    /// JSON of the first call's answer, once done.
+    pub response: Option<String>,
+    /// The worker holding (or that last held) the lease.
+    pub owner: Option<String>,
+    /// Fencing token: a lease record's changes with every take-over; 0 for
+    /// a dedup record.
+    pub fence: i64,
+    /// End of the lease (lease records while `PROCESSING`).
+    pub lease_until_ms: Option<i64>,
+    /// When the record was written or last taken over (SQL); when it was
+    /// first claimed (Redis, from its fence: see `RedisStore::inspect_lease`).
+    pub created_at_ms: Option<i64>,
+    /// Last change (SQL); when its lease was last claimed, taken over or
+    /// extended (Redis, while held).
+    pub updated_at_ms: Option<i64>,
+    /// When its retention ends (SQL), or its key's TTL runs out (Redis).
+    pub expires_at_ms: Option<i64>,
+    /// The store's clock when the record was read.
+    pub now_ms: i64,
+}
+
+impl Record {
+    /// Which record this is, to `release` it or read it again.
+    pub fn id(&self) -> RecordId {
+        RecordId::stored(self.scope.clone(), self.key.clone())
+    }
+
+    /// The key's parts as the guard was given them (see [`Key::parts`]):
+    /// for a record of the HTTP layer with a tenant function, `[tenant,
+    /// key]`. `None` for a hashed key.
+    pub fn key_parts(&self) -> Option<Vec<String>> {
+        crate::key::parts(&self.key)
+    }
+
+    /// How long ago it was written (SQL: or last taken over; Redis: first
+    /// claimed).
+    pub fn age_ms(&self) -> Option<i64> {
+        self.created_at_ms.map(|c| self.now_ms - c)
+    }
+
+    /// Milliseconds left on its lease (negative once passed).
+    pub fn lease_left_ms(&self) -> Option<i64> {
+        self.lease_until_ms.map(|l| l - self.now_ms)
+    }
+}
+
+/// What `stuck` lists: one page of stuck records, in (scope, key) order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StuckQuery {
+    /// Only this scope (as the guard names it; hashed like the guards do);
+    /// `None`, the default, lists every scope.
+    pub scope: Option<String>,
+    /// Most records in the page (at least 1). Default 100.
+    pub limit: u32,
+    /// The page after this record (the last of the previous page); `None`
+    /// starts at the beginning.
+    pub after: Option<RecordId>,
+}
+
+impl Default for StuckQuery {
+    fn default() -> Self {
+        StuckQuery { scope: None, limit: 100, after: None }
+    }
+}
+
+/// What `release` (and `RedisStore::release_lease`) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Release {
+    /// The record was stuck with the fence the caller gave, and is gone:
+    /// the next call of the key runs its body. The record as it was.
+    Released(Record),
+    /// No such record.
+    NotFound,
+    /// The record is not stuck (running, done, failed or expired): left
+    /// alone. The record as it is.
+    NotStuck(Record),
+    /// The record has another fence than the caller gave: a worker took it
+    /// over since the caller looked. Left alone; look again.
+    FenceChanged(Record),
 }

@@ -3,12 +3,11 @@
 //! and the lock strategies around them).
 
 use crate::error::Error;
-use crate::guard::Prepared;
+use crate::guard::{Prepared, replayed};
 use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
 use crate::record::RecordStatus;
-use crate::replay::{Replayable, encode, fit};
+use crate::replay::Replayable;
 use crate::store::sql::{ExistingRecord, SqlBackend, classify};
-use crate::telemetry::Outcome;
 
 /// `precheck`: a "seen" marker first; a seen key whose completed record is
 /// there replays from a plain read (SQLite: taking the write lock first),
@@ -50,53 +49,6 @@ pub(crate) fn judge<T: Replayable>(p: &Prepared, existing: ExistingRecord) -> Re
     }
 }
 
-/// A first call's answer as its record keeps it.
-pub(crate) enum Kept<T> {
-    /// Its JSON, and the value decoded back from it: what the first call
-    /// returns, so that it gets what every repeat will (a `#[serde(skip)]`
-    /// field at its default, a map in the order JSON gives it).
-    Answer(String, T),
-    /// It cannot be kept (see [`encode`] and [`fit`], in `replay`): the record is
-    /// completed without it, and the first call returns the value as the
-    /// body gave it. A repeat gets [`Error::AnswerNotKept`], never a second run.
-    NotKept(T),
-}
-
-impl<T> Kept<T> {
-    /// The JSON to write (`None`: completed, answer not kept) and the value
-    /// the first call returns.
-    pub(crate) fn split(self) -> (Option<String>, T) {
-        match self {
-            Kept::Answer(json, value) => (Some(json), value),
-            Kept::NotKept(value) => (None, value),
-        }
-    }
-}
-
-/// [`encode`] then [`fit`], within the limit `limit` gives for the answer's
-/// length: the answer kept, or (logged and counted) not kept.
-pub(crate) async fn keep<T: Replayable, L: Future<Output = usize>>(
-    p: &Prepared,
-    value: T,
-    limit: impl FnOnce(usize) -> L,
-) -> Kept<T> {
-    let json = match encode(&value) {
-        Ok(json) => json,
-        Err(e) => {
-            p.answer_not_kept(format_args!("it does not serialize: {e}"));
-            return Kept::NotKept(value);
-        }
-    };
-    let max = limit(json.len()).await;
-    match fit(&value, json, max) {
-        Ok((json, back)) => Kept::Answer(json, back),
-        Err(e) => {
-            p.answer_not_kept(&e);
-            Kept::NotKept(value)
-        }
-    }
-}
-
 /// Answers up to this long in the caller's transaction are not checked
 /// against the server's limit (on MySQL, asking costs a round trip): it is below every store's default
 /// (MySQL's `max_allowed_packet` is 4 MiB to 64 MiB by version). On a
@@ -104,17 +56,6 @@ pub(crate) async fn keep<T: Replayable, L: Future<Output = usize>>(
 /// transaction its connection is dropped and everything rolls back; a lease
 /// store's completion then writes the record without its answer.
 pub(crate) const SURE_FIT: usize = 64 * 1024;
-
-/// Decode a stored first answer for a repeat, and report the replay.
-pub(crate) fn replayed<T: Replayable>(p: &Prepared, json: &str) -> Result<T, Error> {
-    let value = serde_json::from_str(json).map_err(|source| Error::Response {
-        scope: p.scope.to_string(),
-        action: "replayed",
-        source,
-    })?;
-    p.report(Outcome::Replayed);
-    Ok(value)
-}
 
 pub(crate) async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared) {
     // If this fails the transaction is unusable (PostgreSQL aborts it after a

@@ -5,9 +5,9 @@
 use std::marker::PhantomData;
 
 use crate::dedup::context::{TxContext, new_record};
-use crate::dedup::record::{SURE_FIT, discard, judge, keep};
+use crate::dedup::record::{SURE_FIT, discard, judge};
 use crate::error::Error;
-use crate::guard::Claim;
+use crate::guard::keep;
 use crate::guard::{GuardError, Prepared};
 use crate::replay::Replayable;
 use crate::state::transition::{Moved, revert};
@@ -200,21 +200,4 @@ async fn undo<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared, record: b
     if record {
         discard::<DB>(conn, p).await;
     }
-}
-
-/// Turn a claim into the function's own result: a replay is `Ok`, a guard
-/// failure converts into the function's error type.
-#[doc(hidden)]
-pub fn settle<T, R, E: GuardError>(claim: Result<Claim<T, R>, Error>) -> Result<T, E> {
-    match claim {
-        Ok(Claim::Replay(value)) => Ok(value),
-        Ok(Claim::Run(_)) => unreachable!("generated code handles Claim::Run before settling"),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Turn a completion into the function's own result.
-#[doc(hidden)]
-pub fn finish<T, E: GuardError>(completed: Result<Result<T, E>, Error>) -> Result<T, E> {
-    completed.unwrap_or_else(|e| Err(e.into()))
 }

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use crate::dedup::record::{keep, replayed};
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::{Guard, GuardError, Prepared};
+use crate::guard::{keep, replayed};
 use crate::lease::renew::{bounded, under_renewal};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
 use crate::precheck::{Sight, confirmed as precheck_confirmed, look};

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 pub use crate::store::routed::Routed;
+#[cfg(feature = "sql")]
 pub use crate::store::sql::SqlStore;
 
 /// Default lease when the attribute gives none.

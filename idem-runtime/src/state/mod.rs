@@ -7,7 +7,9 @@
 //! `UPDATE <table> SET <status> = <to> WHERE <key> = ? AND <status> IN (<from>...)`
 //! in the caller's transaction.
 
+#[cfg(feature = "sql")]
 pub(crate) mod guard;
+#[cfg(feature = "sql")]
 pub(crate) mod transition;
 
 /// How one state is stored in the status column.
@@ -315,20 +317,24 @@ impl Transition {
         }
     }
 
+    #[cfg(feature = "sql")]
     pub(crate) fn to_index(&self) -> usize {
         self.states.index_of(self.to).expect("checked at compile time")
     }
 
+    #[cfg(feature = "sql")]
     pub(crate) fn source_indexes(&self) -> impl Iterator<Item = usize> + '_ {
         self.from.iter().map(|n| self.states.index_of(n).expect("checked at compile time"))
     }
 
     /// `OrderStatus::Paid`
+    #[cfg(feature = "sql")]
     pub(crate) fn qualified(&self, index: usize) -> String {
         format!("{}::{}", self.states.name, self.states.variants[index])
     }
 
     /// `OrderStatus::WaitPay | OrderStatus::Paid`
+    #[cfg(feature = "sql")]
     pub(crate) fn qualified_from(&self) -> String {
         self.source_indexes().map(|i| self.qualified(i)).collect::<Vec<_>>().join(" | ")
     }

@@ -16,6 +16,7 @@ pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod routed;
+#[cfg(feature = "sql")]
 pub mod sql;
 
 pub use keyspace::RecordKind;
@@ -52,6 +53,7 @@ pub(crate) async fn within<T>(
 }
 
 /// The error of a store call that did not answer within `timeout`.
+#[cfg(any(feature = "redis", feature = "sql"))]
 pub(crate) fn no_answer(store: &'static str, timeout: Duration) -> crate::error::Error {
     crate::error::Error::Store { store, source: format!("no answer within {timeout:?}").into() }
 }

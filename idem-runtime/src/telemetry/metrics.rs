@@ -68,6 +68,7 @@ pub(crate) fn lock_lost(scope: &str, store: &'static str) {
 }
 
 /// A state change refused.
+#[cfg(feature = "sql")]
 pub(crate) fn illegal_transition(scope: &str, store: &'static str) {
     on::event("idem_illegal_transitions_total", scope, store);
 }

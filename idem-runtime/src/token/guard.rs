@@ -1,8 +1,11 @@
 //! `strategy = "token"` and `"token+dedup"`: a one-time token consumed in
 //! one atomic step before the body runs.
 
+#[cfg(feature = "sql")]
 use crate::dedup::context::{Claimed, TxContext};
+#[cfg(feature = "sql")]
 use crate::dedup::record::{discard, judge, prechecked};
+#[cfg(feature = "sql")]
 use crate::dedup::ticket::Ticket;
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::telemetry::{Outcome, report};
@@ -15,6 +18,7 @@ pub fn token_param<K: TokenParam + ?Sized>(param: &K) -> Option<&str> {
 }
 use crate::error::Error;
 use crate::guard::Claim;
+#[cfg(feature = "sql")]
 use crate::replay::Replayable;
 
 /// The right to run the body once, its token spent: see [`TokenTicket::run`].
@@ -58,6 +62,7 @@ impl Guard<'_> {
     /// be spent is removed again ([`Error::TokenRejected`]).
     /// [`Guard::precheck`] applies before the claim (a seen, completed key
     /// replays without touching its token).
+    #[cfg(feature = "sql")]
     #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "token+dedup"))]
     pub async fn token_dedup<T: Replayable, C: TxContext + ?Sized>(
         self,

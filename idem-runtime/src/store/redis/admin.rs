@@ -9,9 +9,9 @@
 use std::sync::LazyLock;
 
 use super::{Lua, RedisStore, store_error, store_message, unexpected};
-use crate::admin::{Record, RecordId, RecordState, Release};
 use crate::error::Error;
 use crate::record::RecordStatus;
+use crate::record::{Record, RecordId, RecordState, Release};
 use crate::store::RecordKind;
 
 /// The clock, then each key's record and TTL (ms; -1 none, -2 gone), in one

@@ -119,7 +119,6 @@ impl From<LeaseRowColumns> for LeaseRow {
 }
 
 /// The fingerprint first, then completed, then busy.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn judge_row(req: &LeaseRequest<'_>, row: LeaseRow) -> LeaseClaim {
     if let (Some(ours), Some(theirs)) = (req.fingerprint, row.fingerprint.as_deref())
         && ours != theirs

@@ -15,7 +15,6 @@ use crate::state::{StateCode, StateTable, StoredState};
 
 /// Bind entity key values (state strategies) to a query; `|u| expr` says how
 /// a UUID binds on this backend.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 macro_rules! bind_keys {
     ($q:expr, $keys:expr, |$u:ident| $uuid:expr) => {{
         let mut q = $q;
@@ -336,7 +335,6 @@ mod sealed {
 /// and continues in a fresh one (`claim = "after"` found a duplicate after
 /// the body ran). Inside a savepoint (a nested `Transaction`), only the
 /// savepoint is rolled back, by the name sqlx gave it.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn restart_sql<DB: SqlBackend>(conn: &DB::Connection) -> sqlx::AssertSqlSafe<String> {
     use sqlx_core::transaction::TransactionManager;
     let depth = <DB::TransactionManager as TransactionManager>::get_transaction_depth(conn);
@@ -352,7 +350,6 @@ pub(crate) fn restart_sql<DB: SqlBackend>(conn: &DB::Connection) -> sqlx::Assert
 /// `first` by `ph`. Table, columns and stored names were checked by the
 /// derive (plain identifiers; names without quotes or backslashes), so they
 /// are written into the SQL as they are; only the key is bound.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn cas_sql(cas: &Cas<'_>, first: usize, ph: fn(usize) -> String) -> String {
     let t = cas.states;
     let from = cas.from.iter().map(|c| literal(*c)).collect::<Vec<_>>().join(", ");
@@ -367,19 +364,16 @@ pub(crate) fn cas_sql(cas: &Cas<'_>, first: usize, ph: fn(usize) -> String) -> S
 
 /// `SELECT <cast status> FROM <table> WHERE <key>`, with the status cast to
 /// the type its codes have (`int_cast` / `text_cast` wrap the column name).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn state_read_sql(cas: &Cas<'_>, ph: fn(usize) -> String, cast: fn(&str, bool) -> String) -> String {
     let t = cas.states;
     let int = matches!(t.codes.first(), Some(StateCode::Int(_)));
     format!("SELECT {} FROM {} WHERE {}", cast(t.status_column, int), t.table, key_where(t, 1, ph))
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn key_where(t: &StateTable, first: usize, ph: fn(usize) -> String) -> String {
     t.key_columns.iter().enumerate().map(|(i, c)| format!("{c} = {}", ph(first + i))).collect::<Vec<_>>().join(" AND ")
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn literal(code: StateCode) -> String {
     match code {
         StateCode::Int(i) => i.to_string(),
@@ -398,7 +392,6 @@ pub(crate) fn ph_question(_: usize) -> String {
 }
 
 /// Decode column 0 of a status read as the codes' type.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn decode_state<R>(row: &R, states: &StateTable) -> Result<StoredState, sqlx::Error>
 where
     R: sqlx::Row,
@@ -629,7 +622,6 @@ where
 
 /// [`decode_existing`] with idem's text columns read as `S` (MySQL: their
 /// bytes, whatever the session's charset).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn decode_existing_as<S, R>(row: &R) -> Result<ExistingRecord, sqlx::Error>
 where
     R: sqlx::Row,
@@ -662,7 +654,6 @@ where
 
 /// [`decode_record`] with idem's text columns read as `S` (MySQL: their
 /// bytes, whatever the session's charset).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn decode_record_as<S, R>(row: &R) -> Result<DedupRecord, sqlx::Error>
 where
     R: sqlx::Row,
