@@ -2,7 +2,9 @@
 
 pub use crate::dedup::ticket::{finish, settle};
 pub use crate::state::Transition;
-pub use crate::store::sql::connection;
+// `Conn` is what `connection` returns: named here (a hidden path), the
+// compiler's "other types implement `TxContext`" help leaves it out.
+pub use crate::store::sql::{Conn, connection};
 pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
 pub use crate::token::OnStoreError;
 pub use crate::token::guard::token_param;

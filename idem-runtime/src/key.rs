@@ -312,11 +312,11 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
-/// Collects the parts of a composite key; used by the code `#[idempotent]`
-/// generates, one `part` call per comma-separated key expression.
-#[doc(hidden)]
+/// Collects the parts of a composite key: a [`Guard`](crate::Guard)'s, one
+/// `part` call per `.key(...)` (the attribute's comma-separated key
+/// expressions), and [`Key::from_parts`]'s.
 #[derive(Clone)]
-pub struct KeyBuilder {
+pub(crate) struct KeyBuilder {
     sources: &'static str,
     text: String,
     /// The part being written, before it is escaped into `text`.

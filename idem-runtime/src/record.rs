@@ -32,7 +32,7 @@ impl RecordStatus {
     }
 }
 
-/// A stored record, as [`crate::find_record`] returns it.
+/// A stored record, as [`crate::sql::find_record`] returns it.
 ///
 /// Timestamps are the store's clock in milliseconds since the Unix epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]

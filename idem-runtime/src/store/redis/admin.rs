@@ -1,6 +1,6 @@
 //! Operating the lease records in Redis: look one up, list the stuck ones
 //! (with `SCAN`, in bounded pages), release one. The counterparts of
-//! [`admin`](crate::admin)'s SQL functions.
+//! [`admin`](crate::sql::admin)'s SQL functions.
 //!
 //! Redis keeps no unfinished dedup records (those live in SQL) and drops a
 //! record when its retention (its key's TTL) runs out, so a lease record
@@ -9,10 +9,10 @@
 use std::sync::LazyLock;
 
 use super::{Lua, RedisStore, store_error, store_message, unexpected};
-use crate::admin::{Record, RecordId, RecordState, Release};
 use crate::error::Error;
 use crate::record::RecordStatus;
 use crate::store::RecordKind;
+use crate::store::sql::admin::{Record, RecordId, RecordState, Release};
 
 /// The clock, then each key's record and TTL (ms; -1 none, -2 gone), in one
 /// atomic call: `[seconds, microseconds, record 1, pttl 1, ...]`. A key of

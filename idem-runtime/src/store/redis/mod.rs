@@ -84,7 +84,7 @@ pub struct RedisStats {
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
 /// let conn = redis::aio::ConnectionManager::new(client).await?;
-/// let store = idem::RedisStore::new(conn, "idem:");
+/// let store = idem::store::RedisStore::new(conn, "idem:");
 /// idem::Stores::builder().all(store).install()?;
 /// # Ok(()) }
 /// ```

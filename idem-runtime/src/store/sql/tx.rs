@@ -1,96 +1,8 @@
 //! [`Tx`]: a transaction idem begins and commits itself, so that a `dedup`
-//! guard's claim travels with `BEGIN` and its answer with `COMMIT`.
-//!
-//! With a `sqlx::Transaction` the guard sends its own statements: a claim
-//! after `BEGIN`, the answer before `COMMIT`, two round trips more than the
-//! transaction alone. With an `idem::Tx` it sends none of its own on
-//! PostgreSQL and MySQL/MariaDB:
-//!
-//! | | round trips (`sqlx::Transaction`) | round trips (`idem::Tx`) |
-//! |---|---|---|
-//! | first call | BEGIN, claim, body, answer, COMMIT | BEGIN + claim, body, answer + COMMIT |
-//! | repeat | BEGIN, claim, read, COMMIT | claim (refused), ROLLBACK + read |
-//!
-//! `BEGIN` is held back until there is something to send with it: the
-//! first guard's claim (`BEGIN; INSERT ...` as one text), or
-//! [`Tx::open`]. The claim is a plain `INSERT`: on a repeat its unique-key
-//! error stops the text before anything else runs, the guard rolls back and
-//! reads the first answer (one more round trip), and nothing has begun, so
-//! [`Tx::commit`] then sends nothing. The answer of a first call waits in
-//! the `Tx` and goes out with `COMMIT` (`UPDATE ...; COMMIT`); if that
-//! `UPDATE` finds no record the text fails before `COMMIT`, so a record is
-//! never committed unfinished by it.
-//!
-//! Values in these texts (scope, key, fingerprint, answer) are literals no
-//! value can break out of: on PostgreSQL escape-string literals in which
-//! every character but ASCII letters, digits and a few marks is a Unicode
-//! escape (`E'it\u0027s'`), or, for a value with non-ASCII characters, its
-//! UTF-8 in hex converted by the server; on MySQL hexadecimal literals
-//! (`X'6b33'`), whose reads take idem's columns as bytes
-//! (`CAST(response AS BINARY)`): neither way depends on the session's
-//! charset. The rest of the text is idem's own: integers it formats and
-//! the validated record table name. On PostgreSQL the claim and the read
-//! are prepared once per session and the texts name them
-//! (`EXECUTE idem_claim_<hash>(...)`), so they are planned once, as sqlx's
-//! own prepared statements are. A text that finds its statement missing
-//! (a new session, a pooler's `DISCARD ALL`, an application's
-//! `DEALLOCATE`) prepares it and runs again, one round trip more; one whose
-//! name holds a statement of the application's (a `PREPARE` under idem's
-//! name), or that cannot be prepared, is written out instead, for the rest
-//! of the transaction. The answer is always written out: it goes with
-//! `COMMIT`, after a body that may have deallocated the session's
-//! statements, where a missing one would abort the transaction with the
-//! body's writes and nothing left to retry. An answer over 256 KiB of JSON
-//! is bound as a parameter instead (one more round trip), so no text nears
-//! MySQL's `max_allowed_packet`. SQLite sends the same statements one by
-//! one (it has no network to save).
-//!
-//! ## Using it
-//!
-//! ```no_run
-//! # extern crate idem_runtime as idem;
-//! # async fn demo(pool: sqlx::PgPool, trade_no: &str) -> Result<(), idem::Error> {
-//! use idem::{Claim, Guard};
-//!
-//! let mut tx = idem::begin(&pool).await?; // nothing sent yet
-//! let coupon = match Guard::new("payments.on_pay").key(trade_no).dedup::<i64, _>(&mut tx).await? {
-//!     Claim::Replay(coupon) => coupon,
-//!     Claim::Run(ticket) => {
-//!         // In the body the transaction has begun: `*tx` is its connection
-//!         // (`**tx` in a function that takes `tx: &mut idem::Tx<_>`).
-//!         let id: i64 = sqlx::query_scalar("INSERT INTO coupons (trade_no) VALUES ($1) RETURNING id")
-//!             .bind(trade_no)
-//!             .fetch_one(&mut *tx)
-//!             .await?;
-//!         ticket.complete(&mut tx, Ok::<_, idem::Error>(id)).await??
-//!     }
-//! };
-//! tx.commit().await?; // the answer, then COMMIT, in one round trip
-//! # let _ = coupon; Ok(()) }
-//! ```
-//!
-//! `#[idempotent]` functions take it like a `sqlx::Transaction`
-//! (`tx: &mut idem::Tx<Postgres>`, or [`PgTx`]), and their bodies use
-//! `&mut **tx` as before.
-//!
-//! **Outside a guarded body, call [`Tx::open`] for the connection**
-//! (`sqlx::query(..).execute(tx.open().await?)`): it sends `BEGIN` if
-//! nothing has begun yet and is free after that. Deref (`&mut **tx`)
-//! outside a guarded body panics unless `open` was called: after a
-//! repeat nothing has begun, so a statement written after the guarded call
-//! would otherwise run only on first calls and panic on every repeat; the
-//! rule makes it panic on the first call, in your tests.
-//!
-//! Dropping a `Tx` rolls it back, like a `sqlx::Transaction`. A claim or
-//! read cancelled mid-flight (a dropped future, a timeout) leaves the
-//! server's state unknown: the `Tx` then closes its connection instead of
-//! returning it to the pool, and the server rolls back.
-//!
-//! Isolation: [`begin_with`] takes the `BEGIN` statement
-//! (`"BEGIN ISOLATION LEVEL REPEATABLE READ"`). Under REPEATABLE READ a
-//! repeat replays directly (the claim's unique-key error, then a fresh
-//! read), where a `sqlx::Transaction` answers with a serialization failure
-//! to retry.
+//! guard's claim travels with `BEGIN` and its answer with `COMMIT`. What it
+//! sends when (round trips, texts, literals, prepared statements) and the
+//! rules for its connection are documented for users in the `idem` crate's
+//! `sql` module (`docs/dedup.md`, section "`idem::Tx`").
 
 use std::fmt;
 
@@ -409,7 +321,9 @@ fn pending_error<DB: SqlBackend>(e: sqlx::Error) -> Error {
 
 /// A transaction that idem begins and commits, so that a `dedup` guard's
 /// claim rides on `BEGIN` and its answer on `COMMIT`: no round trip of the
-/// guard's own on PostgreSQL and MySQL/MariaDB. See the [module docs](self).
+/// guard's own on PostgreSQL and MySQL/MariaDB. What it sends when, and
+/// the rules for its connection: the `idem::sql` module docs, section
+/// "`idem::Tx`".
 ///
 /// Begin one with [`begin`] (or [`begin_with`]), hand `&mut tx` to guarded
 /// functions, end it with [`commit`](Tx::commit) or
@@ -574,7 +488,7 @@ impl<DB: SqlBackend> Tx<DB> {
 impl<DB: SqlBackend> std::ops::Deref for Tx<DB> {
     type Target = DB::Connection;
     /// The connection, inside a guarded body or after [`Tx::open`]; panics
-    /// elsewhere (see the [module docs](self)).
+    /// elsewhere (see [`Tx::open`]).
     fn deref(&self) -> &DB::Connection {
         self.check_deref();
         &self.conn
