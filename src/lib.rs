@@ -64,6 +64,8 @@
 //!   records: the `http` module (feature `http`).
 //! - A first run told from a replay, `tracing` spans and metrics:
 //!   [`observe`].
+//! - Naming a record at the store's level (a scope and a key as stored),
+//!   fingerprints: [`key`].
 //! - A duplicate is never an error: a repeat of a completed call is `Ok`
 //!   with the first answer. [`Error`] is what a caller must act on, and
 //!   [`Error::is_retryable`] says which to retry.
@@ -148,10 +150,10 @@ pub mod sql {
     };
 }
 
-/// Key parts and fingerprints.
+/// Key parts, the stored form of scopes and keys, and fingerprints.
 pub mod key {
     #![doc = include_str!("../docs/key.md")]
-    pub use idem_runtime::key::{Fingerprint, Fingerprintable, MAX_PLAIN_KEY_LEN, SqlKey};
+    pub use idem_runtime::key::{Fingerprint, Fingerprintable, MAX_PLAIN_KEY_LEN, SqlKey, stored_scope};
 }
 
 /// The `Idempotency-Key` layer for HTTP services (feature `http`).

@@ -19,8 +19,9 @@ use crate::store::BoxFuture;
 pub trait PrecheckStore: Send + Sync {
     /// `memory` or `redis`, for logs.
     fn kind(&self) -> &'static str;
-    /// Mark `key` of `scope` seen for `ttl`, if it is not already: `true`
-    /// when this call wrote the marker (first sight). One atomic step.
+    /// Mark `key` of `scope` (both as stored) seen for `ttl`, if it is not
+    /// already: `true` when this call wrote the marker (first sight). One
+    /// atomic step.
     fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
 }
 
