@@ -138,7 +138,7 @@ async fn connect(args: &Args) -> Result<(Ledger, &'static str), BoxError> {
     if let Some(url) = &args.redis_url {
         let conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
         let prefix = "idem-example:".to_owned();
-        idem::Stores::builder().lease(idem::RedisStore::new(conn.clone(), prefix.clone())).install()?;
+        idem::Stores::builder().lease(idem::store::RedisStore::new(conn.clone(), prefix.clone())).install()?;
         return Ok((Ledger::Redis(conn, prefix), "redis"));
     }
     let store = Store::connect(args.database_url.as_deref(), 4).await?;
@@ -146,15 +146,15 @@ async fn connect(args: &Args) -> Result<(Ledger, &'static str), BoxError> {
     match &store {
         Store::Sqlite(pool, _) => {
             idem::migrate(pool).await?;
-            idem::Stores::builder().lease(idem::lease::SqlStore::new(pool.clone())).install()?;
+            idem::Stores::builder().lease(idem::store::SqlStore::new(pool.clone())).install()?;
         }
         Store::Postgres(pool) => {
             idem::migrate(pool).await?;
-            idem::Stores::builder().lease(idem::lease::SqlStore::new(pool.clone())).install()?;
+            idem::Stores::builder().lease(idem::store::SqlStore::new(pool.clone())).install()?;
         }
         Store::MySql(pool) => {
             idem::migrate(pool).await?;
-            idem::Stores::builder().lease(idem::lease::SqlStore::new(pool.clone())).install()?;
+            idem::Stores::builder().lease(idem::store::SqlStore::new(pool.clone())).install()?;
         }
     }
     Ok((Ledger::Sql(store), name))

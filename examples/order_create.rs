@@ -105,7 +105,7 @@ fn unreachable_store() -> Result<Arc<dyn TokenStore>, BoxError> {
         .set_connection_timeout(Some(Duration::from_millis(300)))
         .set_number_of_retries(0);
     let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, config)?;
-    Ok(Arc::new(idem::RedisStore::new(conn, "idem-example:")))
+    Ok(Arc::new(idem::store::RedisStore::new(conn, "idem-example:")))
 }
 
 /// `n` concurrent submits of `token`, released together; (created, rejected, failed).
@@ -186,9 +186,9 @@ async fn main() -> Result<(), BoxError> {
     let (tokens, naive): (Arc<dyn TokenStore>, Naive) = match &args.redis_url {
         Some(url) => {
             let conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
-            (Arc::new(idem::RedisStore::new(conn.clone(), "idem-example:")), Naive::Redis(conn))
+            (Arc::new(idem::store::RedisStore::new(conn.clone(), "idem-example:")), Naive::Redis(conn))
         }
-        None => (Arc::new(idem::MemoryStore::new()), Naive::Memory(Default::default())),
+        None => (Arc::new(idem::store::MemoryStore::new()), Naive::Memory(Default::default())),
     };
     const DDL: &str = "CREATE TABLE IF NOT EXISTS shop_token_orders (order_no VARCHAR(64) PRIMARY KEY, \
         token VARCHAR(128) NOT NULL UNIQUE, user_id BIGINT NOT NULL, item VARCHAR(64) NOT NULL)";

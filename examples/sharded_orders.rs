@@ -9,7 +9,7 @@
 //! "paid" callback runs in a transaction **on the order's shard**, so its
 //! dedup record commits there with the payment: route the transaction, and
 //! the record follows. A refund sent to the bank (outside work, strategy
-//! `lease`) keeps its lease record through `idem::lease::Routed` with the
+//! `lease`) keeps its lease record through `idem::store::Routed` with the
 //! same route, so it too lives on the order's shard.
 //!
 //! Each order gets 100 concurrent copies of its callback, then 100
@@ -36,7 +36,7 @@ use std::time::Duration;
 use clap::Parser;
 use common::shards::{SHARDS, ensure_database, shard_of};
 use common::{AppError, BoxError};
-use idem::lease::{Routed, SqlStore};
+use idem::store::{Routed, SqlStore};
 use idem::{Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -322,9 +322,9 @@ async fn main() -> Result<(), BoxError> {
         for (s, pool) in shop.shards.iter().enumerate() {
             let mut found = 0;
             for scope in [PAID_SCOPE, REFUND_SCOPE] {
-                let record = idem::find_record(pool, scope, &key).await?;
+                let record = idem::sql::find_record(pool, scope, &key).await?;
                 found += usize::from(record.is_some());
-                if s == home && record.is_none_or(|r| r.status != idem::RecordStatus::Done) {
+                if s == home && record.is_none_or(|r| r.status != idem::sql::RecordStatus::Done) {
                     eprintln!("   !! {id}: no completed {scope} record on its shard");
                     errors.fetch_add(1, Ordering::Relaxed);
                 }

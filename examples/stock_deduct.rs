@@ -96,7 +96,7 @@ enum Purchase {
 }
 
 /// The sale, per database: the conditional decrement, and the sale row if it took an item.
-trait Stock: idem::SqlBackend {
+trait Stock: idem::sql::SqlBackend {
     fn deduct(
         conn: &mut Self::Connection,
         sku: &str,
@@ -108,10 +108,10 @@ macro_rules! impl_stock {
     ($($db:ty),*) => {$(
         impl Stock for $db {
             async fn deduct(conn: &mut Self::Connection, sku: &str, order_id: &str) -> Result<bool, sqlx::Error> {
-                let decrement = sql(<Self as idem::SqlBackend>::BACKEND, "UPDATE shop_stock SET num = num - 1 WHERE sku = ? AND num > 0");
+                let decrement = sql(<Self as idem::sql::SqlBackend>::BACKEND, "UPDATE shop_stock SET num = num - 1 WHERE sku = ? AND num > 0");
                 let took = sqlx::query(decrement).bind(sku).execute(&mut *conn).await?.rows_affected() == 1;
                 if took {
-                    let sale = sql(<Self as idem::SqlBackend>::BACKEND, "INSERT INTO shop_stock_sales (order_id, sku) VALUES (?, ?)");
+                    let sale = sql(<Self as idem::sql::SqlBackend>::BACKEND, "INSERT INTO shop_stock_sales (order_id, sku) VALUES (?, ?)");
                     sqlx::query(sale).bind(order_id).bind(sku).execute(&mut *conn).await?;
                 }
                 Ok(took)
@@ -191,9 +191,9 @@ async fn main() -> Result<(), BoxError> {
     let locks: Arc<dyn LockStore> = match &args.redis_url {
         Some(url) => {
             let conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
-            Arc::new(idem::RedisStore::new(conn, "idem-example:"))
+            Arc::new(idem::store::RedisStore::new(conn, "idem-example:"))
         }
-        None => Arc::new(idem::MemoryStore::new()),
+        None => Arc::new(idem::store::MemoryStore::new()),
     };
     const DDL: &str = "CREATE TABLE IF NOT EXISTS shop_stock (sku VARCHAR(64) PRIMARY KEY, num BIGINT NOT NULL, \
         fence BIGINT NOT NULL DEFAULT 0)";

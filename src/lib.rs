@@ -63,7 +63,9 @@
 //! - The `Idempotency-Key` header at the HTTP edge, on the same lease
 //!   records: the `http` module (feature `http`).
 //! - A first run told from a replay, `tracing` spans and metrics:
-//!   [`observe`], [`telemetry`].
+//!   [`observe`].
+//! - Naming a record at the store's level (a scope and a key as stored),
+//!   fingerprints: [`key`].
 //! - A duplicate is never an error: a repeat of a completed call is `Ok`
 //!   with the first answer. [`Error`] is what a caller must act on, and
 //!   [`Error::is_retryable`] says which to retry.
@@ -86,13 +88,13 @@ pub use idem_runtime::PgTx;
 #[cfg(all(feature = "tx", feature = "sqlite"))]
 pub use idem_runtime::SqliteTx;
 pub use idem_runtime::{
-    Claim, DEFAULT_RETENTION, DedupRecord, Error, Fingerprint, GuardError, IdempotencyKey, Key, LeaseTicket,
-    LockTicket, Outcome, PurgeOptions, PurgeReport, RecordStatus, RecordTable, Replayable, Result, SilentRepeat,
-    SqlBackend, StateMachine, Stores, StoresBuilder, Ticket, TokenTicket, TxContext, find_record, migrate, migrator,
-    purge_expired, record_table, set_record_table,
+    Claim, DEFAULT_RETENTION, Error, GuardError, IdempotencyKey, Key, Outcome, Replayable, Result, SilentRepeat,
+    StateMachine, Stores, StoresBuilder,
 };
+#[cfg(feature = "sql")]
+pub use idem_runtime::{Ticket, migrate};
 #[cfg(feature = "tx")]
-pub use idem_runtime::{Tx, begin, begin_with};
+pub use idem_runtime::{Tx, begin};
 
 #[doc = include_str!("../docs/guard.md")]
 pub use idem_runtime::Guard;
@@ -100,58 +102,75 @@ pub use idem_runtime::Guard;
 #[doc = include_str!("../docs/observe.md")]
 pub use idem_runtime::observe;
 
+// Each module lists what it holds: every public item has this one path.
+
 /// Lease records: `strategy = "lease"`.
 pub mod lease {
     #![doc = include_str!("../docs/lease.md")]
-    pub use idem_runtime::lease::*;
+    pub use idem_runtime::lease::{
+        DEFAULT_LEASE, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, LeaseTicket, current,
+    };
 }
 
 /// Locks: `lock+dedup`, `lock+state`, `lock`.
 pub mod lock {
     #![doc = include_str!("../docs/lock.md")]
-    pub use idem_runtime::lock::*;
+    pub use idem_runtime::lock::{HeldLock, LockAttempt, LockInfo, LockStore, LockTicket, acquire, current};
 }
 
 /// One-time tokens: `token`, `token+dedup`.
 pub mod token {
     #![doc = include_str!("../docs/token.md")]
-    pub use idem_runtime::token::*;
+    pub use idem_runtime::token::{MAX_TOKEN_LEN, OnStoreError, TokenParam, TokenStore, TokenTicket, consume, issue};
 }
 
 /// `precheck = "redis"`.
 pub mod precheck {
     #![doc = include_str!("../docs/precheck.md")]
-    pub use idem_runtime::precheck::*;
+    pub use idem_runtime::precheck::{Counters, DEFAULT_TTL, PrecheckStore, WAIT, counters};
 }
 
 /// State machines: `state`, `dedup+state`.
 pub mod state {
     #![doc = include_str!("../docs/state.md")]
-    pub use idem_runtime::state::*;
+    pub use idem_runtime::state::{StateCode, StateTable, StoredState, Transition};
 }
 
 /// Where guards keep what is not in your transaction.
 pub mod store {
     #![doc = include_str!("../docs/stores.md")]
-    pub use idem_runtime::store::*;
+    #[cfg(feature = "sql")]
+    pub use idem_runtime::store::SqlStore;
+    pub use idem_runtime::store::{BoxFuture, DEFAULT_TIMEOUT, MemoryStore, RecordKind, Routed};
+    #[cfg(feature = "redis")]
+    pub use idem_runtime::store::{RedisStats, RedisStore};
 }
 
 /// Dedup records in SQL: what happens when, statements, schema, purging.
+#[cfg(feature = "sql")]
 pub mod sql {
     #![doc = include_str!("../docs/dedup.md")]
     #![doc = include_str!("../docs/sql.md")]
-    pub use idem_runtime::sql::*;
+    #[cfg(feature = "tx")]
+    pub use idem_runtime::sql::begin_with;
+    pub use idem_runtime::sql::{
+        DedupRecord, PurgeOptions, PurgeReport, RECORD_TABLE, RecordStatus, RecordTable, SqlBackend, TxContext, admin,
+        find_record, migrator, purge_expired, record_table, set_record_table,
+    };
 }
 
-pub use idem_runtime::{MemoryStore, admin, error, key, record, telemetry};
+/// Key parts, the stored form of scopes and keys, and fingerprints.
+pub mod key {
+    #![doc = include_str!("../docs/key.md")]
+    pub use idem_runtime::key::{Fingerprint, Fingerprintable, MAX_PLAIN_KEY_LEN, SqlKey, stored_scope};
+}
 
 /// The `Idempotency-Key` layer for HTTP services (feature `http`).
 #[cfg(feature = "http")]
-pub use idem_runtime::http;
-
-/// Lease records, tokens, locks and precheck markers in Redis; see [`store`].
-#[cfg(feature = "redis")]
-pub use idem_runtime::RedisStore;
+pub mod http {
+    #![doc = include_str!("../docs/http.md")]
+    pub use idem_runtime::http::{BoxError, Idempotency, IdempotencyLayer, REPLAYED, ResponseBody, keeps_by_default};
+}
 
 #[doc(hidden)]
 pub use idem_runtime::__private;

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::{AppError, TestTx, unique};
-use idem::{Key, Outcome, PurgeOptions, RecordStatus, idempotent};
+use idem::sql::{PurgeOptions, RecordStatus};
+use idem::{Key, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -230,7 +231,7 @@ macro_rules! dedup_suite {
                 assert_eq!(coupons(&pool, &trade).await, 1);
                 assert_eq!(outcomes[0], (42, Some(Outcome::Executed)));
                 assert!(outcomes[1..].iter().all(|o| *o == (42, Some(Outcome::Replayed))));
-                let record = idem::find_record(&pool, "tests.grant_coupon", &Key::new(&trade).unwrap())
+                let record = idem::sql::find_record(&pool, "tests.grant_coupon", &Key::new(&trade).unwrap())
                     .await
                     .unwrap()
                     .expect("record committed");
@@ -362,7 +363,7 @@ macro_rules! dedup_suite {
                 let err = may_fail(&mut tx, &trade, true, &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Rule(_)), "{err:?}");
                 tx.rollback().await.unwrap();
-                assert_eq!(idem::find_record(&pool, "tests.may_fail", &Key::new(&trade).unwrap()).await.unwrap(), None);
+                assert_eq!(idem::sql::find_record(&pool, "tests.may_fail", &Key::new(&trade).unwrap()).await.unwrap(), None);
 
                 let mut tx = begin(&pool).await;
                 let ok = may_fail(&mut tx, &trade, false, &runs).await.unwrap();
@@ -380,7 +381,7 @@ macro_rules! dedup_suite {
                 let mut tx = begin(&pool).await;
                 assert!(may_fail(&mut tx, &trade, true, &runs).await.is_err());
                 tx.commit().await.unwrap(); // the caller's mistake, but no record survives it
-                assert_eq!(idem::find_record(&pool, "tests.may_fail", &Key::new(&trade).unwrap()).await.unwrap(), None);
+                assert_eq!(idem::sql::find_record(&pool, "tests.may_fail", &Key::new(&trade).unwrap()).await.unwrap(), None);
 
                 // ... so the next delivery is a first call, not a replay of nothing.
                 let mut tx = begin(&pool).await;
@@ -594,7 +595,7 @@ macro_rules! dedup_suite {
                 assert!(outcomes[1..].iter().all(|o| *o == (42, Outcome::Replayed)), "{outcomes:?}");
                 assert_eq!(coupons(&pool, &trade).await, 1);
                 let record =
-                    idem::find_record(&pool, "tests.grant_after", &Key::new(&trade).unwrap()).await.unwrap().unwrap();
+                    idem::sql::find_record(&pool, "tests.grant_after", &Key::new(&trade).unwrap()).await.unwrap().unwrap();
                 assert_eq!((record.status, record.response.as_deref()), (RecordStatus::Done, Some("42")));
             }
 
@@ -663,7 +664,7 @@ macro_rules! dedup_suite {
                 assert!(on_callback_after(&mut tx, &event, true).await.is_err());
                 tx.commit().await.unwrap(); // the caller commits after Err: the body's write is its own
                 assert_eq!(
-                    idem::find_record(&pool, "tests.after_fp", &Key::new(&event.trade_no).unwrap()).await.unwrap(),
+                    idem::sql::find_record(&pool, "tests.after_fp", &Key::new(&event.trade_no).unwrap()).await.unwrap(),
                     None
                 );
 
@@ -697,7 +698,7 @@ macro_rules! dedup_suite {
                 assert_eq!(answers[1], answers[0], "a repeat within retention replays");
                 assert_eq!(answers[2], 2, "a call after retention runs and keeps its answer");
                 let record =
-                    idem::find_record(&pool, "tests.after_short", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+                    idem::sql::find_record(&pool, "tests.after_short", &Key::new(&key).unwrap()).await.unwrap().unwrap();
                 assert_eq!((record.response.as_deref(), record.fence), (Some("2"), 1));
             }
 
@@ -722,7 +723,7 @@ macro_rules! dedup_suite {
                     assert_eq!(outcome, Some(Outcome::NotKept));
                 }
                 assert_eq!(runs.load(SeqCst), 1, "the body ran once");
-                let record = idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+                let record = idem::sql::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap().unwrap();
                 assert_eq!((record.status, record.response), (RecordStatus::Done, None));
 
                 let unit = unique("some-unit");
@@ -732,7 +733,7 @@ macro_rules! dedup_suite {
                 assert_eq!(echo(&mut tx, &nested, vec![Some(None::<u8>)], &runs).await.unwrap(), vec![Some(None)]);
                 drop(tx); // rolled back: the records go with the body's writes
                 for key in [&unit, &nested] {
-                    assert_eq!(idem::find_record(&pool, "tests.echo", &Key::new(key).unwrap()).await.unwrap(), None);
+                    assert_eq!(idem::sql::find_record(&pool, "tests.echo", &Key::new(key).unwrap()).await.unwrap(), None);
                 }
                 // Their exact neighbours still store and replay.
                 let none = unique("none");
@@ -761,7 +762,7 @@ macro_rules! dedup_suite {
                 // claim = "after" runs the repeat's body too, and rolls it back.
                 assert_eq!(runs.load(SeqCst), 2);
                 let record =
-                    idem::find_record(&pool, "tests.echo_after", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+                    idem::sql::find_record(&pool, "tests.echo_after", &Key::new(&key).unwrap()).await.unwrap().unwrap();
                 assert_eq!((record.status, record.response), (RecordStatus::Done, None));
             }
 
@@ -770,7 +771,7 @@ macro_rules! dedup_suite {
             /// it, its record says "answer not kept", and a repeat does not run.
             #[tokio::test]
             async fn an_answer_larger_than_the_store_holds_is_returned_and_never_run_again() {
-                let max = <Db as idem::SqlBackend>::MAX_RESPONSE;
+                let max = <Db as idem::sql::SqlBackend>::MAX_RESPONSE;
                 if max > 64 << 20 {
                     return; // PostgreSQL's and SQLite's 1 GB: too much to send in a test
                 }
@@ -784,7 +785,7 @@ macro_rules! dedup_suite {
                 let err = echo(&mut tx, &key, "x".repeat(max), &runs).await.unwrap_err();
                 assert!(matches!(err, AppError::Idem(idem::Error::AnswerNotKept { .. })), "{err:?}");
                 assert_eq!(runs.load(SeqCst), 1);
-                let record = idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+                let record = idem::sql::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap().unwrap();
                 assert_eq!((record.status, record.response), (RecordStatus::Done, None));
             }
 
@@ -801,7 +802,7 @@ macro_rules! dedup_suite {
                     tx.commit().await.unwrap();
                 }
                 assert_eq!(runs.load(SeqCst), 1);
-                assert!(idem::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap().is_some());
+                assert!(idem::sql::find_record(&pool, "tests.echo", &Key::new(&key).unwrap()).await.unwrap().is_some());
             }
 
             #[tokio::test]
@@ -841,7 +842,7 @@ macro_rules! dedup_suite {
                     scope: Some("tests.short_lived".to_owned()),
                     ..Default::default()
                 };
-                idem::purge_expired(&pool, only(1000, None)).await.unwrap();
+                idem::sql::purge_expired(&pool, only(1000, None)).await.unwrap();
                 let other = unique("other");
                 let mut tx = begin(&pool).await;
                 let claim = idem::Guard::new("tests.purge.other").key(&other).retention(Duration::from_millis(500));
@@ -871,12 +872,12 @@ macro_rules! dedup_suite {
 
                 tokio::time::sleep(Duration::from_millis(1200)).await;
                 // With `archive`, completed records are copied before they go.
-                let one = idem::purge_expired(&pool, only(2, Some(1))).await.unwrap();
+                let one = idem::sql::purge_expired(&pool, only(2, Some(1))).await.unwrap();
                 assert_eq!((one.deleted, one.batches), (2, 1), "max_batches bounds one run");
-                let rest = idem::purge_expired(&pool, only(2, None)).await.unwrap();
+                let rest = idem::sql::purge_expired(&pool, only(2, None)).await.unwrap();
                 assert!(rest.deleted >= 3 && rest.batches >= 2, "{rest:?}");
                 for key in &expired {
-                    let found = idem::find_record(&pool, "tests.short_lived", &Key::new(key).unwrap()).await.unwrap();
+                    let found = idem::sql::find_record(&pool, "tests.short_lived", &Key::new(key).unwrap()).await.unwrap();
                     assert_eq!(found, None);
                     let archived: i64 = sqlx::query_scalar($count_archived)
                         .bind("tests.short_lived")
@@ -886,14 +887,14 @@ macro_rules! dedup_suite {
                         .unwrap();
                     assert_eq!(archived, 1, "the completed record of {key} is in the archive");
                 }
-                let still = idem::find_record(&pool, "tests.grant_coupon", &Key::new(&kept).unwrap()).await.unwrap();
+                let still = idem::sql::find_record(&pool, "tests.grant_coupon", &Key::new(&kept).unwrap()).await.unwrap();
                 assert!(still.is_some(), "a live record was purged");
                 let key = Key::new(&other).unwrap();
-                let untouched = idem::find_record(&pool, "tests.purge.other", &key).await.unwrap();
+                let untouched = idem::sql::find_record(&pool, "tests.purge.other", &key).await.unwrap();
                 assert!(untouched.is_some(), "an expired record of another scope was purged by a scoped purge");
                 let theirs = PurgeOptions { scope: Some("tests.purge.other".to_owned()), ..Default::default() };
-                assert!(idem::purge_expired(&pool, theirs).await.unwrap().deleted >= 1);
-                assert_eq!(idem::find_record(&pool, "tests.purge.other", &key).await.unwrap(), None);
+                assert!(idem::sql::purge_expired(&pool, theirs).await.unwrap().deleted >= 1);
+                assert_eq!(idem::sql::find_record(&pool, "tests.purge.other", &key).await.unwrap(), None);
             }
         }
     };

@@ -49,13 +49,13 @@ async fn a_failed_body_leaves_no_record_even_if_the_caller_commits() {
     assert_eq!(ticket.complete(&mut tx, body).await.unwrap(), Err("card declined"));
     tx.commit().await.unwrap();
     let key = idem::Key::new(&trade).unwrap();
-    assert!(idem::find_record(&pool, "tests.api.fail", &key).await.unwrap().is_none());
+    assert!(idem::sql::find_record(&pool, "tests.api.fail", &key).await.unwrap().is_none());
 }
 
 #[tokio::test]
 async fn claim_after_and_precheck_are_options_of_the_same_guard() {
     let pool = common::sqlite().await.unwrap();
-    let marks = idem::MemoryStore::new();
+    let marks = idem::store::MemoryStore::new();
     let trade = unique("T");
     for expected in [Outcome::Executed, Outcome::Replayed, Outcome::Replayed] {
         let mut tx = pool.begin().await.unwrap();
@@ -122,7 +122,7 @@ async fn state_by_hand_moves_once_and_repeats_silently() {
 
 #[tokio::test]
 async fn lease_token_and_lock_by_hand() {
-    let store = idem::MemoryStore::new();
+    let store = idem::store::MemoryStore::new();
     let runs = AtomicUsize::new(0);
     let id = unique("L");
     for _ in 0..2 {
@@ -194,7 +194,7 @@ async fn claim_after_applies_to_dedup_only() {
 
 #[tokio::test]
 async fn a_guard_without_a_usable_scope_or_key_is_refused_before_any_store() {
-    let store = idem::MemoryStore::new();
+    let store = idem::store::MemoryStore::new();
     for scope in ["", "  ", "two\nlines"] {
         let err = Guard::new(scope).key("k").lease::<()>(&store, Duration::from_secs(5)).await.unwrap_err();
         assert!(matches!(err, Error::InvalidScope { .. }), "{scope:?}: {err}");
@@ -248,7 +248,7 @@ async fn the_first_call_gets_what_every_repeat_gets() {
         tx.commit().await.unwrap();
         replies.push(reply);
     }
-    let store = idem::MemoryStore::new();
+    let store = idem::store::MemoryStore::new();
     for _ in 0..2 {
         let reply = match Guard::new("tests.api.skip").key(&key).lease(&store, Duration::from_secs(5)).await.unwrap() {
             Claim::Replay(reply) => reply,

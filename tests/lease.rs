@@ -594,34 +594,34 @@ macro_rules! lease_suite {
 
 lease_suite! {
     mod memory;
-    store = Some(Arc::new(idem::MemoryStore::new()) as Store);
+    store = Some(Arc::new(idem::store::MemoryStore::new()) as Store);
 }
 
 lease_suite! {
     mod sqlite;
-    store = common::sqlite().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Store);
+    store = common::sqlite().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Store);
 }
 
 lease_suite! {
     mod postgres;
-    store = common::postgres().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Store);
+    store = common::postgres().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Store);
 }
 
 lease_suite! {
     mod mysql;
-    store = common::mysql().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Store);
+    store = common::mysql().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Store);
 }
 
 lease_suite! {
     mod redis;
-    store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
+    store = common::redis().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
 }
 
 // Redis Cluster (`IDEM_REDIS_CLUSTER_URLS`), through a `ClusterConnection`:
 // every script call goes to the master of its key's slot.
 lease_suite! {
     mod redis_cluster;
-    store = common::redis_cluster().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
+    store = common::redis_cluster().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Store);
 }
 
 // The whole suite through a router over two real databases: each key's
@@ -629,9 +629,9 @@ lease_suite! {
 lease_suite! {
     mod routed;
     store = match (common::postgres().await, common::mysql().await) {
-        (Some(pg), Some(my)) => Some(Arc::new(idem::lease::Routed::hashed(vec![
-            Arc::new(idem::lease::SqlStore::new(pg)) as Store,
-            Arc::new(idem::lease::SqlStore::new(my)) as Store,
+        (Some(pg), Some(my)) => Some(Arc::new(idem::store::Routed::hashed(vec![
+            Arc::new(idem::store::SqlStore::new(pg)) as Store,
+            Arc::new(idem::store::SqlStore::new(my)) as Store,
         ])) as Store),
         _ => None,
     };
@@ -642,8 +642,8 @@ lease_suite! {
 #[tokio::test]
 async fn a_routed_record_lives_on_the_shard_of_its_key() {
     let (Some(pg), Some(my)) = (common::postgres().await, common::mysql().await) else { return };
-    let shards: Vec<Store> = vec![Arc::new(idem::lease::SqlStore::new(pg)), Arc::new(idem::lease::SqlStore::new(my))];
-    let routed = idem::lease::Routed::new(shards.clone(), |_, key| {
+    let shards: Vec<Store> = vec![Arc::new(idem::store::SqlStore::new(pg)), Arc::new(idem::store::SqlStore::new(my))];
+    let routed = idem::store::Routed::new(shards.clone(), |_, key| {
         if key.starts_with("EU-") {
             0
         } else if key.starts_with("US-") {
@@ -683,7 +683,7 @@ async fn a_routed_record_lives_on_the_shard_of_its_key() {
 lease_suite! {
     mod redis_unbatched;
     store = common::redis().await.map(|c| {
-        Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test"))).batching(false)) as Store
+        Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-test"))).batching(false)) as Store
     });
 }
 
@@ -691,7 +691,7 @@ lease_suite! {
 /// calls in flight go out together, and each caller gets its own answer.
 mod redis_batching {
     use super::*;
-    use idem::RedisStore;
+    use idem::store::RedisStore;
 
     #[idempotent(key = "id", strategy = "lease", scope = "tests.lease.batch", store = "store")]
     async fn counted(store: &dyn LeaseStore, id: &str, n: usize, runs: &AtomicUsize) -> Result<usize, AppError> {

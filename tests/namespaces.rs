@@ -145,12 +145,12 @@ macro_rules! suite {
 
 suite! {
     mod memory;
-    store = Some(Arc::new(idem::MemoryStore::new()) as Shared);
+    store = Some(Arc::new(idem::store::MemoryStore::new()) as Shared);
 }
 
 suite! {
     mod redis;
-    store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-ns")))) as Shared);
+    store = common::redis().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-ns")))) as Shared);
 }
 
 /// Redis only: a key of another type where a script expects its own
@@ -159,7 +159,7 @@ suite! {
 #[tokio::test]
 async fn a_fencing_counter_of_another_type_fails_the_acquire_before_anything_is_written() {
     let Some(conn) = common::redis().await else { return };
-    let store = idem::RedisStore::new(conn.clone(), format!("{}:", unique("idem-ns")));
+    let store = idem::store::RedisStore::new(conn.clone(), format!("{}:", unique("idem-ns")));
     let mut c = conn.clone();
     let (scope, key) = ("tests.ns.poisoned", unique("k"));
     let lock = store.key(RecordKind::Lock, scope, &key);
@@ -188,7 +188,7 @@ async fn a_fencing_counter_of_another_type_fails_the_acquire_before_anything_is_
 #[tokio::test]
 async fn a_token_key_of_another_type_is_an_error_and_stays() {
     let Some(conn) = common::redis().await else { return };
-    let store = idem::RedisStore::new(conn.clone(), format!("{}:", unique("idem-ns")));
+    let store = idem::store::RedisStore::new(conn.clone(), format!("{}:", unique("idem-ns")));
     let mut c = conn.clone();
     let token = "0123456789abcdef0123456789abcdef";
     let key = store.key(RecordKind::Token, "tests.ns.form", token);
@@ -208,7 +208,7 @@ async fn a_token_key_of_another_type_is_an_error_and_stays() {
 async fn records_of_the_earlier_layout_are_never_read() {
     let Some(conn) = common::redis().await else { return };
     let prefix = format!("{}:", unique("idem-ns"));
-    let store = idem::RedisStore::new(conn.clone(), prefix.clone());
+    let store = idem::store::RedisStore::new(conn.clone(), prefix.clone());
     let mut c = conn.clone();
     let (scope, key) = ("tests.ns.old", unique("k"));
     let dots = ".".repeat(64);

@@ -20,7 +20,7 @@ use sqlx::{Database, Transaction};
     store = "marks",
     fingerprint = "amount"
 )]
-async fn apply<DB: Database + idem::SqlBackend>(
+async fn apply<DB: Database + idem::sql::SqlBackend>(
     tx: &mut Transaction<'_, DB>,
     marks: &dyn PrecheckStore,
     id: &str,
@@ -40,7 +40,7 @@ async fn transfer(leases: &dyn idem::lease::LeaseStore, id: &str, runs: &AtomicU
     Ok(())
 }
 
-async fn call<DB: Database + idem::SqlBackend>(
+async fn call<DB: Database + idem::sql::SqlBackend>(
     pool: &sqlx::Pool<DB>,
     marks: &dyn PrecheckStore,
     id: &str,
@@ -64,7 +64,7 @@ where
 /// guards whose `store` names their lease or token store (their markers go
 /// to the installed precheck store). Installed once; later calls find it.
 fn install_markers() {
-    match idem::Stores::builder().precheck(idem::MemoryStore::new()).install() {
+    match idem::Stores::builder().precheck(idem::store::MemoryStore::new()).install() {
         Ok(_) | Err(idem::Error::StoresAlreadyInstalled) => {}
         Err(e) => panic!("{e}"),
     }
@@ -78,17 +78,17 @@ enum Conn {
 }
 
 /// Markers in Redis under a prefix of their own, so a test can flush them.
-async fn redis_marks() -> Option<(idem::RedisStore, Conn, String)> {
+async fn redis_marks() -> Option<(idem::store::RedisStore, Conn, String)> {
     let conn = common::redis().await?;
     let prefix = format!("{}:", unique("idem-precheck"));
-    Some((idem::RedisStore::new(conn.clone(), prefix.clone()), Conn::Single(conn), prefix))
+    Some((idem::store::RedisStore::new(conn.clone(), prefix.clone()), Conn::Single(conn), prefix))
 }
 
 /// The same on the Redis Cluster: each marker on the master of its key's slot.
-async fn cluster_marks() -> Option<(idem::RedisStore<redis::cluster_async::ClusterConnection>, Conn, String)> {
+async fn cluster_marks() -> Option<(idem::store::RedisStore<redis::cluster_async::ClusterConnection>, Conn, String)> {
     let conn = common::redis_cluster().await?;
     let prefix = format!("{}:", unique("idem-precheck"));
-    Some((idem::RedisStore::new(conn.clone(), prefix.clone()), Conn::Cluster(conn), prefix))
+    Some((idem::store::RedisStore::new(conn.clone(), prefix.clone()), Conn::Cluster(conn), prefix))
 }
 
 /// Delete every marker under `prefix`: with `SCAN` on the shared
@@ -182,7 +182,7 @@ macro_rules! dedup_suite {
             #[tokio::test]
             async fn memory_markers_work_the_same() {
                 let Some(pool) = $pool else { return };
-                let marks = idem::MemoryStore::new();
+                let marks = idem::store::MemoryStore::new();
                 let (id, runs) = (unique("msg"), AtomicUsize::new(0));
                 assert!(matches!(call(&pool, &marks, &id, 5, &runs, true).await, (Ok(5), Some(Outcome::Executed))));
                 assert!(matches!(call(&pool, &marks, &id, 5, &runs, true).await, (Ok(5), Some(Outcome::Replayed))));
@@ -218,7 +218,7 @@ dedup_suite! {
 async fn a_seen_lease_record_replays_from_a_plain_read() {
     install_markers();
     let Some(pool) = common::postgres().await else { return };
-    let leases = idem::lease::SqlStore::new(pool);
+    let leases = idem::store::SqlStore::new(pool);
     let (id, runs) = (unique("lease"), AtomicUsize::new(0));
     assert!(matches!(idem::observe(transfer(&leases, &id, &runs)).await, (Ok(()), Some(Outcome::Executed))));
     let before = idem::precheck::counters();
@@ -272,7 +272,7 @@ mod record_of_other_strategies {
     )]
     async fn submit(
         tx: &mut Transaction<'_, Sqlite>,
-        tokens: &idem::MemoryStore,
+        tokens: &idem::store::MemoryStore,
         request_id: &str,
         #[idem(token)] token: &str,
         runs: &AtomicUsize,
@@ -321,7 +321,7 @@ mod record_of_other_strategies {
         // precheck store (a memory store here).
         install_markers();
         let Some(pool) = common::sqlite().await else { return };
-        let tokens = idem::MemoryStore::new();
+        let tokens = idem::store::MemoryStore::new();
         let (request, runs) = (unique("req"), AtomicUsize::new(0));
         let token =
             idem::token::issue(&tokens, "tests.precheck.submit", std::time::Duration::from_secs(60)).await.unwrap();

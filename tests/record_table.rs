@@ -1,4 +1,4 @@
-//! Records in a table the application names (`idem::set_record_table`):
+//! Records in a table the application names (`idem::sql::set_record_table`):
 //! guards, lease records, migrations, `migrator()` and purging all use it,
 //! and `idem_records` is never touched. The table is fixed per process, so
 //! this binary runs with `idem_custom_records` only.
@@ -15,11 +15,11 @@ use sqlx::Transaction;
 const TABLE: &str = "idem_custom_records";
 
 fn named() {
-    idem::set_record_table(TABLE).expect("the same name, however often");
+    idem::sql::set_record_table(TABLE).expect("the same name, however often");
 }
 
 #[idempotent(key = "id", scope = "tests.table.dedup")]
-async fn grant<DB: idem::SqlBackend>(
+async fn grant<DB: idem::sql::SqlBackend>(
     tx: &mut Transaction<'_, DB>,
     id: &str,
     runs: &AtomicUsize,
@@ -53,10 +53,10 @@ macro_rules! backend {
             {
                 assert_eq!(in_default, 0);
             }
-            let found = idem::find_record(&pool, "tests.table.dedup", &Key::new(&id).unwrap()).await.unwrap();
+            let found = idem::sql::find_record(&pool, "tests.table.dedup", &Key::new(&id).unwrap()).await.unwrap();
             assert!(found.is_some());
             // Lease records go to the same table.
-            let store = idem::lease::SqlStore::new(pool.clone());
+            let store = idem::store::SqlStore::new(pool.clone());
             let key = unique("lease");
             for _ in 0..2 {
                 match idem::Guard::new("tests.table.lease").key(&key).lease::<u8>(&store, Duration::from_secs(5)).await
@@ -72,8 +72,8 @@ macro_rules! backend {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(scoped(TABLE))).bind(&key).fetch_one(&pool).await.unwrap();
             assert_eq!(leases, 1);
             // A purge of this scope runs on the table (nothing expired yet).
-            let options = idem::PurgeOptions { scope: Some("tests.table.dedup".into()), ..Default::default() };
-            assert_eq!(idem::purge_expired(&pool, options).await.unwrap().deleted, 0);
+            let options = idem::sql::PurgeOptions { scope: Some("tests.table.dedup".into()), ..Default::default() };
+            assert_eq!(idem::sql::purge_expired(&pool, options).await.unwrap().deleted, 0);
         }
     };
 }
@@ -85,9 +85,9 @@ backend!(mysql, common::mysql().await, "?");
 #[test]
 fn another_name_is_refused_once_one_is_in_use() {
     named();
-    let e = idem::set_record_table("other_records").unwrap_err();
+    let e = idem::sql::set_record_table("other_records").unwrap_err();
     assert!(e.to_string().contains("already `idem_custom_records`"), "{e}");
-    let e = idem::set_record_table("records; DROP TABLE x").unwrap_err();
+    let e = idem::sql::set_record_table("records; DROP TABLE x").unwrap_err();
     assert!(e.to_string().contains("ASCII letters"), "{e}");
 }
 
@@ -97,7 +97,7 @@ async fn migrator_creates_the_named_table_and_keeps_its_own_history() {
     let path = std::env::temp_dir().join(format!("{}.db", unique("migrator")));
     let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true);
     let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
-    let migrator = idem::migrator::<sqlx::Sqlite>();
+    let migrator = idem::sql::migrator::<sqlx::Sqlite>();
     migrator.run(&pool).await.unwrap();
     migrator.run(&pool).await.unwrap(); // applied: nothing to do
     let tables: Vec<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
@@ -169,13 +169,13 @@ async fn dedup_and_state_on_postgres() {
         .unwrap();
     assert_eq!(in_custom, 1);
     // Counted on the named table: this scope's records are there only.
-    let options = idem::PurgeOptions {
+    let options = idem::sql::PurgeOptions {
         scope: Some("tests.table.state".into()),
         older_than: Some(Duration::from_millis(1)),
         ..Default::default()
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(idem::admin::purge_preview(&pool, &options).await.unwrap().deleted >= 1);
+    assert!(idem::sql::admin::purge_preview(&pool, &options).await.unwrap().deleted >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

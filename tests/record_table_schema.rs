@@ -14,7 +14,7 @@ use sqlx::Transaction;
 const TABLE: &str = "test.idem_schema_records";
 
 #[idempotent(key = "id", scope = "tests.table.schema")]
-async fn grant<DB: idem::SqlBackend>(
+async fn grant<DB: idem::sql::SqlBackend>(
     tx: &mut Transaction<'_, DB>,
     id: &str,
     runs: &AtomicUsize,
@@ -41,7 +41,7 @@ macro_rules! runs_once {
 
 #[tokio::test]
 async fn postgres() {
-    idem::set_record_table(TABLE).unwrap();
+    idem::sql::set_record_table(TABLE).unwrap();
     let url = std::env::var("IDEM_PG_URL").unwrap_or_else(|_| common::DEFAULT_PG_URL.to_owned());
     if let Ok(pool) = sqlx::PgPool::connect(&url).await {
         // The schema must exist before idem's migration (it creates tables, not schemas).
@@ -53,14 +53,14 @@ async fn postgres() {
 
 #[tokio::test]
 async fn mysql() {
-    idem::set_record_table(TABLE).unwrap();
+    idem::sql::set_record_table(TABLE).unwrap();
     let Some(pool) = common::mysql().await else { return };
     runs_once!(pool, "?");
 }
 
 #[tokio::test]
 async fn sqlite_refuses_a_schema_and_says_so() {
-    idem::set_record_table(TABLE).unwrap();
+    idem::sql::set_record_table(TABLE).unwrap();
     let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
     let e = idem::migrate(&pool).await.unwrap_err();
     assert!(e.to_string().contains("on SQLite name the table alone"), "{e}");

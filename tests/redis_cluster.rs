@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::{AppError, unique};
+use idem::idempotent;
 use idem::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use idem::lock::{LockAttempt, LockStore};
 use idem::precheck::PrecheckStore;
 use idem::store::RecordKind;
+use idem::store::RedisStore;
 use idem::token::TokenStore;
-use idem::{RedisStore, idempotent};
 use redis::cluster_async::ClusterConnection;
 
 type ClusterStore = RedisStore<ClusterConnection>;

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use common::{AppError, unique};
 use idem::lease::LeaseStore;
 use idem::store::RecordKind;
-use idem::{Error, Outcome, RedisStore, idempotent};
+use idem::store::RedisStore;
+use idem::{Error, Outcome, idempotent};
 use redis_server::{RedisCluster, nodes};
 
 const SCOPE: &str = "tests.cluster.failover";

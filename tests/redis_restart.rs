@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::{AppError, unique};
-use idem::RedisStore;
 use idem::lease::LeaseStore;
+use idem::store::RedisStore;
 use idem::{Error, idempotent};
 use redis_server::RedisServer;
 

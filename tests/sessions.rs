@@ -9,8 +9,8 @@ use idem_test_support as common;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use common::{AppError, unique};
-use idem::admin::{RecordId, StuckQuery};
 use idem::lease::LeaseStore;
+use idem::sql::admin::{RecordId, StuckQuery};
 use idem::{Claim, Guard, Key, idempotent};
 
 /// Answers (and keys, and scopes) latin1 cannot hold, or holds differently
@@ -19,7 +19,7 @@ const UNICODE: &[&str] =
     &["😀 emoji", "你好，世界", "שלום עולם", "café é ß", "🇫🇷 Ω ≠ ñ \u{200f}end", "it's \"quoted\" ¿\\?"];
 
 /// One guarded call through the Guard API on any transaction: (ran, answer).
-async fn call<C: idem::TxContext + ?Sized>(
+async fn call<C: idem::sql::TxContext + ?Sized>(
     tx: &mut C,
     scope: &str,
     key: &str,
@@ -29,7 +29,7 @@ async fn call<C: idem::TxContext + ?Sized>(
 }
 
 /// [`call`] with a guard set up by the caller (`claim_after`).
-async fn call_with<C: idem::TxContext + ?Sized>(
+async fn call_with<C: idem::sql::TxContext + ?Sized>(
     guard: Guard<'_>,
     tx: &mut C,
     key: &str,
@@ -59,8 +59,8 @@ mod mysql {
     /// What a record holds, read through `pool`: (scope, key, response),
     /// the key as the guard stores it (`Key::as_str`).
     async fn stored(pool: &MySqlPool, scope: &str, key: &str) -> (String, String, Option<String>) {
-        let record = idem::find_record(pool, scope, &Key::new(key).unwrap()).await.unwrap().expect("a record");
-        let inspected = idem::admin::inspect(pool, &RecordId::new(scope, &Key::new(key).unwrap()))
+        let record = idem::sql::find_record(pool, scope, &Key::new(key).unwrap()).await.unwrap().expect("a record");
+        let inspected = idem::sql::admin::inspect(pool, &RecordId::new(scope, &Key::new(key).unwrap()))
             .await
             .unwrap()
             .expect("a record");
@@ -83,7 +83,7 @@ mod mysql {
     async fn unicode_round_trips<F, T>(scope: &str, tx: F)
     where
         F: AsyncFn(&MySqlPool) -> T,
-        T: idem::TxContext<Db = sqlx::MySql> + Committable,
+        T: idem::sql::TxContext<Db = sqlx::MySql> + Committable,
     {
         let Some((utf8, latin1)) = pools().await else { return };
         for (writer, reader) in [(&latin1, &utf8), (&utf8, &latin1), (&latin1, &latin1)] {
@@ -170,8 +170,8 @@ mod mysql {
     #[tokio::test]
     async fn a_lease_store_on_a_latin1_pool_replays_any_unicode_answer_exactly() {
         let Some((utf8, latin1)) = pools().await else { return };
-        let on_latin1 = idem::lease::SqlStore::new(latin1.clone());
-        let on_utf8 = idem::lease::SqlStore::new(utf8.clone());
+        let on_latin1 = idem::store::SqlStore::new(latin1.clone());
+        let on_utf8 = idem::store::SqlStore::new(utf8.clone());
         for (writer, reader) in [(&on_latin1, &on_utf8), (&on_utf8, &on_latin1)] {
             for answer in UNICODE {
                 let (id, runs) = (format!("{answer} {}", unique("lease")), AtomicUsize::new(0));
@@ -202,13 +202,13 @@ mod mysql {
         drop(ticket);
         tx.commit().await.unwrap();
         let query = StuckQuery { scope: Some(scope.clone()), ..StuckQuery::default() };
-        let stuck = idem::admin::stuck(&latin1, &query).await.unwrap();
+        let stuck = idem::sql::admin::stuck(&latin1, &query).await.unwrap();
         assert_eq!(stuck.len(), 1, "{stuck:?}");
         assert_eq!((stuck[0].scope.as_str(), stuck[0].key.as_str()), (scope.as_str(), key));
         let id = RecordId::new(&scope, &Key::new(key).unwrap());
-        let released = idem::admin::release(&latin1, &id, stuck[0].fence).await.unwrap();
-        assert!(matches!(released, idem::admin::Release::Released(_)), "{released:?}");
-        assert!(idem::admin::inspect(&latin1, &id).await.unwrap().is_none());
+        let released = idem::sql::admin::release(&latin1, &id, stuck[0].fence).await.unwrap();
+        assert!(matches!(released, idem::sql::admin::Release::Released(_)), "{released:?}");
+        assert!(idem::sql::admin::inspect(&latin1, &id).await.unwrap().is_none());
     }
 
     /// A user variable of the application's session, `@idem_completed`
@@ -343,7 +343,7 @@ mod postgres {
         let key = unique("isolation");
         for (ran, answer) in [(true, "first"), (false, "first")] {
             on(&mut pool.acquire().await.unwrap(), "DEALLOCATE ALL").await;
-            let mut tx = idem::begin_with(&pool, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+            let mut tx = idem::sql::begin_with(&pool, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
             let got = call(&mut tx, "tests.sessions.isolation", &key, if ran { answer } else { "not this" }).await;
             assert_eq!(got.unwrap(), (ran, answer.to_owned()));
             tx.commit().await.unwrap();

@@ -1,7 +1,7 @@
 //! Key-routed SQL shards: two PostgreSQL databases hold an orders table
 //! split by order id. A dedup record is written in the transaction of its
 //! order's shard, so it lives there and nowhere else; lease records go
-//! through `idem::lease::Routed` with the same route.
+//! through `idem::store::Routed` with the same route.
 //!
 //! The shards are the databases `idem_shard_0` and `idem_shard_1` on the
 //! server of `IDEM_PG_URL` (default: the local one), created from here if
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{AppError, unique};
-use idem::lease::{Routed, SqlStore};
+use idem::store::{Routed, SqlStore};
 use idem::{Error, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 use shards::{SHARDS, ensure_database, shard_of};

@@ -448,7 +448,7 @@ macro_rules! state_suite {
                 let result = close_ticket(&mut tx, id).await;
                 tx.commit().await.unwrap();
                 let state: String = sqlx::query_scalar($get_ticket).bind(id).fetch_one(&pool).await.unwrap();
-                if <Db as idem::SqlBackend>::TEXT_IGNORES_CASE {
+                if <Db as idem::sql::SqlBackend>::TEXT_IGNORES_CASE {
                     result.unwrap();
                     assert_eq!(state, "CLOSED");
                 } else {

@@ -74,14 +74,14 @@ async fn a_guard_without_a_store_fails_until_one_is_installed_and_installing_twi
 
     // A configuration as a value works without installing anything, and
     // a role it lacks is the same clear error.
-    let value = Stores::builder().lease(idem::MemoryStore::new()).build();
+    let value = Stores::builder().lease(idem::store::MemoryStore::new()).build();
     let id = unique("v");
     assert_eq!(with_stores(&value, &id, &runs).await.unwrap(), 1);
     assert_eq!(with_stores(&value, &id, &runs).await.unwrap(), 1, "replayed from the value's lease store");
     assert!(matches!(value.lock(), Err(Error::NoStore { role: "lock" })));
 
     // Installed: leases and tokens in memory, no lock store.
-    let memory = std::sync::Arc::new(idem::MemoryStore::new());
+    let memory = std::sync::Arc::new(idem::store::MemoryStore::new());
     let installed = Stores::builder().lease(memory.clone()).token(memory.clone()).install().unwrap();
     let id = unique("t");
     assert_eq!(transfer(&id, &runs).await.unwrap(), 2);
@@ -93,7 +93,7 @@ async fn a_guard_without_a_store_fails_until_one_is_installed_and_installing_twi
     no_store(restock("sku-1", &runs).await, "lock");
 
     // A second configuration is refused; the first stays in force.
-    let again = Stores::builder().all(idem::MemoryStore::new()).install();
+    let again = Stores::builder().all(idem::store::MemoryStore::new()).install();
     assert!(matches!(again, Err(Error::StoresAlreadyInstalled)), "{again:?}");
     no_store(restock("sku-1", &runs).await, "lock");
     assert_eq!(transfer(&id, &runs).await.unwrap(), 2, "still the first lease store");

@@ -293,13 +293,13 @@ macro_rules! suite {
                 let r = submit(&mut tx, &*store, &other, &token, false).await;
                 assert!(matches!(r, Err(AppError::Idem(Error::TokenRejected))), "{r:?}");
                 tx.commit().await.unwrap();
-                assert!(idem::find_record(&pool, scope, &idem::Key::new(&other).unwrap()).await.unwrap().is_none(), "no record for a rejected call");
+                assert!(idem::sql::find_record(&pool, scope, &idem::Key::new(&other).unwrap()).await.unwrap().is_none(), "no record for a rejected call");
                 // A failed body leaves no record, and its token is spent.
                 let (failing, token) = (unique("req"), idem::token::issue(&*store, scope, Duration::from_secs(60)).await.unwrap());
                 let mut tx = pool.begin().await.unwrap();
                 assert!(matches!(submit(&mut tx, &*store, &failing, &token, true).await, Err(AppError::Rule(_))));
                 tx.commit().await.unwrap();
-                assert!(idem::find_record(&pool, scope, &idem::Key::new(&failing).unwrap()).await.unwrap().is_none());
+                assert!(idem::sql::find_record(&pool, scope, &idem::Key::new(&failing).unwrap()).await.unwrap().is_none());
                 let mut tx = pool.begin().await.unwrap();
                 let r = submit(&mut tx, &*store, &failing, &token, false).await;
                 assert!(matches!(r, Err(AppError::Idem(Error::TokenRejected))), "{r:?}");
@@ -438,17 +438,17 @@ macro_rules! suite {
 
 suite! {
     mod memory;
-    store = Some(Arc::new(idem::MemoryStore::new()) as Shared);
+    store = Some(Arc::new(idem::store::MemoryStore::new()) as Shared);
 }
 
 suite! {
     mod redis;
-    store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Shared);
+    store = common::redis().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Shared);
 }
 
 suite! {
     mod redis_cluster;
-    store = common::redis_cluster().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Shared);
+    store = common::redis_cluster().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-test")))) as Shared);
 }
 
 /// Redis only: the lock's key is visible, so the test can take it from
@@ -457,7 +457,7 @@ suite! {
 async fn a_lost_lock_fails_the_completion_and_nothing_commits() {
     let Some(conn) = common::redis().await else { return };
     let Some(pool) = common::sqlite().await else { return };
-    let store = idem::RedisStore::new(conn.clone(), format!("{}:", unique("idem-test")));
+    let store = idem::store::RedisStore::new(conn.clone(), format!("{}:", unique("idem-test")));
     let order = unique("lost");
     let body = {
         let (store, pool, order) = (store.clone(), pool.clone(), order.clone());
@@ -478,7 +478,9 @@ async fn a_lost_lock_fails_the_completion_and_nothing_commits() {
     let result = body.await.unwrap();
     assert!(matches!(result, Err(AppError::Idem(Error::LockLost { .. }))), "{result:?}");
     assert_eq!(count(&pool, &order).await, 0, "the lost holder's work must not commit");
-    assert!(idem::find_record(&pool, "tests.lock.slow", &idem::Key::new(&order).unwrap()).await.unwrap().is_none());
+    assert!(
+        idem::sql::find_record(&pool, "tests.lock.slow", &idem::Key::new(&order).unwrap()).await.unwrap().is_none()
+    );
     // The intruder still holds its lock: nothing of the lost holder deleted it.
     let held: Option<String> = ::redis::cmd("GET").arg(&key).query_async(&mut c).await.unwrap();
     assert_eq!(held.as_deref(), Some("intruder"));
@@ -490,7 +492,7 @@ async fn a_lost_lock_fails_the_completion_and_nothing_commits() {
 async fn fencing_tokens_keep_increasing_after_the_counter_is_lost() {
     let Some(conn) = common::redis().await else { return };
     let prefix = format!("{}:", unique("idem-test"));
-    let store = idem::RedisStore::new(conn.clone(), prefix.clone());
+    let store = idem::store::RedisStore::new(conn.clone(), prefix.clone());
     let name = unique("fence");
     let before = idem::lock::acquire(&store, LOCKS, &name, Duration::from_secs(5), Duration::ZERO).await.unwrap();
     let old = before.fence();
@@ -534,7 +536,7 @@ async fn cut_off(store: &dyn LockStore, name: &str, runs: &AtomicUsize) -> Resul
 
 /// A TCP relay in front of Redis that can be cut: then every connection
 /// through it closes and new ones are refused, as when Redis goes down.
-async fn cuttable_redis() -> Option<(idem::RedisStore, tokio::sync::watch::Sender<bool>)> {
+async fn cuttable_redis() -> Option<(idem::store::RedisStore, tokio::sync::watch::Sender<bool>)> {
     use tokio::io::{AsyncRead, AsyncWrite};
 
     async fn relay(
@@ -572,7 +574,7 @@ async fn cuttable_redis() -> Option<(idem::RedisStore, tokio::sync::watch::Sende
     // The client's defaults: it would retry for far longer than the lock lives.
     let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
     let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
-    Some((idem::RedisStore::new(conn, format!("{}:", unique("idem-cut"))), cut))
+    Some((idem::store::RedisStore::new(conn, format!("{}:", unique("idem-cut"))), cut))
 }
 
 /// Redis only: the lock is lost while Redis is down (renewals fail); the

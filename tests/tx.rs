@@ -258,7 +258,7 @@ macro_rules! tx_suite {
                     let mut tx = idem::begin(&pool).await.unwrap();
                     assert_eq!(call(&mut tx, &scope, &key, &answer).await.unwrap(), (true, answer.clone()), "{s:?}");
                     tx.commit().await.unwrap();
-                    let record = idem::find_record(&pool, &scope, &Key::new(&key).unwrap()).await.unwrap();
+                    let record = idem::sql::find_record(&pool, &scope, &Key::new(&key).unwrap()).await.unwrap();
                     let record = record.unwrap_or_else(|| panic!("no record for {s:?}"));
                     assert_eq!(record.response.as_deref(), Some(serde_json::to_string(&answer).unwrap().as_str()));
                     let mut tx = idem::begin(&pool).await.unwrap();
@@ -267,7 +267,7 @@ macro_rules! tx_suite {
                 }
                 // Every table is still there.
                 assert_eq!(coupons(&pool, "none").await, 0);
-                idem::find_record(&pool, "x", &Key::new("y").unwrap()).await.unwrap();
+                idem::sql::find_record(&pool, "x", &Key::new("y").unwrap()).await.unwrap();
             }
 
             #[tokio::test]
@@ -326,7 +326,7 @@ macro_rules! tx_suite {
                 assert!(matches!(fails(&mut tx, &key).await, Err(AppError::Rule(_))));
                 tx.commit().await.unwrap();
                 assert_eq!(coupons(&pool, &key).await, 1, "the caller committed the body's write");
-                let found = idem::find_record(&pool, "tests.tx.fails", &Key::new(&key).unwrap()).await.unwrap();
+                let found = idem::sql::find_record(&pool, "tests.tx.fails", &Key::new(&key).unwrap()).await.unwrap();
                 assert!(found.is_none(), "but no record: a retry runs again");
             }
 
@@ -374,7 +374,7 @@ macro_rules! tx_suite {
                 t.complete(&mut tx, Ok::<_, idem::Error>(2)).await.unwrap().unwrap();
                 tx.commit().await.unwrap();
                 let record =
-                    idem::find_record(&pool, "tests.tx.expired", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+                    idem::sql::find_record(&pool, "tests.tx.expired", &Key::new(&key).unwrap()).await.unwrap().unwrap();
                 assert_eq!(record.response.as_deref(), Some("2"));
             }
 
@@ -447,10 +447,10 @@ macro_rules! tx_suite {
                 for bad in
                     ["SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "BEGIN -- why", "BEGIN; DELETE FROM x", "COMMIT"]
                 {
-                    let refused = idem::begin_with(&pool, sqlx::AssertSqlSafe(bad)).await;
+                    let refused = idem::sql::begin_with(&pool, sqlx::AssertSqlSafe(bad)).await;
                     assert!(matches!(refused, Err(idem::Error::InvalidBegin { .. })), "{bad}: {refused:?}");
                 }
-                let mut tx = idem::begin_with(&pool, "start transaction read write;").await.unwrap();
+                let mut tx = idem::sql::begin_with(&pool, "start transaction read write;").await.unwrap();
                 let (ran, _) = call(&mut tx, "tests.tx.begin_with", &unique("bw"), "x").await.unwrap();
                 assert!(ran);
                 tx.commit().await.unwrap();
@@ -570,7 +570,7 @@ mod postgres_only {
         t.complete(&mut tx, Ok::<_, idem::Error>(1)).await.unwrap().unwrap();
         let err = tx.commit().await.unwrap_err();
         assert!(err.to_string().contains("idem_test_deferred_v"), "{err}");
-        let found = idem::find_record(&pool, "tests.tx.deferred", &Key::new(&key).unwrap()).await.unwrap();
+        let found = idem::sql::find_record(&pool, "tests.tx.deferred", &Key::new(&key).unwrap()).await.unwrap();
         assert!(found.is_none(), "the failed COMMIT committed no record");
     }
 
@@ -581,13 +581,13 @@ mod postgres_only {
     async fn a_repeat_under_repeatable_read_replays() {
         let Some(pool) = common::postgres().await else { return };
         let key = unique("rr");
-        let mut a = idem::begin_with(&pool, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+        let mut a = idem::sql::begin_with(&pool, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
         let Claim::Run(ticket) = Guard::new("tests.tx.rr").key(&key).dedup::<u32, _>(&mut a).await.unwrap() else {
             panic!("claims")
         };
         let (pool2, key2) = (pool.clone(), key.clone());
         let repeat = tokio::spawn(async move {
-            let mut b = idem::begin_with(&pool2, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+            let mut b = idem::sql::begin_with(&pool2, "BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
             let out = Guard::new("tests.tx.rr").key(&key2).dedup::<u32, _>(&mut b).await;
             b.commit().await.unwrap();
             out.map(|c| matches!(c, Claim::Replay(9)))
@@ -695,8 +695,8 @@ mod mysql_only {
         let returned = t.complete(&mut tx, Ok::<_, idem::Error>(answer)).await.unwrap().unwrap();
         assert_eq!(returned.len(), 40 << 20, "the first call gets its answer");
         tx.commit().await.unwrap();
-        let found = idem::find_record(&pool, "tests.tx.40mib", &Key::new(&key).unwrap()).await.unwrap().unwrap();
-        assert_eq!((found.status, found.response), (idem::RecordStatus::Done, None));
+        let found = idem::sql::find_record(&pool, "tests.tx.40mib", &Key::new(&key).unwrap()).await.unwrap().unwrap();
+        assert_eq!((found.status, found.response), (idem::sql::RecordStatus::Done, None));
         let mut tx = idem::begin(&pool).await.unwrap();
         let err = Guard::new("tests.tx.40mib").key(&key).dedup::<String, _>(&mut tx).await.map(|_| ()).unwrap_err();
         assert!(matches!(err, idem::Error::AnswerNotKept { .. }), "{err}");

@@ -11,7 +11,7 @@ struct UnitOfWork<'c> {
     tx: Transaction<'c, Sqlite>,
 }
 
-impl idem::TxContext for UnitOfWork<'_> {
+impl idem::sql::TxContext for UnitOfWork<'_> {
     type Db = Sqlite;
     fn connection(&mut self) -> &mut SqliteConnection {
         &mut self.tx
@@ -21,7 +21,7 @@ impl idem::TxContext for UnitOfWork<'_> {
 /// A broken implementation that hands out a connection outside any transaction.
 struct NotATransaction(sqlx::pool::PoolConnection<Sqlite>);
 
-impl idem::TxContext for NotATransaction {
+impl idem::sql::TxContext for NotATransaction {
     type Db = Sqlite;
     fn connection(&mut self) -> &mut SqliteConnection {
         &mut self.0
@@ -29,7 +29,10 @@ impl idem::TxContext for NotATransaction {
 }
 
 #[idempotent(key = "order_id", scope = "tests.uow")]
-async fn ship<W: idem::TxContext<Db = Sqlite>>(#[idem(tx)] work: &mut W, order_id: &str) -> Result<String, AppError> {
+async fn ship<W: idem::sql::TxContext<Db = Sqlite>>(
+    #[idem(tx)] work: &mut W,
+    order_id: &str,
+) -> Result<String, AppError> {
     let _ = work;
     Ok(format!("shipped {order_id}"))
 }
@@ -45,7 +48,7 @@ async fn a_unit_of_work_carries_the_record() {
         assert_eq!(result.unwrap(), format!("shipped {order}"));
         assert!(outcome.is_some());
     }
-    let record = idem::find_record(&pool, "tests.uow", &idem::Key::new(&order).unwrap()).await.unwrap();
+    let record = idem::sql::find_record(&pool, "tests.uow", &idem::Key::new(&order).unwrap()).await.unwrap();
     assert!(record.is_some());
 }
 
@@ -56,7 +59,7 @@ async fn a_connection_outside_a_transaction_is_refused() {
     let mut work = NotATransaction(pool.acquire().await.unwrap());
     let err = ship(&mut work, &order).await.unwrap_err();
     assert!(matches!(err, AppError::Idem(idem::Error::NoTransaction { .. })), "{err:?}");
-    let record = idem::find_record(&pool, "tests.uow", &idem::Key::new(&order).unwrap()).await.unwrap();
+    let record = idem::sql::find_record(&pool, "tests.uow", &idem::Key::new(&order).unwrap()).await.unwrap();
     assert_eq!(record, None, "nothing may be written outside a transaction");
 }
 
@@ -79,7 +82,7 @@ async fn a_long_scope_is_stored_hashed_and_still_found() {
     let mut tx = pool.begin().await.unwrap();
     long_scoped(&mut tx, &order).await.unwrap();
     tx.commit().await.unwrap();
-    let record = idem::find_record(&pool, LONG_SCOPE, &idem::Key::new(&order).unwrap()).await.unwrap();
+    let record = idem::sql::find_record(&pool, LONG_SCOPE, &idem::Key::new(&order).unwrap()).await.unwrap();
     let record = record.expect("find_record takes the scope as written in the attribute");
     assert!(record.scope.starts_with("\\sha256:"), "{}", record.scope);
 }

@@ -43,9 +43,9 @@ pub async fn run(
     let run = crate::common::run_id();
     let single = redis::Client::open(redis_url)?.get_multiplexed_async_connection().await?;
     let stores: Vec<(&str, Arc<dyn LeaseStore>)> = vec![
-        ("single", Arc::new(idem::RedisStore::new(single.clone(), "idem-bench:"))),
-        ("single_unbatched", Arc::new(idem::RedisStore::new(single, "idem-bench:").batching(false))),
-        ("cluster", Arc::new(idem::RedisStore::new(cluster_conn(cluster_urls).await?, "idem-bench:"))),
+        ("single", Arc::new(idem::store::RedisStore::new(single.clone(), "idem-bench:"))),
+        ("single_unbatched", Arc::new(idem::store::RedisStore::new(single, "idem-bench:").batching(false))),
+        ("cluster", Arc::new(idem::store::RedisStore::new(cluster_conn(cluster_urls).await?, "idem-bench:"))),
     ];
     let rounds = rounds.max(1);
     let per_slice = crate::slice_length(seconds, rounds, 2.0 * 2.0 * stores.len() as f64, 0.5);
@@ -116,7 +116,7 @@ pub async fn failover(cluster_urls: &[String], clients: usize, rounds: u32) -> R
     for round in 0..rounds.max(1) {
         let mut conn = cluster_conn(cluster_urls).await?;
         let store =
-            Arc::new(idem::RedisStore::new(conn.clone(), format!("idem-bench-fo:{}:", crate::common::run_id())));
+            Arc::new(idem::store::RedisStore::new(conn.clone(), format!("idem-bench-fo:{}:", crate::common::run_id())));
         let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn).await?;
         let nodes = parse_nodes(&nodes);
         // Keys of the slots of the master that serves the first one.

@@ -157,7 +157,7 @@ fn redis_store<C>(conn: C) -> Under
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let store = idem::RedisStore::new(conn, "idem-bench:");
+    let store = idem::store::RedisStore::new(conn, "idem-bench:");
     let handle = store.clone();
     Under { name: "redis", store: Arc::new(store), sql: None, redis_stats: Some(Box::new(move || handle.stats())) }
 }
@@ -172,21 +172,26 @@ async fn open(database_url: Option<&str>, redis_url: Option<&str>, clients: usiz
         });
     }
     let Some(url) = database_url else {
-        return Ok(Under { name: "memory", store: Arc::new(idem::MemoryStore::new()), sql: None, redis_stats: None });
+        return Ok(Under {
+            name: "memory",
+            store: Arc::new(idem::store::MemoryStore::new()),
+            sql: None,
+            redis_stats: None,
+        });
     };
     let s = Store::connect(Some(url), clients as u32 + 2).await?;
     let store: Arc<dyn LeaseStore> = match &s {
         Store::Sqlite(pool, _) => {
             idem::migrate(pool).await?;
-            Arc::new(idem::lease::SqlStore::new(pool.clone()))
+            Arc::new(idem::store::SqlStore::new(pool.clone()))
         }
         Store::Postgres(pool) => {
             idem::migrate(pool).await?;
-            Arc::new(idem::lease::SqlStore::new(pool.clone()))
+            Arc::new(idem::store::SqlStore::new(pool.clone()))
         }
         Store::MySql(pool) => {
             idem::migrate(pool).await?;
-            Arc::new(idem::lease::SqlStore::new(pool.clone()))
+            Arc::new(idem::store::SqlStore::new(pool.clone()))
         }
     };
     Ok(Under { name: s.name(), store, sql: Some(s), redis_stats: None })
@@ -354,7 +359,7 @@ pub async fn run_instructions(redis_url: &str, out: &str, calls: u64, clients: u
     // idem: serially (each operation a script call of its own), then from
     // `clients` tasks, batching as they queue.
     for tasks in [1, clients.max(2) as u64] {
-        let redis = idem::RedisStore::new(client.get_multiplexed_async_connection().await?, "idem-bench:");
+        let redis = idem::store::RedisStore::new(client.get_multiplexed_async_connection().await?, "idem-bench:");
         let store: Arc<dyn LeaseStore> = Arc::new(redis.clone());
         let keys: Vec<String> = (0..calls).map(|i| format!("I{run}-{tasks}-{i}")).collect();
         let each = |keys: &[String]| {

@@ -324,9 +324,9 @@ where
         Some(url) => {
             let conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
             redis = Some(conn.clone());
-            ("redis", Arc::new(idem::RedisStore::new(conn, prefix.clone())))
+            ("redis", Arc::new(idem::store::RedisStore::new(conn, prefix.clone())))
         }
-        None => ("memory", Arc::new(idem::MemoryStore::new())),
+        None => ("memory", Arc::new(idem::store::MemoryStore::new())),
     };
     let ctx =
         Arc::new(Ctx { pool: pool.clone(), marks, run: run.clone(), plain: Feed::new('p'), precheck: Feed::new('c') });

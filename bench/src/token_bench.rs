@@ -298,7 +298,7 @@ struct Raw {
     /// For the `client` rung: a connection of the store's kind.
     client: AnyConn,
     /// The same store over a connection that counts round trips.
-    counted: idem::RedisStore<Counting<MultiplexedConnection>>,
+    counted: idem::store::RedisStore<Counting<MultiplexedConnection>>,
     sent: Arc<AtomicU64>,
     /// The lock release script's SHA, for the lock floor.
     sha: String,
@@ -327,22 +327,25 @@ impl Bench {
     async fn connect(redis_url: Option<&str>, connection: Connection, pool: usize) -> Result<Bench, BoxError> {
         let run = crate::common::run_id();
         let Some(url) = redis_url else {
-            let store = Arc::new(idem::MemoryStore::new());
+            let store = Arc::new(idem::store::MemoryStore::new());
             return Ok(Bench { name: "memory", tokens: store.clone(), locks: store, redis: None, run });
         };
         let client = redis::Client::open(url)?;
         let (tokens, locks, raw_client): (Arc<dyn TokenStore>, Arc<dyn LockStore>, AnyConn) = match connection {
             Connection::Multiplexed => {
-                let s = Arc::new(idem::RedisStore::new(client.get_multiplexed_async_connection().await?, PREFIX));
+                let s =
+                    Arc::new(idem::store::RedisStore::new(client.get_multiplexed_async_connection().await?, PREFIX));
                 (s.clone(), s, AnyConn::Multiplexed(client.get_multiplexed_async_connection().await?))
             }
             Connection::Manager => {
-                let s =
-                    Arc::new(idem::RedisStore::new(redis::aio::ConnectionManager::new(client.clone()).await?, PREFIX));
+                let s = Arc::new(idem::store::RedisStore::new(
+                    redis::aio::ConnectionManager::new(client.clone()).await?,
+                    PREFIX,
+                ));
                 (s.clone(), s, AnyConn::Manager(redis::aio::ConnectionManager::new(client.clone()).await?))
             }
             Connection::Pool => {
-                let s = Arc::new(idem::RedisStore::new(Pool::connect(&client, pool).await?, PREFIX));
+                let s = Arc::new(idem::store::RedisStore::new(Pool::connect(&client, pool).await?, PREFIX));
                 (s.clone(), s, AnyConn::Pool(Pool::connect(&client, pool).await?))
             }
         };
@@ -350,7 +353,7 @@ impl Bench {
         let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(RELEASE_SRC).query_async(&mut conn).await?;
         let sent = Arc::new(AtomicU64::new(0));
         let counting = Counting { inner: client.get_multiplexed_async_connection().await?, sent: sent.clone() };
-        let counted = idem::RedisStore::new(counting, PREFIX);
+        let counted = idem::store::RedisStore::new(counting, PREFIX);
         let redis = Some(Raw { url: url.to_owned(), conn, client: raw_client, counted, sent, sha });
         Ok(Bench { name: "redis", tokens, locks, redis, run })
     }

@@ -95,7 +95,7 @@ pub fn run_id() -> String {
 }
 
 /// SQL written with `?` placeholders, numbered `$1, $2, ...` for PostgreSQL
-/// (`backend`: [`Store::name`] or `idem::SqlBackend::BACKEND`).
+/// (`backend`: [`Store::name`] or `idem::sql::SqlBackend::BACKEND`).
 pub fn sql(backend: &str, text: &'static str) -> sqlx::AssertSqlSafe<String> {
     let mut parts = text.split('?').enumerate();
     let first = parts.next().map_or("", |(_, part)| part).to_owned();
@@ -152,7 +152,7 @@ impl OrderStatus {
 
 /// The demo shop's business statements, per database: orders with a status,
 /// a coupon table and 1,000 users with a coupon counter.
-pub trait Shop: idem::SqlBackend {
+pub trait Shop: idem::sql::SqlBackend {
     /// Create the tables if missing and make sure users 1..=1000 exist.
     fn setup(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Insert a coupon for the trade; returns its id.
@@ -347,7 +347,7 @@ impl Shop for MySql {
 /// holds one entry per business key, its unique index the last line of
 /// defence; `mq_applied` logs every committed run of the handler's body and
 /// has no unique index, so a duplicate effect would show there.
-pub trait Ledger: idem::SqlBackend {
+pub trait Ledger: idem::sql::SqlBackend {
     /// Create the two tables if missing.
     fn setup_ledger(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Book one entry of run `run` and log the application; the entry's id.

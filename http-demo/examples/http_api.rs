@@ -40,7 +40,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 async fn store(args: &Args) -> Result<(Arc<dyn LeaseStore>, &'static str), BoxError> {
     if let Some(url) = &args.redis_url {
         let conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
-        return Ok((Arc::new(idem::RedisStore::new(conn, "idem-example-http:")), "redis"));
+        return Ok((Arc::new(idem::store::RedisStore::new(conn, "idem-example-http:")), "redis"));
     }
     let url = match &args.database_url {
         Some(url) => url.clone(),
@@ -52,15 +52,15 @@ async fn store(args: &Args) -> Result<(Arc<dyn LeaseStore>, &'static str), BoxEr
     Ok(if url.starts_with("postgres") {
         let pool = sqlx::PgPool::connect(&url).await?;
         idem::migrate(&pool).await?;
-        (Arc::new(idem::lease::SqlStore::new(pool)), "postgres")
+        (Arc::new(idem::store::SqlStore::new(pool)), "postgres")
     } else if url.starts_with("mysql") {
         let pool = sqlx::MySqlPool::connect(&url).await?;
         idem::migrate(&pool).await?;
-        (Arc::new(idem::lease::SqlStore::new(pool)), "mysql")
+        (Arc::new(idem::store::SqlStore::new(pool)), "mysql")
     } else {
         let pool = sqlx::SqlitePool::connect(&url).await?;
         idem::migrate(&pool).await?;
-        (Arc::new(idem::lease::SqlStore::new(pool)), "sqlite")
+        (Arc::new(idem::store::SqlStore::new(pool)), "sqlite")
     })
 }
 

@@ -52,7 +52,7 @@ fn from_the_layer(response: &reqwest::Response) -> bool {
 async fn redis_store(server: &RedisServer) -> Arc<dyn LeaseStore> {
     let client = redis::Client::open(server.url()).unwrap();
     let conn = redis::aio::ConnectionManager::new(client).await.unwrap();
-    Arc::new(idem::RedisStore::new(conn, "idem-faults:"))
+    Arc::new(idem::store::RedisStore::new(conn, "idem-faults:"))
 }
 
 /// Redis stopped before the request: a retryable 503 within the store's
@@ -78,7 +78,7 @@ async fn a_store_down_before_the_request_is_a_503_within_its_bound() {
 #[tokio::test]
 async fn a_database_that_cannot_be_reached_is_a_503_within_its_bound() {
     let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://postgres@127.0.0.1:1/test").unwrap();
-    let (base, shop) = server(Arc::new(idem::lease::SqlStore::new(pool)), Duration::from_secs(30)).await;
+    let (base, shop) = server(Arc::new(idem::store::SqlStore::new(pool)), Duration::from_secs(30)).await;
     let started = Instant::now();
     let response = post(&reqwest::Client::new(), &base, &unique("k"), &PaymentRequest::default()).await;
     let took = started.elapsed();
@@ -120,7 +120,7 @@ async fn a_store_gone_while_the_handler_runs_is_a_503_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_deadlock_victims_among_duplicates_are_claimed_again() {
     let Some(pool) = common::mysql().await else { return };
-    let (base, shop) = server(Arc::new(idem::lease::SqlStore::new(pool)), Duration::from_secs(30)).await;
+    let (base, shop) = server(Arc::new(idem::store::SqlStore::new(pool)), Duration::from_secs(30)).await;
     let client = reqwest::Client::new();
     let mut layer_errors = Vec::new();
     for round in 0..3 {

@@ -457,27 +457,27 @@ macro_rules! http_suite {
 
 http_suite! {
     mod memory;
-    store = Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn LeaseStore>);
+    store = Some(Arc::new(idem::store::MemoryStore::new()) as Arc<dyn LeaseStore>);
 }
 
 http_suite! {
     mod sqlite;
-    store = common::sqlite().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Arc<dyn LeaseStore>);
+    store = common::sqlite().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Arc<dyn LeaseStore>);
 }
 
 http_suite! {
     mod postgres;
-    store = common::postgres().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Arc<dyn LeaseStore>);
+    store = common::postgres().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Arc<dyn LeaseStore>);
 }
 
 http_suite! {
     mod mysql;
-    store = common::mysql().await.map(|p| Arc::new(idem::lease::SqlStore::new(p)) as Arc<dyn LeaseStore>);
+    store = common::mysql().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Arc<dyn LeaseStore>);
 }
 
 http_suite! {
     mod redis;
-    store = common::redis().await.map(|c| Arc::new(idem::RedisStore::new(c, format!("{}:", unique("idem-http")))) as Arc<dyn LeaseStore>);
+    store = common::redis().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-http")))) as Arc<dyn LeaseStore>);
 }
 
 /// A guarded request refused with a `500` whose detail names the fix; the
@@ -495,7 +495,7 @@ async fn refused_for_want_of_a_store(base: &str, shop: &Shop) {
 
 #[tokio::test]
 async fn a_layer_on_stores_without_a_lease_store_names_the_fix() {
-    let stores = idem::Stores::builder().token(idem::MemoryStore::new()).build();
+    let stores = idem::Stores::builder().token(idem::store::MemoryStore::new()).build();
     let (base, shop) = served(IdempotencyLayer::with_stores(stores), |l| l).await;
     refused_for_want_of_a_store(&base, &shop).await;
 }
@@ -507,7 +507,7 @@ async fn a_layer_on_stores_without_a_lease_store_names_the_fix() {
 async fn a_layer_on_the_installed_stores_finds_them_once_installed() {
     let (base, shop) = served(IdempotencyLayer::installed(), |l| l).await;
     refused_for_want_of_a_store(&base, &shop).await;
-    idem::Stores::builder().lease(idem::MemoryStore::new()).install().unwrap();
+    idem::Stores::builder().lease(idem::store::MemoryStore::new()).install().unwrap();
     let client = reqwest::Client::new();
     let (key, body) = (unique("k"), PaymentRequest { amount_cents: 5, ..Default::default() });
     let first = post(&client, &base, Some(&key), &body).await;

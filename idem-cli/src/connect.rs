@@ -3,7 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_runtime::RedisStore;
+use idem_runtime::store::RedisStore;
 
 use crate::error::Failure;
 use crate::opt::StoreArgs;

@@ -1,6 +1,6 @@
 //! `idem`: operate idem's records from a shell. Every command is a call of
-//! the runtime's public functions (`idem::migrate`, `idem::admin::*`,
-//! `idem::purge_expired`, `RedisStore::inspect_lease` ...), so a program
+//! the runtime's public functions (`idem::migrate`, `idem::sql::admin::*`,
+//! `idem::sql::purge_expired`, `RedisStore::inspect_lease` ...), so a program
 //! can do the same.
 //!
 //! The command line is in `opt`; each command in the module of its name,
@@ -94,5 +94,5 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
 
 /// The record table the application names (`--table`).
 fn use_table(table: &str) -> Result<(), Failure> {
-    idem_runtime::set_record_table(table).map_err(|e| Failure::usage(e.to_string()))
+    idem_runtime::sql::set_record_table(table).map_err(|e| Failure::usage(e.to_string()))
 }

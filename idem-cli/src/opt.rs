@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use idem_runtime::Key;
-use idem_runtime::admin::RecordId;
+use idem_runtime::sql::admin::RecordId;
 
 use crate::error::Failure;
 
@@ -39,7 +39,7 @@ pub(crate) struct Cli {
     pub(crate) stores: StoreArgs,
 
     /// The record table, if the application names another than
-    /// `idem_records` (`idem::set_record_table`): `name` or `schema.name`.
+    /// `idem_records` (`idem::sql::set_record_table`): `name` or `schema.name`.
     #[arg(
         long,
         env = "IDEM_RECORD_TABLE",

@@ -1,8 +1,8 @@
 //! `idem purge`: delete records past their retention (and, asked, older
 //! ones), or count them first.
 
-use idem_runtime::admin::PurgePreview;
-use idem_runtime::{PurgeOptions, PurgeReport};
+use idem_runtime::sql::admin::PurgePreview;
+use idem_runtime::sql::{PurgeOptions, PurgeReport};
 use serde_json::{Value, json};
 
 use crate::error::Failure;

@@ -1,8 +1,9 @@
 //! The stores a command acts on, each able to do what the commands ask of
 //! it: a command says what, the store's kind decides how.
 
-use idem_runtime::admin::{self, PurgePreview, Record, RecordId, Release, StuckQuery};
-use idem_runtime::{PurgeOptions, PurgeReport, RedisStore};
+use idem_runtime::sql::admin::{self, PurgePreview, Record, RecordId, Release, StuckQuery};
+use idem_runtime::sql::{PurgeOptions, PurgeReport};
+use idem_runtime::store::RedisStore;
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use crate::error::{Failure, store_failure};
@@ -110,6 +111,6 @@ impl Sql {
     }
 
     pub(crate) async fn purge(&self, options: PurgeOptions) -> Result<PurgeReport, Failure> {
-        on_pool!(self, |pool| idem_runtime::purge_expired(pool, options).await).map_err(|e| self.failure(e))
+        on_pool!(self, |pool| idem_runtime::sql::purge_expired(pool, options).await).map_err(|e| self.failure(e))
     }
 }

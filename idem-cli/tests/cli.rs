@@ -24,9 +24,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use common::unique;
 use http_body_util::Full;
-use idem::admin::{self, RecordId, RecordState};
 use idem::http::{IdempotencyLayer, ResponseBody};
 use idem::lease::LeaseStore;
+use idem::sql::admin::{self, RecordId, RecordState};
 use idem::{Claim, Guard, Key};
 use serde_json::Value;
 use tower_service::Service as _;
@@ -427,14 +427,14 @@ macro_rules! sql_tests {
             #[tokio::test]
             async fn a_crashed_lease_is_inspected_listed_and_released_and_then_runs_again() {
                 let Some((pool, url)) = setup().await else { return };
-                let store = idem::lease::SqlStore::new(pool);
+                let store = idem::store::SqlStore::new(pool);
                 lease_lifecycle(&store, &Store::Sql(&url)).await;
             }
 
             #[tokio::test]
             async fn a_release_leaves_a_record_taken_over_since() {
                 let Some((pool, _url)) = setup().await else { return };
-                let store = idem::lease::SqlStore::new(pool.clone());
+                let store = idem::store::SqlStore::new(pool.clone());
                 release_compares_the_fence(&store, |id, fence| {
                     let pool = pool.clone();
                     async move { admin::release(&pool, &id, fence).await.unwrap() }
@@ -488,7 +488,7 @@ macro_rules! sql_tests {
             async fn purge_by_scope_and_age_counts_first_and_spares_processing_and_other_scopes() {
                 let Some((pool, url)) = setup().await else { return };
                 let cli = Store::Sql(&url);
-                let store = idem::lease::SqlStore::new(pool.clone());
+                let store = idem::store::SqlStore::new(pool.clone());
                 let scope = hostile("cli.purge");
                 let other = hostile("cli.purge.other");
                 let done: Vec<String> = (0..3).map(|_| hostile("old")).collect();
@@ -547,7 +547,7 @@ macro_rules! sql_tests {
                 for key in [&crashed, &live] {
                     let found =
                         admin::inspect(&pool, &RecordId::new(&scope, &Key::new(key.as_str()).unwrap())).await.unwrap();
-                    assert_eq!(found.map(|r| r.status), Some(idem::RecordStatus::Processing), "{key}");
+                    assert_eq!(found.map(|r| r.status), Some(idem::sql::RecordStatus::Processing), "{key}");
                 }
                 assert!(!run(&store, &other, &elsewhere).await, "another scope's record survives");
                 let again = idem_json(&cli, &age, 0);
@@ -557,21 +557,21 @@ macro_rules! sql_tests {
             #[tokio::test]
             async fn an_http_record_of_a_tenant_is_found_with_tenant_and_key() {
                 let Some((pool, url)) = setup().await else { return };
-                let store: Arc<dyn LeaseStore> = Arc::new(idem::lease::SqlStore::new(pool));
+                let store: Arc<dyn LeaseStore> = Arc::new(idem::store::SqlStore::new(pool));
                 http_records_are_found_by_tenant_and_key(store, &Store::Sql(&url)).await;
             }
 
             #[tokio::test]
             async fn a_stored_http_response_shows_as_status_headers_and_body() {
                 let Some((pool, url)) = setup().await else { return };
-                let store: Arc<dyn LeaseStore> = Arc::new(idem::lease::SqlStore::new(pool));
+                let store: Arc<dyn LeaseStore> = Arc::new(idem::store::SqlStore::new(pool));
                 http_responses_show_decoded(store, &Store::Sql(&url)).await;
             }
 
             #[tokio::test]
             async fn a_done_record_with_no_response_reads_answer_not_kept() {
                 let Some((pool, url)) = setup().await else { return };
-                let store = idem::lease::SqlStore::new(pool.clone());
+                let store = idem::store::SqlStore::new(pool.clone());
                 a_done_record_without_its_answer_reads_answer_not_kept(&store, &Store::Sql(&url), |scope, key| {
                     let pool = pool.clone();
                     async move {
@@ -714,11 +714,11 @@ mod redis_store {
 
     /// A store under a prefix of this test's own, and the URL; the prefix's
     /// keys are deleted when the guard drops.
-    async fn setup() -> Option<(idem::RedisStore, String, Cleanup)> {
+    async fn setup() -> Option<(idem::store::RedisStore, String, Cleanup)> {
         let conn = common::redis().await?;
         let url = std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| common::DEFAULT_REDIS_URL.to_owned());
         let prefix = format!("{}:", unique("idem-cli-test"));
-        let store = idem::RedisStore::new(conn.clone(), prefix.clone());
+        let store = idem::store::RedisStore::new(conn.clone(), prefix.clone());
         Some((store, url, Cleanup { conn, prefix }))
     }
 

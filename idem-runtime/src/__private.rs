@@ -1,8 +1,15 @@
 //! Not a stable API: the items generated code names (see the crate root).
 
+use crate::error::Error;
+use crate::guard::{Claim, GuardError};
+
 #[cfg(feature = "sql")]
 pub use crate::dedup::context::connection;
 pub use crate::state::Transition;
+// `Conn` is what `connection` returns: named here (a hidden path), the
+// compiler's "other types implement `TxContext`" help leaves it out.
+#[cfg(feature = "sql")]
+pub use crate::dedup::context::Conn;
 pub use crate::stores::{installed_lease, installed_lock, installed_precheck, installed_token};
 pub use crate::token::OnStoreError;
 pub use crate::token::guard::token_param;
@@ -30,12 +37,10 @@ pub use std::time::Duration;
 
 /// Turn a claim into the function's own result: a replay is `Ok`, a guard
 /// failure converts into the function's error type.
-pub fn settle<T, R, E: crate::guard::GuardError>(
-    claim: Result<crate::guard::Claim<T, R>, crate::error::Error>,
-) -> Result<T, E> {
+pub fn settle<T, R, E: GuardError>(claim: Result<Claim<T, R>, Error>) -> Result<T, E> {
     match claim {
-        Ok(crate::guard::Claim::Replay(value)) => Ok(value),
-        Ok(crate::guard::Claim::Run(_)) => unreachable!("generated code handles Claim::Run before settling"),
+        Ok(Claim::Replay(value)) => Ok(value),
+        Ok(Claim::Run(_)) => unreachable!("generated code handles Claim::Run before settling"),
         Err(e) => Err(e.into()),
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! A leaf: it uses nothing of the crate.
 //!
-//! [`Fingerprint::of`]: crate::Fingerprint::of
+//! [`Fingerprint::of`]: crate::key::Fingerprint::of
 
 use serde_json::Value;
 

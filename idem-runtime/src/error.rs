@@ -199,7 +199,7 @@ pub enum Error {
         scope: String,
     },
 
-    /// An `idem::Tx` (feature `tx`) was used after its commit or
+    /// An [`idem::Tx`](crate::Tx) (feature `tx`) was used after its commit or
     /// rollback, or after one of its statements was cancelled (a dropped
     /// future, a timeout) or failed with the server's state unknown. Its
     /// connection is closed when it is dropped, so the server rolls back.
@@ -268,7 +268,7 @@ pub enum Error {
         source: sqlx::Error,
     },
 
-    /// The statement given to [`idem::begin_with`](crate::begin_with) is not
+    /// The statement given to [`idem::sql::begin_with`](crate::sql::begin_with) is not
     /// one that begins a transaction and nothing else: the first guard's
     /// claim is sent in the same text, so anything else could run it outside
     /// the transaction, or comment it out.
@@ -285,7 +285,7 @@ pub enum Error {
 
     /// A record table name that is not a plain `name` or `schema.name`, or
     /// another name than the one this process already uses
-    /// ([`set_record_table`](crate::sql::table::set_record_table)).
+    /// ([`set_record_table`](crate::sql::set_record_table)).
     #[error("invalid record table `{table}`: {reason}")]
     InvalidTable {
         /// The name given.
@@ -298,7 +298,7 @@ pub enum Error {
     /// timed out, or answered something unexpected. Never a duplicate.
     #[error("{store} store error: {source}")]
     Store {
-        /// `redis`, `os random` (token generation), or `routed` (a [`Routed`](crate::lease::Routed) store's route
+        /// `redis`, `os random` (token generation), or `routed` (a [`Routed`](crate::store::Routed) store's route
         /// named no shard; not retryable).
         store: &'static str,
         /// What the client library reported.

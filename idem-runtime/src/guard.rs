@@ -27,9 +27,9 @@
 //! [`Guard::token_dedup`], [`Guard::lease`], [`Guard::lock`] and
 //! [`Guard::lock_only`]. A [`Claim::Run`] carries a ticket that must see the
 //! body's result: [`Ticket::complete`](crate::Ticket::complete),
-//! [`LeaseTicket::run`](crate::LeaseTicket::run),
-//! [`LockTicket::run`](crate::LockTicket::run),
-//! [`TokenTicket::run`](crate::TokenTicket::run).
+//! [`LeaseTicket::run`](crate::lease::LeaseTicket::run),
+//! [`LockTicket::run`](crate::lock::LockTicket::run),
+//! [`TokenTicket::run`](crate::token::TokenTicket::run).
 
 use std::borrow::Cow;
 use std::time::Duration;

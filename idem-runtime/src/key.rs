@@ -234,7 +234,20 @@ impl Key {
         parts(&self.stored)
     }
 
-    /// The text stored in the record's key column.
+    /// The key as stored: the text of the record's key column, and the
+    /// `key` store-level calls take (their scope is [`stored_scope`]'s; the
+    /// `key` module lists those calls). A composite key's parts are escaped
+    /// and joined, a long key hashed:
+    ///
+    /// ```
+    /// # extern crate idem_runtime as idem;
+    /// # fn demo() -> Result<(), idem::Error> {
+    /// use idem::Key;
+    /// assert_eq!(Key::from_parts(&[&"A:1", &7])?.as_str(), r"A\:1:7");
+    /// assert_eq!(Key::new("T-1001")?.as_str(), "T-1001");
+    /// # Ok(()) }
+    /// # demo().unwrap();
+    /// ```
     pub fn as_str(&self) -> &str {
         &self.stored
     }
@@ -285,11 +298,20 @@ pub(crate) fn hashed(text: &str) -> String {
     format!("\\sha256:{}", hex(&Sha256::digest(text.as_bytes())))
 }
 
-/// The scope as records store it: as given, unless it is longer than a key
-/// column, starts with a backslash or holds NUL; then `\sha256:<hex>` of
-/// it. A plain scope never starts with a backslash, so it never equals a
-/// hashed one.
-pub(crate) fn stored_scope(scope: &str) -> Cow<'_, str> {
+/// The scope as records store it, and as store-level calls take it (with
+/// the key as [`Key::as_str`] gives it): as given, unless it is longer than
+/// a key column ([`MAX_PLAIN_KEY_LEN`]), starts with a backslash or holds
+/// NUL; then `\sha256:<hex>` of it. A plain scope never starts with a
+/// backslash, so it never equals a hashed one. `scope` is the guard's:
+/// its `scope = "..."`, or `module_path::fn_name`.
+///
+/// ```
+/// # extern crate idem_runtime as idem;
+/// use idem::key::stored_scope;
+/// assert_eq!(stored_scope("payments.on_pay"), "payments.on_pay");
+/// assert!(stored_scope(&"s".repeat(200)).starts_with(r"\sha256:"));
+/// ```
+pub fn stored_scope(scope: &str) -> Cow<'_, str> {
     if scope.len() > MAX_PLAIN_KEY_LEN || scope.starts_with('\\') || scope.contains('\0') {
         Cow::Owned(hashed(scope))
     } else {
@@ -312,11 +334,11 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
-/// Collects the parts of a composite key; used by the code `#[idempotent]`
-/// generates, one `part` call per comma-separated key expression.
-#[doc(hidden)]
+/// Collects the parts of a composite key: a [`Guard`](crate::Guard)'s, one
+/// `part` call per `.key(...)` (the attribute's comma-separated key
+/// expressions), and [`Key::from_parts`]'s.
 #[derive(Clone)]
-pub struct KeyBuilder {
+pub(crate) struct KeyBuilder {
     sources: &'static str,
     text: String,
     /// The part being written, before it is escaped into `text`.

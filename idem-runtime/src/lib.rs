@@ -13,18 +13,23 @@
 //!   (`guard.rs`); `dedup` also holds the record's steps and the ticket the
 //!   other in-transaction strategies share;
 //! - [`store`]: the stores, one folder each (`memory`, `redis` with its Lua
-//!   in `.lua` files, [`store::sql`]: PostgreSQL, MySQL/MariaDB and SQLite,
+//!   in `.lua` files, `store/sql`: PostgreSQL, MySQL/MariaDB and SQLite,
 //!   and the SQL lease store), `routed`, and the record names of key-value
 //!   stores (`keyspace`); a store implements the strategies' store traits
-//!   and knows no strategy's logic;
+//!   and knows no strategy's logic. What users call of `store/sql` is
+//!   listed by the root's [`sql`] module (and `Tx`, `begin`, `migrate` at
+//!   the root);
 //! - [`Stores`]: which stores guards use when they name none;
 //! - `http`: the `Idempotency-Key` layer (feature `http`);
-//! - [`error`], [`key`], [`record`]: the error type, key parts and
+//! - `error`, [`key`], `record`: the error type, key parts and
 //!   fingerprints, a record as stores keep it; `replay`: what an answer
-//!   must be to replay exactly ([`Replayable`]); [`telemetry`]: whether a
+//!   must be to replay exactly ([`Replayable`]); `telemetry`: whether a
 //!   call ran or replayed ([`observe`]), events and metrics; `canonical`:
 //!   the one canonical JSON every fingerprint hashes. These leaves import
 //!   nothing above them.
+//!
+//! Public paths are the facade's, one per item: a module's items are the
+//! ones it re-exports (a folder's inner modules are private).
 
 #![warn(missing_docs)]
 // docs.rs builds with `--cfg docsrs` (see Cargo.toml): label items by the
@@ -34,7 +39,7 @@
 mod canonical;
 #[cfg(feature = "sql")]
 mod dedup;
-pub mod error;
+mod error;
 mod guard;
 #[cfg(feature = "http")]
 pub mod http;
@@ -42,42 +47,34 @@ pub mod key;
 pub mod lease;
 pub mod lock;
 pub mod precheck;
-pub mod record;
+#[cfg(any(feature = "sql", feature = "redis"))]
+mod record;
 mod replay;
 pub mod state;
 pub mod store;
-#[cfg(feature = "sql")]
-pub use store::sql;
-#[cfg(feature = "sql")]
-pub use store::sql::admin;
 mod stores;
-pub mod telemetry;
+mod telemetry;
 pub mod token;
 #[cfg(feature = "tx")]
 mod tx;
 
-#[cfg(feature = "sql")]
-pub use dedup::context::TxContext;
+// One path per public item, the facade's (`idem-guard`): what a module
+// does not list here is reachable only inside this crate. Only `Key`,
+// `IdempotencyKey` (defined in `key`) and `StateMachine`, `SilentRepeat`
+// (defined in `state`) are also reachable by their defining module's path
+// here; the facade names them at its root only.
 #[cfg(feature = "sql")]
 pub use dedup::ticket::Ticket;
 pub use error::{Error, Result};
 pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
-pub use key::{Fingerprint, IdempotencyKey, Key};
-pub use lease::guard::LeaseTicket;
-pub use lock::guard::LockTicket;
-pub use record::{DedupRecord, RecordStatus};
+pub use key::{IdempotencyKey, Key};
 pub use replay::Replayable;
-#[cfg(feature = "sql")]
-pub use sql::table::{RecordTable, record_table, set_record_table};
-#[cfg(feature = "sql")]
-pub use sql::{PurgeOptions, PurgeReport, SqlBackend, find_record, migrate, migrator, purge_expired};
 pub use state::{SilentRepeat, StateMachine};
-pub use store::MemoryStore;
-#[cfg(feature = "redis")]
-pub use store::RedisStore;
+#[cfg(feature = "sql")]
+pub use store::sql::migrate;
 pub use stores::{Stores, StoresBuilder};
 pub use telemetry::{Outcome, observe};
-pub use token::guard::TokenTicket;
+
 #[cfg(all(feature = "tx", feature = "mysql"))]
 pub use tx::MySqlTx;
 #[cfg(all(feature = "tx", feature = "postgres"))]
@@ -85,7 +82,23 @@ pub use tx::PgTx;
 #[cfg(all(feature = "tx", feature = "sqlite"))]
 pub use tx::SqliteTx;
 #[cfg(feature = "tx")]
-pub use tx::{Tx, begin, begin_with};
+pub use tx::{Tx, begin};
+
+/// Dedup records in SQL: the backend trait, the transaction trait, the
+/// record table, reading, purging and operating records. (`Tx`, `begin`
+/// and `migrate` are at the crate root.)
+#[cfg(feature = "sql")]
+pub mod sql {
+    pub use crate::dedup::context::TxContext;
+    pub use crate::record::{DedupRecord, RecordStatus};
+    pub use crate::store::sql::admin;
+    pub use crate::store::sql::table::{RecordTable, record_table, set_record_table};
+    pub use crate::store::sql::{
+        PurgeOptions, PurgeReport, RECORD_TABLE, SqlBackend, find_record, migrator, purge_expired,
+    };
+    #[cfg(feature = "tx")]
+    pub use crate::tx::begin_with;
+}
 
 /// Not a stable API: the items generated code names. Reach them only through
 /// `#[idempotent]`.

@@ -36,9 +36,10 @@ impl RecordStatus {
     }
 }
 
-/// A stored record, as [`crate::find_record`] returns it.
+/// A stored record, as [`crate::sql::find_record`] returns it.
 ///
 /// Timestamps are the store's clock in milliseconds since the Unix epoch.
+#[cfg(feature = "sql")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DedupRecord {
     /// Scope of the guard that wrote it.
@@ -222,6 +223,7 @@ impl Record {
 }
 
 /// What `stuck` lists: one page of stuck records, in (scope, key) order.
+#[cfg(feature = "sql")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StuckQuery {
     /// Only this scope (as the guard names it; hashed like the guards do);
@@ -234,6 +236,7 @@ pub struct StuckQuery {
     pub after: Option<RecordId>,
 }
 
+#[cfg(feature = "sql")]
 impl Default for StuckQuery {
     fn default() -> Self {
         StuckQuery { scope: None, limit: 100, after: None }

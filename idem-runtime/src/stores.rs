@@ -11,7 +11,7 @@
 //! # extern crate idem_runtime as idem;
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = redis::Client::open("redis://127.0.0.1/")?;
-//! let redis = idem::RedisStore::new(redis::aio::ConnectionManager::new(client).await?, "idem:");
+//! let redis = idem::store::RedisStore::new(redis::aio::ConnectionManager::new(client).await?, "idem:");
 //! idem::Stores::builder().all(redis).install()?;
 //! # Ok(()) }
 //! ```
@@ -20,7 +20,7 @@
 //! none installed for its role fails with [`Error::NoStore`], which says
 //! what to install. (An in-process store nobody else can see would
 //! deduplicate per process, and a service of several instances would run a
-//! repeat once per instance.) [`MemoryStore`](crate::MemoryStore) is there
+//! repeat once per instance.) [`MemoryStore`](crate::store::MemoryStore) is there
 //! for tests and one-process services, chosen like any other store.
 
 use std::sync::{Arc, OnceLock};
@@ -75,7 +75,7 @@ impl Stores {
     /// # extern crate idem_runtime as idem;
     /// # fn demo() -> Result<(), idem::Error> {
     /// use std::sync::Arc;
-    /// let memory = Arc::new(idem::MemoryStore::new());
+    /// let memory = Arc::new(idem::store::MemoryStore::new());
     /// let stores = idem::Stores::builder().lease(memory.clone()).token(memory).build();
     /// assert!(stores.lock().is_err()); // no lock store: a lock guard using these fails
     /// # Ok(()) }
@@ -130,9 +130,9 @@ impl Stores {
 
 impl StoresBuilder {
     /// Where `strategy = "lease"` keeps its records: a
-    /// [`SqlStore`](crate::lease::SqlStore) for records that must survive
-    /// anything, [`RedisStore`](crate::RedisStore),
-    /// [`Routed`](crate::lease::Routed), or [`MemoryStore`](crate::MemoryStore).
+    /// [`SqlStore`](crate::store::SqlStore) for records that must survive
+    /// anything, [`RedisStore`](crate::store::RedisStore),
+    /// [`Routed`](crate::store::Routed), or [`MemoryStore`](crate::store::MemoryStore).
     pub fn lease(mut self, store: impl LeaseStore + 'static) -> StoresBuilder {
         self.stores.lease = Some(Arc::new(store));
         self
@@ -156,8 +156,8 @@ impl StoresBuilder {
         self
     }
 
-    /// One store for every role: a [`RedisStore`](crate::RedisStore) or a
-    /// [`MemoryStore`](crate::MemoryStore), which keep each kind of record
+    /// One store for every role: a [`RedisStore`](crate::store::RedisStore) or a
+    /// [`MemoryStore`](crate::store::MemoryStore), which keep each kind of record
     /// under names of its own.
     pub fn all<S>(self, store: S) -> StoresBuilder
     where

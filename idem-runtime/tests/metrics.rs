@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use idem_runtime::{Claim, Error, Guard, MemoryStore, Outcome, observe};
+use idem_runtime::store::MemoryStore;
+use idem_runtime::{Claim, Error, Guard, Outcome, observe};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 /// One metric as recorded: name, labels, value.

@@ -290,9 +290,9 @@ where
             let conn = redis::aio::ConnectionManager::new(client).await?;
             let prefix = format!("idem-mq-{run}:");
             redis = Some(Redis { conn: conn.clone(), prefix: prefix.clone() });
-            Arc::new(idem::RedisStore::new(conn, prefix))
+            Arc::new(idem::store::RedisStore::new(conn, prefix))
         }
-        None => Arc::new(idem::MemoryStore::new()),
+        None => Arc::new(idem::store::MemoryStore::new()),
     };
     let broker = Broker::connect(args.amqp_url.as_deref(), &queue).await?;
     let messages = plan(&run, args);

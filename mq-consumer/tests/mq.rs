@@ -191,12 +191,12 @@ impl Consumer {
 }
 
 /// PostgreSQL, the broker and Redis markers under a prefix of this test's.
-async fn services() -> Option<(PgPool, Bus, idem::RedisStore, redis::aio::ConnectionManager, String)> {
+async fn services() -> Option<(PgPool, Bus, idem::store::RedisStore, redis::aio::ConnectionManager, String)> {
     let pool = common::postgres().await?;
     let conn = common::redis().await?;
     let bus = Bus::new().await?;
     let prefix = format!("{}:", unique("idem-test-mq"));
-    Some((pool, bus, idem::RedisStore::new(conn.clone(), prefix.clone()), conn, prefix))
+    Some((pool, bus, idem::store::RedisStore::new(conn.clone(), prefix.clone()), conn, prefix))
 }
 
 /// Every marker of this test gone, as a FLUSHALL would leave them (without

@@ -186,7 +186,7 @@ pub mod idem_tx {
 // Its futures need not be `Send` (the tests await them in place), which is
 // what the lint asks a public trait to decide.
 #[allow(async_fn_in_trait)]
-pub trait TestTx<DB: idem::SqlBackend>: Sized {
+pub trait TestTx<DB: idem::sql::SqlBackend>: Sized {
     /// `pool.begin()` / `idem::begin(&pool)`.
     async fn begin(pool: &sqlx::Pool<DB>) -> Self;
     /// The connection, for statements outside guarded bodies: `&mut **tx`,
@@ -195,7 +195,7 @@ pub trait TestTx<DB: idem::SqlBackend>: Sized {
     async fn conn(&mut self) -> &mut DB::Connection;
 }
 
-impl<DB: idem::SqlBackend> TestTx<DB> for sqlx::Transaction<'_, DB> {
+impl<DB: idem::sql::SqlBackend> TestTx<DB> for sqlx::Transaction<'_, DB> {
     async fn begin(pool: &sqlx::Pool<DB>) -> Self {
         pool.begin().await.unwrap()
     }
@@ -204,7 +204,7 @@ impl<DB: idem::SqlBackend> TestTx<DB> for sqlx::Transaction<'_, DB> {
     }
 }
 
-impl<DB: idem::SqlBackend> TestTx<DB> for idem::Tx<DB> {
+impl<DB: idem::sql::SqlBackend> TestTx<DB> for idem::Tx<DB> {
     async fn begin(pool: &sqlx::Pool<DB>) -> Self {
         idem::begin(pool).await.unwrap()
     }
@@ -264,7 +264,7 @@ pub async fn redis_cluster() -> Option<redis::cluster_async::ClusterConnection> 
 
 /// A real Redis client pointed at a port where no server listens: a store
 /// that is down. `None` when Redis tests are skipped altogether.
-pub async fn unreachable_redis() -> Option<idem::RedisStore> {
+pub async fn unreachable_redis() -> Option<idem::store::RedisStore> {
     redis().await?;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
@@ -272,13 +272,13 @@ pub async fn unreachable_redis() -> Option<idem::RedisStore> {
         .set_connection_timeout(Some(Duration::from_millis(300)))
         .set_number_of_retries(0);
     let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, config).unwrap();
-    Some(idem::RedisStore::new(conn, "idem-test:"))
+    Some(idem::store::RedisStore::new(conn, "idem-test:"))
 }
 
 /// A real Redis client on a server that accepts connections and never
 /// answers (stuck, or behind a network black hole), with the client's
 /// default timeouts. `None` when Redis tests are skipped altogether.
-pub async fn silent_redis() -> Option<idem::RedisStore> {
+pub async fn silent_redis() -> Option<idem::store::RedisStore> {
     redis().await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -290,7 +290,7 @@ pub async fn silent_redis() -> Option<idem::RedisStore> {
     });
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
     let conn = redis::aio::ConnectionManager::new_lazy_with_config(client, Default::default()).unwrap();
-    Some(idem::RedisStore::new(conn, "idem-test:"))
+    Some(idem::store::RedisStore::new(conn, "idem-test:"))
 }
 
 /// The application error of the test services.

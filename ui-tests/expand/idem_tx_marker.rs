@@ -12,7 +12,7 @@ impl From<idem::Error> for AppError {
 /// The application's own unit of work, handing idem its transaction.
 pub struct UnitOfWork<'c>(pub Transaction<'c, Sqlite>);
 
-impl idem::TxContext for UnitOfWork<'_> {
+impl idem::sql::TxContext for UnitOfWork<'_> {
     type Db = Sqlite;
     fn connection(&mut self) -> &mut sqlx::SqliteConnection {
         &mut self.0

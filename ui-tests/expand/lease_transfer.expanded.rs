@@ -13,7 +13,7 @@ impl From<idem::Error> for AppError {
     }
 }
 pub struct Bank {
-    pub leases: idem::MemoryStore,
+    pub leases: idem::store::MemoryStore,
 }
 impl Bank {
     pub async fn transfer(

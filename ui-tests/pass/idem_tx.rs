@@ -59,7 +59,7 @@ async fn caller(pg: sqlx::PgPool, my: sqlx::Pool<MySql>, lite: sqlx::Pool<Sqlite
     let mut tx = idem::begin(&my).await?;
     grant_after(&mut tx, "T1").await?;
     tx.commit().await?;
-    let mut tx = idem::begin_with(&lite, "BEGIN IMMEDIATE").await?;
+    let mut tx = idem::sql::begin_with(&lite, "BEGIN IMMEDIATE").await?;
     mark(&mut tx, "O1").await?;
     tx.rollback().await?;
     Ok(())

@@ -10,7 +10,7 @@ pub enum AppError {
 }
 
 pub struct Consumer {
-    pub markers: idem::RedisStore,
+    pub markers: idem::store::RedisStore,
 }
 
 impl Consumer {
@@ -25,7 +25,7 @@ impl Consumer {
 /// A configuration of stores as a value: each guard below names it, and
 /// each takes the store of its role from it.
 static STORES: std::sync::LazyLock<idem::Stores> =
-    std::sync::LazyLock::new(|| idem::Stores::builder().all(idem::MemoryStore::new()).build());
+    std::sync::LazyLock::new(|| idem::Stores::builder().all(idem::store::MemoryStore::new()).build());
 
 /// The installed precheck store and the default TTL; `claim = "after"` too.
 #[idempotent(key = "key", scope = "ledger.apply_after", precheck = "redis", claim = "after")]

@@ -83,7 +83,7 @@ where
 
 /// Generic over the database.
 #[idempotent(key = "key")]
-async fn any_backend<DB: idem::SqlBackend>(tx: &mut Transaction<'_, DB>, key: u64) -> Result<(), AppError>
+async fn any_backend<DB: idem::sql::SqlBackend>(tx: &mut Transaction<'_, DB>, key: u64) -> Result<(), AppError>
 where
     DB::Connection: Send,
 {
@@ -126,7 +126,7 @@ pub struct UnitOfWork<'c> {
     pub tx: Transaction<'c, Postgres>,
 }
 
-impl idem::TxContext for UnitOfWork<'_> {
+impl idem::sql::TxContext for UnitOfWork<'_> {
     type Db = Postgres;
     fn connection(&mut self) -> &mut sqlx::PgConnection {
         &mut self.tx

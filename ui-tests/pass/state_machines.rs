@@ -59,7 +59,7 @@ async fn cancel(tx: &mut Transaction<'_, Postgres>, tenant_id: i64, order_no: &s
 
 #[idempotent(key = (tenant_id, order_no), strategy = "dedup+state", fingerprint = "amount",
              retention = "30d", transition = "crate::OrderStatus::WaitPay -> crate::OrderStatus::Paid")]
-async fn pay<'c, DB: Database + idem::SqlBackend>(
+async fn pay<'c, DB: Database + idem::sql::SqlBackend>(
     tx: &mut Transaction<'c, DB>,
     tenant_id: u32,
     order_no: String,

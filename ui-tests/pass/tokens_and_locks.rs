@@ -20,7 +20,7 @@ pub enum OrderStatus {
 }
 
 /// A store the application keeps (a `RedisStore` in production).
-static STORE: std::sync::LazyLock<idem::MemoryStore> = std::sync::LazyLock::new(idem::MemoryStore::new);
+static STORE: std::sync::LazyLock<idem::store::MemoryStore> = std::sync::LazyLock::new(idem::store::MemoryStore::new);
 
 pub struct Submit {
     pub user_id: i64,

@@ -79,11 +79,13 @@ fn router() -> Router {
 
 async fn sides(redis_url: &str, run: &str) -> Result<Vec<(&'static str, Router)>, BoxError> {
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(redis_url)?).await?;
-    let idem_memory = idem::http::IdempotencyLayer::new(idem::MemoryStore::new()).scope(format!("bench.http.{run}"));
-    let idem_redis = idem::http::IdempotencyLayer::new(idem::RedisStore::new(conn, format!("idem-bench-http-{run}:")))
-        .scope(format!("bench.http.{run}"))
-        // Ten minutes is plenty for a run; the keys are deleted at its end too.
-        .retention(Duration::from_secs(600));
+    let idem_memory =
+        idem::http::IdempotencyLayer::new(idem::store::MemoryStore::new()).scope(format!("bench.http.{run}"));
+    let idem_redis =
+        idem::http::IdempotencyLayer::new(idem::store::RedisStore::new(conn, format!("idem-bench-http-{run}:")))
+            .scope(format!("bench.http.{run}"))
+            // Ten minutes is plenty for a run; the keys are deleted at its end too.
+            .retention(Duration::from_secs(600));
     let peer_store = idempotent::store::valkey::ValkeyStore::with_url(redis_url)
         .prefix(format!("peer-bench-http-{run}"))
         .try_build()

@@ -30,7 +30,7 @@ pub(crate) const MAX_ATTEMPTS: usize = 5;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can write its dedup record in",
     label = "not a supported transaction",
-    note = "take `&mut sqlx::Transaction<'_, DB>` or `&mut idem::Tx<DB>` with DB = sqlx::Postgres, sqlx::MySql or sqlx::Sqlite (or a type implementing `idem::TxContext`)",
+    note = "take `&mut sqlx::Transaction<'_, DB>` or `&mut idem::Tx<DB>` with DB = sqlx::Postgres, sqlx::MySql or sqlx::Sqlite (or a type implementing `idem::sql::TxContext`)",
     note = "a pool or a bare connection would commit the record apart from your business change: begin a transaction and pass it"
 )]
 pub trait TxContext: Send {

@@ -70,7 +70,7 @@ impl std::fmt::Debug for Records {
 /// use std::time::Duration;
 /// use idem::http::IdempotencyLayer;
 ///
-/// let layer = IdempotencyLayer::new(idem::lease::SqlStore::new(pool))
+/// let layer = IdempotencyLayer::new(idem::store::SqlStore::new(pool))
 ///     .scope("payments.api")
 ///     .required(true)
 ///     .tenant(|request| {

@@ -7,10 +7,8 @@ pub(crate) mod store;
 
 use std::time::Duration;
 
+pub use crate::lease::guard::LeaseTicket;
 pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
-pub use crate::store::routed::Routed;
-#[cfg(feature = "sql")]
-pub use crate::store::sql::SqlStore;
 
 /// Default lease when the attribute gives none.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);

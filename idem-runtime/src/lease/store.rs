@@ -1,6 +1,6 @@
 //! The lease store interface: what a store of lease records must do
 //! (`strategy = "lease"`), one atomic step per operation. Implemented by
-//! the memory, Redis and SQL stores and by [`Routed`](crate::lease::Routed).
+//! the memory, Redis and SQL stores and by [`Routed`](crate::store::Routed).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,7 +81,7 @@ pub struct HeldLease<'a> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a lease store",
     label = "`store` must name a lease store",
-    note = "use `idem::MemoryStore`, `idem::lease::SqlStore::new(pool)`, `idem::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::lease::LeaseStore`); leave `store` out to use the installed one (`idem::Stores::builder().lease(..).install()`)"
+    note = "use `idem::store::MemoryStore`, `idem::store::SqlStore::new(pool)`, `idem::store::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::lease::LeaseStore`); leave `store` out to use the installed one (`idem::Stores::builder().lease(..).install()`)"
 )]
 pub trait LeaseStore: Send + Sync {
     /// `memory`, `redis`, `postgres`, `mysql` or `sqlite`, for logs.

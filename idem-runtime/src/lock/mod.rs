@@ -11,6 +11,7 @@ use crate::key::stored_scope;
 use crate::key::{IdempotencyKey, Key};
 use crate::store::new_owner;
 
+pub use crate::lock::guard::LockTicket;
 pub use crate::lock::store::{LockAttempt, LockStore};
 
 /// A lock taken with [`acquire`], outside any guard: the caller releases
@@ -78,7 +79,7 @@ impl<S: LockStore + ?Sized> HeldLock<'_, S> {
 /// # extern crate idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem::Error> {
 /// use std::time::Duration;
-/// let store = idem::MemoryStore::new();
+/// let store = idem::store::MemoryStore::new();
 /// let held = idem::lock::acquire(&store, "stock", &42, Duration::from_secs(5), Duration::ZERO).await?;
 /// let fence = held.fence(); // pass it along with every write the lock protects
 /// # let _ = fence;

@@ -24,12 +24,12 @@ pub enum LockAttempt {
 
 /// A store of locks.
 ///
-/// [`MemoryStore`](crate::MemoryStore) and, with the `redis` feature,
+/// [`MemoryStore`](crate::store::MemoryStore) and, with the `redis` feature,
 /// [`RedisStore`](crate::store::RedisStore) implement it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a lock store",
     label = "`store` must name a lock store",
-    note = "use `idem::MemoryStore`, `idem::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::lock::LockStore`); leave `store` out to use the installed one (`idem::Stores::builder().lock(..).install()`)"
+    note = "use `idem::store::MemoryStore`, `idem::store::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::lock::LockStore`); leave `store` out to use the installed one (`idem::Stores::builder().lock(..).install()`)"
 )]
 pub trait LockStore: Send + Sync {
     /// `memory` or `redis`, for logs.

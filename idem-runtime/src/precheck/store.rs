@@ -9,18 +9,19 @@ use crate::store::BoxFuture;
 
 /// A store of "seen" markers.
 ///
-/// [`MemoryStore`](crate::MemoryStore) and, with the `redis` feature,
+/// [`MemoryStore`](crate::store::MemoryStore) and, with the `redis` feature,
 /// [`RedisStore`](crate::store::RedisStore) implement it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a precheck store",
     label = "`store` must name a precheck store",
-    note = "use `idem::RedisStore::new(conn, prefix)`, `idem::MemoryStore` or an `idem::Stores` (or your own `impl idem::precheck::PrecheckStore`); leave `store` out to use the installed one (`idem::Stores::builder().precheck(..).install()`)"
+    note = "use `idem::store::RedisStore::new(conn, prefix)`, `idem::store::MemoryStore` or an `idem::Stores` (or your own `impl idem::precheck::PrecheckStore`); leave `store` out to use the installed one (`idem::Stores::builder().precheck(..).install()`)"
 )]
 pub trait PrecheckStore: Send + Sync {
     /// `memory` or `redis`, for logs.
     fn kind(&self) -> &'static str;
-    /// Mark `key` of `scope` seen for `ttl`, if it is not already: `true`
-    /// when this call wrote the marker (first sight). One atomic step.
+    /// Mark `key` of `scope` (both as stored) seen for `ttl`, if it is not
+    /// already: `true` when this call wrote the marker (first sight). One
+    /// atomic step.
     fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
 }
 

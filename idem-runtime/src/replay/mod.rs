@@ -9,7 +9,7 @@ mod exact;
 /// `false`, `""`, empty collections and `None` all replay exactly. The first
 /// call checks that its answer decodes back; a value JSON cannot carry is
 /// not kept (the first call still gets it, its record says "answer not
-/// kept", and repeats get [`Error::AnswerNotKept`](crate::error::Error::AnswerNotKept),
+/// kept", and repeats get [`Error::AnswerNotKept`](crate::Error::AnswerNotKept),
 /// never a second run): `f64::NAN`, and a `Some` around a value JSON writes
 /// as `null` (`Some(())`, `Some(None)` of an `Option<Option<T>>`,
 /// `Some(Value::Null)`), which would replay as `None`; use `bool` for

@@ -3,8 +3,8 @@
 //! every kind of record a guard keeps outside your transaction: lease
 //! records, one-time tokens, locks with their fencing counters, and
 //! precheck markers. (Dedup and state records live in your SQL
-//! transaction; lease records can also live in SQL, see
-//! [`lease::SqlStore`](crate::lease::SqlStore).)
+//! transaction; lease records can also live in SQL, see [`SqlStore`]. A
+//! [`Routed`] store spreads lease records over several stores.)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,19 +16,23 @@ pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod routed;
+// Public through the crate root's `sql` module, which lists its items.
 #[cfg(feature = "sql")]
-pub mod sql;
+pub(crate) mod sql;
 
 pub use keyspace::RecordKind;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{RedisStats, RedisStore};
+pub use routed::Routed;
+#[cfg(feature = "sql")]
+pub use sql::SqlStore;
 
 /// A boxed, `Send` future: what the store traits' methods return, so that a
 /// store can sit behind `dyn LeaseStore` (or any other store trait).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// How long a store of idem's own ([`RedisStore`], [`SqlStore`](crate::lease::SqlStore))
+/// How long a store of idem's own ([`RedisStore`], [`SqlStore`])
 /// waits for one call (a connection from its pool included) before the
 /// guard fails with a retryable error ([`Error::Store`](crate::Error::Store),
 /// or a pool time-out): 3 s, unless the store is given another with its

@@ -21,7 +21,7 @@ type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
 /// ```no_run
 /// # extern crate idem_runtime as idem;
 /// # async fn demo(eu: sqlx::PgPool, us: sqlx::PgPool) -> Result<(), idem::Error> {
-/// use idem::lease::{Routed, SqlStore};
+/// use idem::store::{Routed, SqlStore};
 /// // Orders "EU-..." live in the EU database, the rest in the US one.
 /// let store = Routed::new(vec![SqlStore::new(eu), SqlStore::new(us)], |_scope, key| {
 ///     if key.starts_with("EU-") { 0 } else { 1 }
@@ -52,7 +52,7 @@ impl<S: LeaseStore> Routed<S> {
     /// # Panics
     /// If `shards` is empty.
     pub fn new(shards: Vec<S>, route: impl Fn(&str, &str) -> usize + Send + Sync + 'static) -> Routed<S> {
-        assert!(!shards.is_empty(), "idem::lease::Routed needs at least one store");
+        assert!(!shards.is_empty(), "idem::store::Routed needs at least one store");
         Routed { shards, route: Box::new(route) }
     }
 

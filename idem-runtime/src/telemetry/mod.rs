@@ -2,26 +2,8 @@
 //! replayed ([`observe`], [`Outcome`]), DEBUG `tracing` events (target
 //! `idem`), and metrics.
 //!
-//! ## Metrics
-//!
-//! Counters and histograms through the [`metrics`](https://docs.rs/metrics)
-//! facade (feature `metrics`, off by default): install any recorder
-//! (Prometheus, StatsD, ...) and these appear; without the feature they
-//! compile to nothing.
-//!
-//! | name | kind | labels | what |
-//! |---|---|---|---|
-//! | `idem_calls_total` | counter | `scope`, `strategy`, `store`, `outcome` | guarded calls by outcome: `executed`, `replayed`, `rejected`, `in_progress`, `mismatched`, `not_kept` |
-//! | `idem_claim_seconds` | histogram | `scope`, `strategy`, `store` | from the guard's start to its decision (run, replay or refusal) |
-//! | `idem_complete_seconds` | histogram | `scope`, `strategy`, `store` | storing a first call's answer (or removing its record) |
-//! | `idem_leases_taken_over_total` | counter | `scope`, `store` | lease records taken over after their lease passed (a worker stopped mid-work) |
-//! | `idem_leases_lost_total` | counter | `scope`, `store` | leases lost while their body ran (taken over, or not renewed in time) |
-//! | `idem_locks_lost_total` | counter | `scope`, `store` | locks lost while their body ran |
-//! | `idem_illegal_transitions_total` | counter | `scope`, `store` | state changes the state machine refused |
-//! | `idem_answers_not_kept_total` | counter | `scope`, `store` | first calls that ran to success but whose answer could not be stored (their records say so; repeats get `not_kept`) |
-//!
-//! Labels hold the guard's scope as written: keep scopes to a bounded set
-//! (they are code, not data), as every label of a metric should be.
+//! The table of metrics (names, kinds, labels) is in [`observe`]'s docs,
+//! where users read it: keep it in step with `metrics.rs`.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -93,6 +75,27 @@ tokio::task_local! {
 /// Use it to set an `Idempotent-Replayed: true` response header or to count
 /// replays. Every guard also emits a DEBUG `tracing` event (target `idem`) with the
 /// scope, a short key hash and the outcome.
+///
+/// ## Metrics
+///
+/// Counters and histograms through the [`metrics`](https://docs.rs/metrics)
+/// facade (feature `metrics`, off by default): install any recorder
+/// (Prometheus, StatsD, ...) and these appear; without the feature they
+/// compile to nothing.
+///
+/// | name | kind | labels | what |
+/// |---|---|---|---|
+/// | `idem_calls_total` | counter | `scope`, `strategy`, `store`, `outcome` | guarded calls by outcome: `executed`, `replayed`, `rejected`, `in_progress`, `mismatched`, `not_kept` |
+/// | `idem_claim_seconds` | histogram | `scope`, `strategy`, `store` | from the guard's start to its decision (run, replay or refusal) |
+/// | `idem_complete_seconds` | histogram | `scope`, `strategy`, `store` | storing a first call's answer (or removing its record) |
+/// | `idem_leases_taken_over_total` | counter | `scope`, `store` | lease records taken over after their lease passed (a worker stopped mid-work) |
+/// | `idem_leases_lost_total` | counter | `scope`, `store` | leases lost while their body ran (taken over, or not renewed in time) |
+/// | `idem_locks_lost_total` | counter | `scope`, `store` | locks lost while their body ran |
+/// | `idem_illegal_transitions_total` | counter | `scope`, `store` | state changes the state machine refused |
+/// | `idem_answers_not_kept_total` | counter | `scope`, `store` | first calls that ran to success but whose answer could not be stored (their records say so; repeats get `not_kept`) |
+///
+/// Labels hold the guard's scope as written: keep scopes to a bounded set
+/// (they are code, not data), as every label of a metric should be.
 pub async fn observe<F: Future>(fut: F) -> (F::Output, Option<Outcome>) {
     OBSERVED
         .scope(Cell::new(None), async move {

@@ -12,6 +12,7 @@ use crate::error::Error;
 /// round trip.
 pub const MAX_TOKEN_LEN: usize = 128;
 
+pub use crate::token::guard::TokenTicket;
 pub use crate::token::store::TokenStore;
 
 /// Issue a one-time token for `scope` (the `scope` of the guard that will
@@ -22,7 +23,7 @@ pub use crate::token::store::TokenStore;
 /// # extern crate idem_runtime as idem;
 /// # async fn demo() -> Result<(), idem::Error> {
 /// use std::time::Duration;
-/// let store = idem::MemoryStore::new();
+/// let store = idem::store::MemoryStore::new();
 /// let token = idem::token::issue(&store, "orders.create", Duration::from_secs(600)).await?;
 /// assert_eq!(token.len(), 32);
 /// # Ok(()) }

@@ -9,12 +9,12 @@ use crate::store::BoxFuture;
 
 /// A store of one-time tokens.
 ///
-/// [`MemoryStore`](crate::MemoryStore) and, with the `redis` feature, [`RedisStore`](crate::store::RedisStore)
+/// [`MemoryStore`](crate::store::MemoryStore) and, with the `redis` feature, [`RedisStore`](crate::store::RedisStore)
 /// implement it (the same store types that hold lease records and locks).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a token store",
     label = "`store` must name a token store",
-    note = "use `idem::MemoryStore`, `idem::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::token::TokenStore`); leave `store` out to use the installed one (`idem::Stores::builder().token(..).install()`)"
+    note = "use `idem::store::MemoryStore`, `idem::store::RedisStore::new(conn, prefix)` or an `idem::Stores` (or your own `impl idem::token::TokenStore`); leave `store` out to use the installed one (`idem::Stores::builder().token(..).install()`)"
 )]
 pub trait TokenStore: Send + Sync {
     /// `memory` or `redis`, for logs.

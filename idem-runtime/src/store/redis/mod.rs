@@ -84,7 +84,7 @@ pub struct RedisStats {
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
 /// let conn = redis::aio::ConnectionManager::new(client).await?;
-/// let store = idem::RedisStore::new(conn, "idem:");
+/// let store = idem::store::RedisStore::new(conn, "idem:");
 /// idem::Stores::builder().all(store).install()?;
 /// # Ok(()) }
 /// ```
@@ -169,9 +169,8 @@ where
     }
 
     /// The Redis key of the record of `kind` for `scope` and `key`, both
-    /// as stored (a key as [`Key::as_str`](crate::Key::as_str) gives it; a
-    /// scope as written, unless it is over 128 bytes, starts with a backslash
-    /// or holds NUL):
+    /// as stored (a scope as [`stored_scope`](crate::key::stored_scope)
+    /// gives it, a key as [`Key::as_str`](crate::Key::as_str)):
     /// `<prefix>{<key>}<kind>:<scope>`, with `%`, `{` and `}` in the prefix
     /// and the key written `%25`, `%7B`, `%7D`. For operators and tests.
     pub fn key(&self, kind: RecordKind, scope: &str, key: &str) -> String {

@@ -5,10 +5,10 @@
 //! The SQL functions work on PostgreSQL, MySQL/MariaDB and SQLite, on the
 //! record table ([`record_table`]: `idem_records` unless
 //! the application named another); the lease records
-//! in Redis have their counterparts on [`RedisStore`](crate::RedisStore)
+//! in Redis have their counterparts on [`RedisStore`](crate::store::RedisStore)
 //! (`inspect_lease`, `stuck_leases`, `release_lease`). Purging is
-//! [`purge_expired`](crate::purge_expired), with
-//! [`PurgeOptions::older_than`](crate::PurgeOptions::older_than) for
+//! [`purge_expired`](crate::sql::purge_expired), with
+//! [`PurgeOptions::older_than`](crate::sql::PurgeOptions::older_than) for
 //! records older than a cut-off whatever their retention;
 //! [`purge_preview`] counts what it would delete.
 //!
@@ -37,7 +37,7 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
-//! use idem_runtime::admin::{self, RecordId, Release, StuckQuery};
+//! use idem_runtime::sql::admin::{self, RecordId, Release, StuckQuery};
 //! for record in admin::stuck(&pool, &StuckQuery { scope: Some("bank.transfer".into()), ..Default::default() }).await? {
 //!     println!("{} {} {:?} fence {}", record.scope, record.key, record.state, record.fence);
 //!     // After checking with the bank that the transfer did not happen:
@@ -193,7 +193,7 @@ where
 
 /// Read one record with its state, by the database's clock.
 ///
-/// Like [`find_record`](crate::find_record), plus the clock and what the
+/// Like [`find_record`](crate::sql::find_record), plus the clock and what the
 /// record means now ([`Record::state`]).
 pub async fn inspect<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId) -> Result<Option<Record>, Error> {
     let mut conn = pool.acquire().await?;
@@ -251,7 +251,7 @@ async fn fetch<DB: SqlBackend>(conn: &mut DB::Connection, id: &RecordId) -> Resu
     DB::admin_fetch(conn, record_table().qualified(), id).await.map_err(classify::<DB>)
 }
 
-/// Count what [`purge_expired`](crate::purge_expired) with `options` would
+/// Count what [`purge_expired`](crate::sql::purge_expired) with `options` would
 /// delete now (and archive), without deleting anything: a dry run. The
 /// count is of this moment; records expire meanwhile.
 pub async fn purge_preview<DB: SqlBackend>(

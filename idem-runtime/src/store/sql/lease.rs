@@ -19,7 +19,7 @@ use crate::store::BoxFuture;
 /// # extern crate idem_runtime as idem;
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem::Error> {
 /// idem::migrate(&pool).await?;
-/// idem::Stores::builder().lease(idem::lease::SqlStore::new(pool)).install()?;
+/// idem::Stores::builder().lease(idem::store::SqlStore::new(pool)).install()?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
@@ -96,6 +96,7 @@ pub enum LeaseAction<'a> {
 }
 
 /// An existing record a claim did not take over.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct LeaseRow {

@@ -41,9 +41,13 @@ mod sqlite;
 pub mod table;
 pub(crate) mod texts;
 
-pub use lease::SqlStore;
 #[doc(hidden)]
-pub use lease::{LeaseAction, LeaseRow};
+pub use lease::LeaseAction;
+pub use lease::SqlStore;
+// Read by the backends only (reachable by no public path).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[doc(hidden)]
+pub use lease::LeaseRow;
 
 /// The default name of the record table on every backend (see
 /// [`set_record_table`](table::set_record_table) for another).
@@ -458,7 +462,7 @@ pub async fn migrate<DB: SqlBackend>(pool: &sqlx::Pool<DB>) -> Result<(), Error>
 
 /// idem's migrations as a versioned [`sqlx::migrate::Migrator`], for
 /// applications that run their migrations with sqlx's tooling instead of
-/// calling [`migrate`]: `idem::migrator::<Postgres>().run(&pool).await?`.
+/// calling [`migrate`]: `idem::sql::migrator::<Postgres>().run(&pool).await?`.
 ///
 /// Written for this process's record table ([`set_record_table`](table::set_record_table);
 /// set it first). Its history is kept in `_idem_migrations` (or
