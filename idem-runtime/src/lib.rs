@@ -40,12 +40,14 @@ mod canonical;
 #[cfg(feature = "sql")]
 mod dedup;
 mod error;
+mod future;
 mod guard;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod key;
 pub mod lease;
 pub mod lock;
+mod machine;
 pub mod precheck;
 #[cfg(any(feature = "sql", feature = "redis"))]
 mod record;

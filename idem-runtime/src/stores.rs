@@ -27,10 +27,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::future::BoxFuture;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::lock::store::{LockAttempt, LockStore};
 use crate::precheck::store::PrecheckStore;
-use crate::store::BoxFuture;
 use crate::token::store::TokenStore;
 
 /// The stores guards use when the attribute names no `store`: one per role

@@ -8,8 +8,8 @@
 use std::future::Future;
 
 use crate::error::Error;
+use crate::future::BoxFuture;
 use crate::guard::Prepared;
-use crate::store::BoxFuture;
 use crate::store::sql::{
     Cas, ClaimResult, ExistingRecord, NewRecord, SqlBackend, classify, classify_state, in_transaction,
 };

@@ -7,9 +7,12 @@
 //! - `guard`: [`Guard::dedup`](crate::guard::Guard::dedup);
 //! - `record`: judging a repeat, the precheck, keeping or not keeping an
 //!   answer, removing a record, shared with `state` and `token`;
-//! - `ticket`: a first call's ticket, completed with the body's result.
+//! - `ticket`: a first call's ticket, completed with the body's result;
+//! - `token`: [`Guard::token_dedup`](crate::guard::Guard::token_dedup), the
+//!   record first, then the one-time token.
 
 pub(crate) mod context;
 pub(crate) mod guard;
 pub(crate) mod record;
 pub(crate) mod ticket;
+pub(crate) mod token;

@@ -9,9 +9,9 @@ use crate::dedup::record::{SURE_FIT, discard, judge};
 use crate::error::Error;
 use crate::guard::keep;
 use crate::guard::{GuardError, Prepared};
+use crate::machine::Transition;
 use crate::replay::Replayable;
-use crate::state::transition::{Moved, revert};
-use crate::store::sql::{InsertDone, RecordSql, SqlBackend, classify};
+use crate::store::sql::{Cas, InsertDone, RecordSql, SqlBackend, classify};
 use crate::telemetry::Outcome;
 
 /// The right to run the body once, in the caller's transaction: hand the
@@ -199,5 +199,26 @@ async fn undo<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared, record: b
     }
     if record {
         discard::<DB>(conn, p).await;
+    }
+}
+
+/// A transition this call made: undone if the body fails.
+#[derive(Debug)]
+pub(crate) struct Moved {
+    pub(crate) transition: &'static Transition,
+    /// The source state the entity was in (a transition may list several).
+    pub(crate) from: usize,
+}
+
+/// The body failed: put the entity back where this call found it, so the
+/// transition does not survive even if the caller commits anyway.
+pub(crate) async fn revert<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared, moved: &Moved) {
+    let states = moved.transition.states;
+    let from = [states.codes[moved.transition.to_index()]];
+    let cas = Cas { states, from: &from, to: states.codes[moved.from], key: &p.entity };
+    // As with a record's removal: if this fails the transaction cannot commit.
+    if let Err(e) = DB::transition(conn, &cas).await {
+        tracing::debug!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
+            "transition not undone after the body failed; the transaction cannot commit it");
     }
 }

@@ -7,11 +7,11 @@ use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::guard::{keep, replayed};
+use crate::lease::new_owner;
 use crate::lease::renew::{bounded, under_renewal};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
 use crate::precheck::{Sight, confirmed as precheck_confirmed, look};
 use crate::replay::Replayable;
-use crate::store::new_owner;
 use crate::telemetry::Outcome;
 
 /// The lease a first call holds while its body runs: see [`LeaseTicket::run`].

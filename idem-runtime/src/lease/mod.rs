@@ -5,6 +5,7 @@ pub(crate) mod guard;
 pub(crate) mod renew;
 pub(crate) mod store;
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use crate::lease::guard::LeaseTicket;
@@ -34,4 +35,17 @@ tokio::task_local! {
 /// Inside the body of a `strategy = "lease"` function: its lease.
 pub fn current() -> Option<LeaseInfo> {
     CURRENT.try_with(Clone::clone).ok()
+}
+
+/// A fresh owner id (of a lease or a lock): this process (its id and
+/// start time) and a counter.
+pub(crate) fn new_owner() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: OnceLock<String> = OnceLock::new();
+    let process = PROCESS.get_or_init(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        format!("{}-{nanos:x}-", std::process::id())
+    });
+    format!("{process}{:x}", N.fetch_add(1, Ordering::Relaxed))
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::store::BoxFuture;
+use crate::future::BoxFuture;
 
 /// A claim as a store receives it.
 #[derive(Clone, Debug)]

@@ -8,9 +8,9 @@ use crate::error::Error;
 use crate::guard::{Guard, GuardError};
 use crate::key::Key;
 use crate::key::stored_scope;
+use crate::lease::new_owner;
 use crate::lease::renew::{bounded, under_renewal};
 use crate::lock::{CURRENT, LockInfo, LockStore, acquire_as};
-use crate::store::new_owner;
 use crate::telemetry::{Outcome, forget_reported, report, reported};
 
 /// A lock held around a body: see [`LockTicket::run`].

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::key::stored_scope;
 use crate::key::{IdempotencyKey, Key};
-use crate::store::new_owner;
+use crate::lease::new_owner;
 
 pub use crate::lock::guard::LockTicket;
 pub use crate::lock::store::{LockAttempt, LockStore};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::store::BoxFuture;
+use crate::future::BoxFuture;
 
 /// What an acquire found.
 #[derive(Clone, Debug, PartialEq, Eq)]

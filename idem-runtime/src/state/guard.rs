@@ -13,12 +13,13 @@
 
 use crate::dedup::context::{Claimed, TxContext};
 use crate::dedup::record::{discard, judge, prechecked};
+use crate::dedup::ticket::Moved;
 use crate::dedup::ticket::Ticket;
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::Guard;
 use crate::replay::Replayable;
-use crate::state::transition::{Moved, Step, check_key, move_entity, silent_repeat};
+use crate::state::transition::{Step, check_key, move_entity, silent_repeat};
 use crate::state::{SilentRepeat, Transition};
 use crate::store::sql::Cas;
 

@@ -8,14 +8,6 @@ use crate::state::{SilentRepeat, StateCode, StoredState, Transition};
 use crate::store::sql::{Cas, ReadMode, SqlBackend, classify_state};
 use crate::telemetry::Outcome;
 
-/// A transition this call made: undone if the body fails.
-#[derive(Debug)]
-pub(crate) struct Moved {
-    pub(crate) transition: &'static Transition,
-    /// The source state the entity was in (a transition may list several).
-    pub(crate) from: usize,
-}
-
 /// What the compare-and-set decided.
 pub(crate) enum Step {
     /// This call moved the entity from this source state.
@@ -167,19 +159,6 @@ fn decide(p: &Prepared, t: &Transition, ignore_case: bool, current: Option<Store
     tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), %from, %to, %current,
         "illegal state transition refused");
     Err(Error::IllegalTransition { scope: p.scope.to_string(), key_hash: p.key.hash(), from, to, current })
-}
-
-/// The body failed: put the entity back where this call found it, so the
-/// transition does not survive even if the caller commits anyway.
-pub(crate) async fn revert<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared, moved: &Moved) {
-    let states = moved.transition.states;
-    let from = [states.codes[moved.transition.to_index()]];
-    let cas = Cas { states, from: &from, to: states.codes[moved.from], key: &p.entity };
-    // As with a record's removal: if this fails the transaction cannot commit.
-    if let Err(e) = DB::transition(conn, &cas).await {
-        tracing::debug!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
-            "transition not undone after the body failed; the transaction cannot commit it");
-    }
 }
 
 /// The guard's key selects one entity: one part per key column.

@@ -6,9 +6,6 @@
 //! transaction; lease records can also live in SQL, see [`SqlStore`]. A
 //! [`Routed`] store spreads lease records over several stores.)
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 pub(crate) mod keyspace;
@@ -28,9 +25,7 @@ pub use routed::Routed;
 #[cfg(feature = "sql")]
 pub use sql::SqlStore;
 
-/// A boxed, `Send` future: what the store traits' methods return, so that a
-/// store can sit behind `dyn LeaseStore` (or any other store trait).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::future::BoxFuture;
 
 /// How long a store of idem's own ([`RedisStore`], [`SqlStore`])
 /// waits for one call (a connection from its pool included) before the
@@ -48,7 +43,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 pub(crate) async fn within<T>(
     timeout: Duration,
     store: &'static str,
-    call: impl Future<Output = Result<T, crate::error::Error>>,
+    call: impl std::future::Future<Output = Result<T, crate::error::Error>>,
 ) -> Result<T, crate::error::Error> {
     match tokio::time::timeout(timeout, call).await {
         Ok(result) => result,
@@ -60,18 +55,6 @@ pub(crate) async fn within<T>(
 #[cfg(any(feature = "redis", feature = "sql"))]
 pub(crate) fn no_answer(store: &'static str, timeout: Duration) -> crate::error::Error {
     crate::error::Error::Store { store, source: format!("no answer within {timeout:?}").into() }
-}
-
-/// A fresh owner id: this process (its id and start time) and a counter.
-pub(crate) fn new_owner() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    static PROCESS: OnceLock<String> = OnceLock::new();
-    let process = PROCESS.get_or_init(|| {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        format!("{}-{nanos:x}-", std::process::id())
-    });
-    format!("{process}{:x}", N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Microseconds since the Unix epoch on this machine's clock.

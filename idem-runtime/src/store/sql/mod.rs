@@ -10,8 +10,8 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::key::SqlKey;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest};
+use crate::machine::{StateCode, StateTable, StoredState};
 use crate::record::DedupRecord;
-use crate::state::{StateCode, StateTable, StoredState};
 
 /// Bind entity key values (state strategies) to a query; `|u| expr` says how
 /// a UUID binds on this backend.

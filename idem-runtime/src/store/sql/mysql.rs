@@ -29,8 +29,8 @@ use super::{
     SchemaSql, SqlBackend, StateSql,
 };
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest};
+use crate::machine::StoredState;
 use crate::record::DedupRecord;
-use crate::state::StoredState;
 
 /// One of idem's text values as a statement binds it: its UTF-8 bytes,
 /// which the server takes as binary whatever the session's charset (a

@@ -12,8 +12,8 @@ use super::{
     SchemaSql, SqlBackend, StateSql,
 };
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest};
+use crate::machine::StoredState;
 use crate::record::DedupRecord;
-use crate::state::StoredState;
 
 fn pg_cast(col: &str, int: bool) -> String {
     if int { format!("{col}::int8") } else { format!("{col}::text") }

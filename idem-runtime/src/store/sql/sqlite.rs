@@ -19,8 +19,8 @@ use super::{
     SchemaSql, SqlBackend, StateSql,
 };
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest};
+use crate::machine::StoredState;
 use crate::record::DedupRecord;
-use crate::state::StoredState;
 
 fn sqlite_cast(col: &str, int: bool) -> String {
     if int { format!("CAST({col} AS INTEGER)") } else { format!("CAST({col} AS TEXT)") }
