@@ -324,7 +324,7 @@ async fn main() -> Result<(), BoxError> {
             for scope in [PAID_SCOPE, REFUND_SCOPE] {
                 let record = idem::sql::find_record(pool, scope, &key).await?;
                 found += usize::from(record.is_some());
-                if s == home && record.is_none_or(|r| r.status != idem::sql::RecordStatus::Done) {
+                if s == home && record.is_none_or(|r| r.status != idem::admin::RecordStatus::Done) {
                     eprintln!("   !! {id}: no completed {scope} record on its shard");
                     errors.fetch_add(1, Ordering::Relaxed);
                 }

@@ -154,8 +154,8 @@ pub mod sql {
     #[cfg(feature = "tx")]
     pub use idem_runtime::sql::begin_with;
     pub use idem_runtime::sql::{
-        DedupRecord, PurgeOptions, PurgeReport, RECORD_TABLE, RecordStatus, RecordTable, SqlBackend, TxContext, admin,
-        find_record, migrator, purge_expired, record_table, set_record_table,
+        DedupRecord, PurgeOptions, PurgeReport, RECORD_TABLE, RecordTable, SqlBackend, TxContext, find_record,
+        migrator, purge_expired, record_table, set_record_table,
     };
 }
 
@@ -171,6 +171,11 @@ pub mod http {
     #![doc = include_str!("../docs/http.md")]
     pub use idem_runtime::http::{BoxError, Idempotency, IdempotencyLayer, REPLAYED, ResponseBody, keeps_by_default};
 }
+
+/// Operating idem's records: look one up, list the stuck ones, release one
+/// (the `idem` command's calls, as functions).
+#[cfg(any(feature = "sql", feature = "redis"))]
+pub use idem_runtime::admin;
 
 #[doc(hidden)]
 pub use idem_runtime::__private;

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::{AppError, TestTx, unique};
-use idem::sql::{PurgeOptions, RecordStatus};
+use idem::admin::RecordStatus;
+use idem::sql::PurgeOptions;
 use idem::{Key, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 

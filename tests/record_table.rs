@@ -175,7 +175,7 @@ async fn dedup_and_state_on_postgres() {
         ..Default::default()
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(idem::sql::admin::purge_preview(&pool, &options).await.unwrap().deleted >= 1);
+    assert!(idem::admin::purge_preview(&pool, &options).await.unwrap().deleted >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

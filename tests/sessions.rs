@@ -9,8 +9,8 @@ use idem_test_support as common;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use common::{AppError, unique};
+use idem::admin::{RecordId, StuckQuery};
 use idem::lease::LeaseStore;
-use idem::sql::admin::{RecordId, StuckQuery};
 use idem::{Claim, Guard, Key, idempotent};
 
 /// Answers (and keys, and scopes) latin1 cannot hold, or holds differently
@@ -60,7 +60,7 @@ mod mysql {
     /// the key as the guard stores it (`Key::as_str`).
     async fn stored(pool: &MySqlPool, scope: &str, key: &str) -> (String, String, Option<String>) {
         let record = idem::sql::find_record(pool, scope, &Key::new(key).unwrap()).await.unwrap().expect("a record");
-        let inspected = idem::sql::admin::inspect(pool, &RecordId::new(scope, &Key::new(key).unwrap()))
+        let inspected = idem::admin::inspect(pool, &RecordId::new(scope, &Key::new(key).unwrap()))
             .await
             .unwrap()
             .expect("a record");
@@ -202,13 +202,13 @@ mod mysql {
         drop(ticket);
         tx.commit().await.unwrap();
         let query = StuckQuery { scope: Some(scope.clone()), ..StuckQuery::default() };
-        let stuck = idem::sql::admin::stuck(&latin1, &query).await.unwrap();
+        let stuck = idem::admin::stuck(&latin1, &query).await.unwrap();
         assert_eq!(stuck.len(), 1, "{stuck:?}");
         assert_eq!((stuck[0].scope.as_str(), stuck[0].key.as_str()), (scope.as_str(), key));
         let id = RecordId::new(&scope, &Key::new(key).unwrap());
-        let released = idem::sql::admin::release(&latin1, &id, stuck[0].fence).await.unwrap();
-        assert!(matches!(released, idem::sql::admin::Release::Released(_)), "{released:?}");
-        assert!(idem::sql::admin::inspect(&latin1, &id).await.unwrap().is_none());
+        let released = idem::admin::release(&latin1, &id, stuck[0].fence).await.unwrap();
+        assert!(matches!(released, idem::admin::Release::Released(_)), "{released:?}");
+        assert!(idem::admin::inspect(&latin1, &id).await.unwrap().is_none());
     }
 
     /// A user variable of the application's session, `@idem_completed`

@@ -696,7 +696,7 @@ mod mysql_only {
         assert_eq!(returned.len(), 40 << 20, "the first call gets its answer");
         tx.commit().await.unwrap();
         let found = idem::sql::find_record(&pool, "tests.tx.40mib", &Key::new(&key).unwrap()).await.unwrap().unwrap();
-        assert_eq!((found.status, found.response), (idem::sql::RecordStatus::Done, None));
+        assert_eq!((found.status, found.response), (idem::admin::RecordStatus::Done, None));
         let mut tx = idem::begin(&pool).await.unwrap();
         let err = Guard::new("tests.tx.40mib").key(&key).dedup::<String, _>(&mut tx).await.map(|_| ()).unwrap_err();
         assert!(matches!(err, idem::Error::AnswerNotKept { .. }), "{err}");

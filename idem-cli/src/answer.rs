@@ -1,8 +1,8 @@
 //! What a record's stored answer is: none yet, not kept, a response the
 //! HTTP layer stored (decoded), or any other answer's JSON.
 
-use idem_runtime::sql::RecordStatus;
-use idem_runtime::sql::admin::Record;
+use idem_runtime::admin::Record;
+use idem_runtime::admin::RecordStatus;
 use serde_json::Value;
 
 /// A record's answer, as shown.

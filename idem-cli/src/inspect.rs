@@ -1,6 +1,6 @@
 //! `idem inspect`: show one record, in each store given.
 
-use idem_runtime::sql::admin::{Record, RecordId};
+use idem_runtime::admin::{Record, RecordId};
 use serde_json::json;
 
 use crate::error::Failure;

@@ -1,5 +1,5 @@
 //! `idem`: operate idem's records from a shell. Every command is a call of
-//! the runtime's public functions (`idem::migrate`, `idem::sql::admin::*`,
+//! the runtime's public functions (`idem::migrate`, `idem::admin::*`,
 //! `idem::sql::purge_expired`, `RedisStore::inspect_lease` ...), so a program
 //! can do the same.
 //!

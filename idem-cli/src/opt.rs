@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use idem_runtime::Key;
-use idem_runtime::sql::admin::RecordId;
+use idem_runtime::admin::RecordId;
 
 use crate::error::Failure;
 

@@ -1,7 +1,7 @@
 //! `idem purge`: delete records past their retention (and, asked, older
 //! ones), or count them first.
 
-use idem_runtime::sql::admin::PurgePreview;
+use idem_runtime::admin::PurgePreview;
 use idem_runtime::sql::{PurgeOptions, PurgeReport};
 use serde_json::{Value, json};
 

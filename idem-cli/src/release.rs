@@ -3,7 +3,7 @@
 
 use std::io::{IsTerminal, Write};
 
-use idem_runtime::sql::admin::{Record, RecordId, RecordState, Release};
+use idem_runtime::admin::{Record, RecordId, RecordState, Release};
 use serde_json::{Value, json};
 
 use crate::error::Failure;

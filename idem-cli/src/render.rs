@@ -5,8 +5,8 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use idem_runtime::Key;
-use idem_runtime::sql::RecordStatus;
-use idem_runtime::sql::admin::{Record, RecordState};
+use idem_runtime::admin::RecordStatus;
+use idem_runtime::admin::{Record, RecordState};
 use serde_json::{Value, json};
 
 use crate::answer::{Answer, HttpResponse, answer};

@@ -1,7 +1,7 @@
 //! The stores a command acts on, each able to do what the commands ask of
 //! it: a command says what, the store's kind decides how.
 
-use idem_runtime::sql::admin::{self, PurgePreview, Record, RecordId, Release, StuckQuery};
+use idem_runtime::admin::{self, PurgePreview, Record, RecordId, Release, StuckQuery};
 use idem_runtime::sql::{PurgeOptions, PurgeReport};
 use idem_runtime::store::RedisStore;
 use sqlx::{MySqlPool, PgPool, SqlitePool};

@@ -1,6 +1,6 @@
 //! `idem stuck`: list the stuck records of each store given.
 
-use idem_runtime::sql::admin::Record;
+use idem_runtime::admin::Record;
 use serde_json::{Value, json};
 
 use crate::error::Failure;

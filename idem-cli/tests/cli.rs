@@ -24,9 +24,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use common::unique;
 use http_body_util::Full;
+use idem::admin::{self, RecordId, RecordState};
 use idem::http::{IdempotencyLayer, ResponseBody};
 use idem::lease::LeaseStore;
-use idem::sql::admin::{self, RecordId, RecordState};
 use idem::{Claim, Guard, Key};
 use serde_json::Value;
 use tower_service::Service as _;
@@ -547,7 +547,7 @@ macro_rules! sql_tests {
                 for key in [&crashed, &live] {
                     let found =
                         admin::inspect(&pool, &RecordId::new(&scope, &Key::new(key.as_str()).unwrap())).await.unwrap();
-                    assert_eq!(found.map(|r| r.status), Some(idem::sql::RecordStatus::Processing), "{key}");
+                    assert_eq!(found.map(|r| r.status), Some(idem::admin::RecordStatus::Processing), "{key}");
                 }
                 assert!(!run(&store, &other, &elsewhere).await, "another scope's record survives");
                 let again = idem_json(&cli, &age, 0);

@@ -214,14 +214,15 @@ pub enum Error {
     /// the ticket was completed on another transaction than its claim's,
     /// or the server rolled the transaction back (a deadlock victim). The
     /// transaction must not commit: roll it back (an `idem::Tx` committed
-    /// nothing); running the call again is safe.
+    /// nothing); after the rollback, running the call again is safe.
     #[error(
         "the dedup record of scope `{scope}` vanished inside its own transaction before its answer was stored \
          (deleted by the body, completed on another transaction, or rolled back by the server); roll the \
          transaction back"
     )]
     RecordVanished {
-        /// Scope of the guard.
+        /// Scope of the guard (of an `idem::Tx`'s commit: the scopes of the
+        /// answers it carried, `, `-separated).
         scope: String,
     },
 

@@ -271,7 +271,7 @@ fn check_scope(scope: &str) -> Result<(), Error> {
 }
 
 /// A validated call: key, fingerprint, and the scope as stored. (Public
-/// only as a parameter of [`TxContext`](crate::TxContext)'s hidden steps.)
+/// only as a parameter of [`TxContext`](crate::sql::TxContext)'s hidden steps.)
 #[derive(Debug)]
 pub struct Prepared {
     /// When the guard started (for the claim's latency).

@@ -10,19 +10,24 @@
 //!   [`lock`], [`precheck`]: one folder per strategy, holding what users
 //!   call (`current()`, `issue()`, `acquire()`, `counters()`, state
 //!   machines), its store trait (`store.rs`) and its guard method
-//!   (`guard.rs`); `dedup` also holds the record's steps and the ticket the
-//!   other in-transaction strategies share;
+//!   (`guard.rs`); `dedup` also holds the caller's transaction as guards
+//!   see it (`context.rs`, [`sql::TxContext`]), the record's steps and the
+//!   ticket the other in-transaction strategies share, and `token+dedup`;
+//!   everything SQL needs the `sql` feature (implied by each database);
+//! - `tx`: [`Tx`] (feature `tx`), which overrides the transaction's steps
+//!   to send the claim with `BEGIN` and the answer with `COMMIT`;
 //! - [`store`]: the stores, one folder each (`memory`, `redis` with its Lua
 //!   in `.lua` files, `store/sql`: PostgreSQL, MySQL/MariaDB and SQLite,
 //!   and the SQL lease store), `routed`, and the record names of key-value
 //!   stores (`keyspace`); a store implements the strategies' store traits
 //!   and knows no strategy's logic. What users call of `store/sql` is
-//!   listed by the root's [`sql`] module (and `Tx`, `begin`, `migrate` at
-//!   the root);
+//!   listed by the root's `sql` and `admin` modules (and `migrate` at the
+//!   root);
 //! - [`Stores`]: which stores guards use when they name none;
 //! - `http`: the `Idempotency-Key` layer (feature `http`);
-//! - `error`, [`key`], `record`: the error type, key parts and
-//!   fingerprints, a record as stores keep it; `replay`: what an answer
+//! - `error`, [`key`], `record`, `machine`, `future`: the error type, key
+//!   parts and fingerprints, a record as stores keep it, a state machine as
+//!   its derive describes it, the future store traits return; `replay`: what an answer
 //!   must be to replay exactly ([`Replayable`]); `telemetry`: whether a
 //!   call ran or replayed ([`observe`]), events and metrics; `canonical`:
 //!   the one canonical JSON every fingerprint hashes. These leaves import
@@ -86,14 +91,26 @@ pub use tx::SqliteTx;
 #[cfg(feature = "tx")]
 pub use tx::{Tx, begin};
 
+/// Operating idem's records: look one up, list the stuck ones, release one
+/// (with `redis` alone: the record types of `RedisStore`'s counterparts).
+#[cfg(feature = "sql")]
+pub use store::sql::admin;
+
+/// Operating idem's lease records in Redis: the record types that
+/// `RedisStore::inspect_lease`, `stuck_leases` and `release_lease` take and
+/// return (with a SQL feature, this module also holds the SQL functions).
+#[cfg(all(feature = "redis", not(feature = "sql")))]
+pub mod admin {
+    pub use crate::record::{Record, RecordId, RecordState, RecordStatus, Release};
+}
+
 /// Dedup records in SQL: the backend trait, the transaction trait, the
 /// record table, reading, purging and operating records. (`Tx`, `begin`
 /// and `migrate` are at the crate root.)
 #[cfg(feature = "sql")]
 pub mod sql {
     pub use crate::dedup::context::TxContext;
-    pub use crate::record::{DedupRecord, RecordStatus};
-    pub use crate::store::sql::admin;
+    pub use crate::record::DedupRecord;
     pub use crate::store::sql::table::{RecordTable, record_table, set_record_table};
     pub use crate::store::sql::{
         PurgeOptions, PurgeReport, RECORD_TABLE, SqlBackend, find_record, migrator, purge_expired,

@@ -102,7 +102,7 @@ impl RecordId {
     }
 }
 
-/// What a record means now, by the store's clock. See the [module](self)
+/// What a record means now, by the store's clock. See the `admin` module's
 /// docs for which states are stuck.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -113,7 +113,7 @@ pub enum RecordState {
     /// (stuck; the next call takes it over).
     LeasePassed,
     /// `PROCESSING` with no lease: a dedup record committed without its
-    /// answer (stuck; repeats get [`Error::Unfinished`]).
+    /// answer (stuck; repeats get [`Error::Unfinished`](crate::error::Error::Unfinished)).
     Unfinished,
     /// `DONE`: repeats replay its response.
     Done,

@@ -26,11 +26,13 @@ pub(crate) const MAX_ATTEMPTS: usize = 5;
 /// holds: the record must commit or roll back together with the business
 /// change, so never hand out a connection that is not inside a
 /// transaction. (A wrapper of an `idem::Tx` passes the `Tx` itself to the
-/// guards: through `connection` alone, its claims would not ride on `BEGIN`.)
+/// guards: through `connection` alone its claims would not ride on
+/// `BEGIN`, and the `Tx`'s connection panics before it has begun unless
+/// `Tx::open` was called.)
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can write its dedup record in",
     label = "not a supported transaction",
-    note = "take `&mut sqlx::Transaction<'_, DB>` or `&mut idem::Tx<DB>` with DB = sqlx::Postgres, sqlx::MySql or sqlx::Sqlite (or a type implementing `idem::sql::TxContext`)",
+    note = "take `&mut sqlx::Transaction<'_, DB>` or (feature `tx`) `&mut idem::Tx<DB>` with DB = sqlx::Postgres, sqlx::MySql or sqlx::Sqlite (or a type implementing `idem::sql::TxContext`)",
     note = "a pool or a bare connection would commit the record apart from your business change: begin a transaction and pass it"
 )]
 pub trait TxContext: Send {

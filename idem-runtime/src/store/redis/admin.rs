@@ -1,6 +1,6 @@
 //! Operating the lease records in Redis: look one up, list the stuck ones
 //! (with `SCAN`, in bounded pages), release one. The counterparts of
-//! [`admin`](crate::sql::admin)'s SQL functions.
+//! [`admin`](crate::admin)'s SQL functions.
 //!
 //! Redis keeps no unfinished dedup records (those live in SQL) and drops a
 //! record when its retention (its key's TTL) runs out, so a lease record

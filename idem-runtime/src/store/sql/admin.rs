@@ -37,7 +37,7 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
-//! use idem_runtime::sql::admin::{self, RecordId, Release, StuckQuery};
+//! use idem_runtime::admin::{self, RecordId, Release, StuckQuery};
 //! for record in admin::stuck(&pool, &StuckQuery { scope: Some("bank.transfer".into()), ..Default::default() }).await? {
 //!     println!("{} {} {:?} fence {}", record.scope, record.key, record.state, record.fence);
 //!     // After checking with the bank that the transfer did not happen:
@@ -58,8 +58,7 @@ use std::future::Future;
 use super::table::record_table;
 use super::{PurgeOptions, SqlBackend, classify};
 use crate::error::Error;
-use crate::record::RecordStatus;
-pub use crate::record::{Record, RecordId, RecordState, Release, StuckQuery};
+pub use crate::record::{Record, RecordId, RecordState, RecordStatus, Release, StuckQuery};
 
 /// What [`purge_preview`] counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
