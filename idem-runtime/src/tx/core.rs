@@ -296,9 +296,7 @@ impl TxCore {
             _ => found,
         }
     }
-}
 
-impl TxCore {
     /// `claim = "after"` found a repeat: roll back to the transaction's
     /// start and begin again with the Tx's own statement (its isolation
     /// level); the answers queued for `COMMIT` went with the rollback.
