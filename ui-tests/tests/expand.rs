@@ -19,7 +19,7 @@ fn expansions_match_their_snapshots() {
             panic!("{reason}, and IDEM_REQUIRE_EXPAND=1");
         }
         // Written past the harness's capture, in the form .ci/run counts
-        // as a skip (as test-support/src/lib.rs, `skip`, does).
+        // as a skip (as tests/support/lib.rs, `skip`, does).
         use std::io::Write as _;
         let line = format!("SKIPPED: expansions_match_their_snapshots: {reason}\n");
         let _ = std::io::stderr().lock().write_all(line.as_bytes());

@@ -10,8 +10,8 @@
 //! `IDEM_REQUIRE_SERVICES=1` (CI) it fails them instead, after
 //! [`REQUIRED_WAIT`].
 //!
-//! With the feature `redis-server`, [`redis_server`]: Redis servers a test
-//! starts for itself, to kill or restart them.
+//! [`redis_server`]: Redis servers a test starts for itself, to kill or
+//! restart them.
 
 // The runtime under the facade's name, as the tests write it (the facade
 // re-exports its types): `idem::Tx` is `idem_runtime::Tx`.
@@ -25,7 +25,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
-#[cfg(feature = "redis-server")]
 pub mod redis_server;
 
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
