@@ -172,6 +172,14 @@ pub mod http {
     pub use idem_runtime::http::{BoxError, Idempotency, IdempotencyLayer, REPLAYED, ResponseBody, keeps_by_default};
 }
 
+/// Testing your own code: duplicates fired at it, stores with faults
+/// injected (feature `testing`).
+#[cfg(feature = "testing")]
+pub mod testing {
+    #![doc = include_str!("../docs/testing.md")]
+    pub use idem_runtime::testing::{Attempt, Call, Duplicates, Fault, Faults, Faulty, Op, Report};
+}
+
 /// Operating idem's records: look one up, list the stuck ones, release one
 /// (the `idem` command's calls, as functions).
 #[cfg(any(feature = "sql", feature = "redis"))]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{AppError, unique};
 use idem::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use idem::store::RecordKind;
+use idem::testing::{Fault, Faults, Op};
 use idem::{Error, Outcome, idempotent};
 
 type Store = Arc<dyn LeaseStore>;
@@ -85,60 +86,6 @@ fn request<'a>(scope: &'a str, key: &'a str, owner: &'a str, lease: Duration) ->
 /// store's caller builds it.
 fn holder<'a>(scope: &'a str, key: &'a str, owner: &'a str, fence: i64, lease: Duration) -> HeldLease<'a> {
     HeldLease { scope, key, owner, fingerprint: None, fence, lease, retention: Duration::from_secs(3600) }
-}
-
-/// A real store with faults injected where a test asks: a smaller answer
-/// limit, and completions that fail (those carrying an answer, or all).
-struct Faulty {
-    store: Store,
-    limit: Option<usize>,
-    /// Completions carrying an answer fail with a store error.
-    fail_answers: bool,
-    /// Every completion fails.
-    fail_all: bool,
-    completions: AtomicUsize,
-}
-
-impl Faulty {
-    fn new(store: Store) -> Faulty {
-        Faulty { store, limit: None, fail_answers: false, fail_all: false, completions: AtomicUsize::new(0) }
-    }
-}
-
-fn injected() -> Error {
-    Error::Store { store: "faulty", source: "injected: the store went away as the answer was written".into() }
-}
-
-impl LeaseStore for Faulty {
-    fn kind(&self) -> &'static str {
-        self.store.kind()
-    }
-    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> idem::store::BoxFuture<'a, Result<LeaseClaim, Error>> {
-        self.store.claim(req)
-    }
-    fn complete<'a>(
-        &'a self,
-        held: &'a HeldLease<'a>,
-        response: Option<&'a str>,
-    ) -> idem::store::BoxFuture<'a, Result<bool, Error>> {
-        self.completions.fetch_add(1, SeqCst);
-        if self.fail_all || (self.fail_answers && response.is_some()) {
-            return Box::pin(std::future::ready(Err(injected())));
-        }
-        self.store.complete(held, response)
-    }
-    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> idem::store::BoxFuture<'a, Result<bool, Error>> {
-        self.store.release(held)
-    }
-    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> idem::store::BoxFuture<'a, Result<bool, Error>> {
-        self.store.extend(held)
-    }
-    fn answer_limit(&self) -> idem::store::BoxFuture<'_, usize> {
-        match self.limit {
-            Some(limit) => Box::pin(std::future::ready(limit)),
-            None => self.store.answer_limit(),
-        }
-    }
 }
 
 /// A first call through `store` answering `answer`, then `repeats`
@@ -226,7 +173,7 @@ macro_rules! lease_suite {
             #[tokio::test]
             async fn an_answer_longer_than_the_store_holds_is_returned_and_never_run_again() {
                 let inner: Store = store!();
-                let store = Faulty { limit: Some(65_000), ..Faulty::new(inner) };
+                let store = Faults::new().wrap(inner).answer_limit(65_000);
                 let id = unique("long");
                 let long = || "x".repeat(70_000);
                 let (first, later, runs) = answer_then_repeat(&store, "tests.lease.long_answer", &id, long, 2).await;
@@ -248,7 +195,9 @@ macro_rules! lease_suite {
             #[tokio::test]
             async fn a_store_failing_as_the_answer_is_written_keeps_the_record_without_it() {
                 let inner: Store = store!();
-                let store = Faulty { fail_answers: true, ..Faulty::new(inner) };
+                let faults = Faults::new();
+                faults.inject_when(Op::Complete, Fault::Fail, |call| call.response.is_some());
+                let store = faults.wrap(inner);
                 let id = unique("store-fails");
                 let (first, later, runs) = answer_then_repeat(&store, "tests.lease.fails", &id, || 9u32, 2).await;
                 assert_eq!(first.unwrap(), 9, "the first call gets its answer");
@@ -256,7 +205,7 @@ macro_rules! lease_suite {
                     assert!(matches!(repeat, Err(Error::AnswerNotKept { .. })), "{repeat:?}");
                 }
                 assert_eq!(runs, 1);
-                assert_eq!(store.completions.load(SeqCst), 4, "three tries with the answer, one without");
+                assert_eq!(faults.calls(Op::Complete), 4, "three tries with the answer, one without");
             }
 
             /// A store that takes no completion while the lease lasts leaves
@@ -266,14 +215,16 @@ macro_rules! lease_suite {
             #[tokio::test]
             async fn a_store_down_at_completion_still_answers_the_first_call() {
                 let inner: Store = store!();
-                let store = Faulty { fail_all: true, ..Faulty::new(inner) };
+                let faults = Faults::new();
+                faults.inject(Op::Complete, Fault::Fail);
+                let store = faults.wrap(inner);
                 let id = unique("store-down");
                 let started = std::time::Instant::now();
                 let claim = idem::Guard::new("tests.lease.down").key(&id).lease::<u32>(&store, Duration::from_secs(1));
                 let Ok(idem::Claim::Run(ticket)) = claim.await else { panic!("first call") };
                 assert_eq!(ticket.run(async { Ok::<u32, Error>(3) }).await.unwrap(), 3);
                 assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-                let retry = idem::Guard::new("tests.lease.down").key(&id).lease::<u32>(&*store.store, Duration::from_secs(1));
+                let retry = idem::Guard::new("tests.lease.down").key(&id).lease::<u32>(&**store.inner(), Duration::from_secs(1));
                 let retry = format!("{:?}", retry.await);
                 assert!(retry.contains("Run(") && retry.contains("reclaimed: true"), "{retry}");
             }

@@ -25,6 +25,8 @@
 //!   root);
 //! - [`Stores`]: which stores guards use when they name none;
 //! - `http`: the `Idempotency-Key` layer (feature `http`);
+//! - [`testing`]: duplicates fired at an operation, and stores with faults
+//!   injected (feature `testing`), for users' tests of their own code;
 //! - `error`, [`key`], `record`, `machine`, `future`: the error type, key
 //!   parts and fingerprints, a record as stores keep it, a state machine as
 //!   its derive describes it, the future store traits return; `replay`: what an answer
@@ -61,6 +63,8 @@ pub mod state;
 pub mod store;
 mod stores;
 mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod token;
 #[cfg(feature = "tx")]
 mod tx;
