@@ -169,7 +169,9 @@ pub mod key {
 #[cfg(feature = "http")]
 pub mod http {
     #![doc = include_str!("../docs/http.md")]
-    pub use idem_runtime::http::{BoxError, Idempotency, IdempotencyLayer, REPLAYED, ResponseBody, keeps_by_default};
+    pub use idem_runtime::http::{
+        BoxError, EXPIRES_IN, Idempotency, IdempotencyLayer, REPLAYED, ResponseBody, keeps_by_default,
+    };
 }
 
 /// Testing your own code: duplicates fired at it, stores with faults

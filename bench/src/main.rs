@@ -31,6 +31,7 @@
 //! cargo run --release -p idem-bench -- --scenario token --redis-url redis://127.0.0.1:6379 --clients 100 --seconds 40
 //! cargo run --release -p idem-bench -- --scenario lock --redis-url redis://127.0.0.1:6379 --clients 64 --seconds 48
 //! cargo run --release -p idem-bench -- --scenario mq --database-url postgres://postgres@127.0.0.1/test --redis-url redis://127.0.0.1:6379 --clients 16 --seconds 30
+//! cargo run --release -p idem-bench -- --scenario wait --database-url postgres://postgres@127.0.0.1/test --redis-url redis://127.0.0.1:6379 --clients 16 --rounds 40
 //! cargo run --release -p idem-bench -- --scenario dedup --database-url postgres://postgres@127.0.0.1/test --clients 16 --seconds 30
 //! cargo run --release -p idem-bench -- --scenario dedup+state --database-url mysql://root@127.0.0.1/test
 //! ```
@@ -62,6 +63,7 @@ mod lease_bench;
 mod mq_bench;
 mod rtt_proxy;
 mod token_bench;
+mod wait_bench;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -87,6 +89,9 @@ enum Scenario {
     /// A consumer's handler, half its messages repeats, with and without
     /// `precheck = "redis"` (markers in memory, or --redis-url).
     Mq,
+    /// What a duplicate waiting for the first call adds after it completes
+    /// (memory; --database-url; --redis-url with and without notices).
+    Wait,
 }
 
 impl Scenario {
@@ -99,6 +104,7 @@ impl Scenario {
             Scenario::Token => "token",
             Scenario::Lock => "lock",
             Scenario::Mq => "mq",
+            Scenario::Wait => "wait",
         }
     }
 
@@ -106,7 +112,7 @@ impl Scenario {
         match self {
             Scenario::Dedup => &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten, Mode::ZeroRt],
             Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
-            Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq => &[],
+            Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait => &[],
         }
     }
 }
@@ -481,7 +487,7 @@ where
             guarded_dedup_state(&mut tx, trade_no, user_id).await?;
         }
         (_, Mode::ZeroRt) => unreachable!("an idem::Tx, above"),
-        (Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq, _) => {
+        (Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait, _) => {
             unreachable!("the lease, token, lock and mq scenarios run in their own modules")
         }
         (Scenario::DedupState, Mode::Handwritten) => {
@@ -719,6 +725,10 @@ async fn main() -> Result<(), BoxError> {
             return lease_bench::run_only(only, db, redis, args.clients, args.seconds).await;
         }
         return lease_bench::run(db, redis, args.clients, args.seconds, args.rounds).await;
+    }
+    if args.scenario == Scenario::Wait {
+        let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
+        return wait_bench::run(db, redis, args.clients, args.rounds).await;
     }
     if args.scenario == Scenario::Mq {
         let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());

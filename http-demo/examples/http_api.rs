@@ -1,12 +1,15 @@
 //! A payment endpoint behind the `Idempotency-Key` layer: a client that
 //! times out and retries, sent 100 times at once with one key. The handler
 //! runs once; the others are told to wait (409) or get the first response
-//! again, exactly; the same key with another amount is refused (422).
+//! again, exactly; the same key with another amount is refused (422). With
+//! `--wait`, the layer holds the copies until the first response is there
+//! and replays it: no client meets a 409.
 //!
 //! ```text
 //! cargo run -p idem-http-demo --example http_api                      # SQLite, no server
+//! cargo run -p idem-http-demo --example http_api -- --wait
 //! cargo run -p idem-http-demo --example http_api -- --database-url postgres://postgres@127.0.0.1/test
-//! cargo run -p idem-http-demo --example http_api -- --redis-url redis://127.0.0.1:6379/
+//! cargo run -p idem-http-demo --example http_api -- --redis-url redis://127.0.0.1:6379/ --wait
 //! ```
 //!
 //! (A package of its own, `http-demo/`, so that axum and the HTTP client
@@ -33,14 +36,21 @@ struct Args {
     /// How many copies of the request to send at once.
     #[arg(long, default_value_t = 100)]
     requests: usize,
+    /// Hold a copy that arrives while the first request runs (up to 5 s)
+    /// and replay the first response to it, instead of answering 409.
+    #[arg(long)]
+    wait: bool,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 async fn store(args: &Args) -> Result<(Arc<dyn LeaseStore>, &'static str), BoxError> {
     if let Some(url) = &args.redis_url {
-        let conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
-        return Ok((Arc::new(idem::store::RedisStore::new(conn, "idem-example-http:")), "redis"));
+        let client = redis::Client::open(url.as_str())?;
+        let conn = redis::aio::ConnectionManager::new(client.clone()).await?;
+        // Notices wake a waiting copy as soon as the first request ends.
+        let store = idem::store::RedisStore::new(conn, "idem-example-http:").notifications(&client).await?;
+        return Ok((Arc::new(store), "redis"));
     }
     let url = match &args.database_url {
         Some(url) => url.clone(),
@@ -128,7 +138,8 @@ async fn main() -> Result<(), BoxError> {
     let layer = IdempotencyLayer::new(store)
         .scope("example.payments")
         .required(true)
-        .tenant(|request| request.headers.get("x-client").and_then(|v| v.to_str().ok()).map(str::to_owned));
+        .tenant(|request| request.headers.get("x-client").and_then(|v| v.to_str().ok()).map(str::to_owned))
+        .wait(if args.wait { Duration::from_secs(5) } else { Duration::ZERO });
     let shop = Shop::default();
     let base = format!("http://{}", serve(app(shop.clone(), layer)).await);
     let key = format!(
@@ -137,7 +148,8 @@ async fn main() -> Result<(), BoxError> {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
     );
     let client = reqwest::Client::new();
-    println!("POST {base}/payments, Idempotency-Key \"{key}\", records in {name}");
+    let waits = if args.wait { ", copies wait for the first" } else { "" };
+    println!("POST {base}/payments, Idempotency-Key \"{key}\", records in {name}{waits}");
 
     // The handler takes 200 ms: the copies arrive while it runs.
     let body = PaymentRequest { amount_cents: 4_200, delay_ms: Some(200), ..Default::default() };

@@ -443,6 +443,24 @@ macro_rules! http_suite {
             }
 
             #[tokio::test]
+            async fn first_responses_and_replays_say_how_long_the_key_is_kept() {
+                let (base, shop) = server(store!(), |l| l.retention(Duration::from_secs(3600))).await;
+                let client = reqwest::Client::new();
+                let (key, body) = (unique("k"), PaymentRequest { amount_cents: 5, ..Default::default() });
+                let left = |r: &reqwest::Response| {
+                    r.headers().get("idempotency-key-expires-in").and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                };
+                let first = post(&client, &base, Some(&key), &body).await;
+                assert_eq!(left(&first), Some(3600));
+                tokio::time::sleep(Duration::from_millis(1100)).await;
+                let retry = post(&client, &base, Some(&key), &body).await;
+                assert!(replayed(&retry));
+                let kept = left(&retry).expect("a replay says it too");
+                assert!((3590..3600).contains(&kept), "{kept}");
+                assert_eq!(shop.runs(), 1);
+            }
+
+            #[tokio::test]
             async fn unguarded_methods_pass_through() {
                 let (base, shop) = server(store!(), |l| l).await;
                 let count = reqwest::get(format!("{base}/payments/count")).await.unwrap();

@@ -306,6 +306,12 @@ impl LeaseStore for Stores {
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         self.lease_or_missing().answer_limit()
     }
+    fn notifies(&self) -> bool {
+        self.lease_or_missing().notifies()
+    }
+    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+        self.lease_or_missing().changed(scope, key, pause)
+    }
 }
 
 impl TokenStore for Stores {

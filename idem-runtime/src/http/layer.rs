@@ -36,6 +36,9 @@ pub(super) struct Config {
     pub(super) fits: OnceLock<Result<(), String>>,
     pub(super) lease: Duration,
     pub(super) retention: Duration,
+    /// How long a duplicate of a request still running waits for it
+    /// (zero: `409` at once).
+    pub(super) wait: Duration,
     /// Whether the warning about keys shared by every caller was logged.
     pub(super) warned_shared: AtomicBool,
 }
@@ -169,6 +172,7 @@ impl IdempotencyLayer {
                 fits: OnceLock::new(),
                 lease: Duration::from_secs(30),
                 retention: Duration::from_secs(24 * 3600),
+                wait: Duration::ZERO,
                 warned_shared: AtomicBool::new(false),
             }),
         }
@@ -276,6 +280,21 @@ impl IdempotencyLayer {
     /// How long responses are kept (default 24 h).
     pub fn retention(self, retention: Duration) -> IdempotencyLayer {
         self.with(|c| c.retention = retention)
+    }
+
+    /// Hold a duplicate that arrives while the first request still runs,
+    /// up to `wait`, and answer it as the first request ends: with the
+    /// first response, replayed; or, if the first request's response was
+    /// not kept (a 5xx, a panic), by running the handler for it. Past
+    /// `wait`, `409 Conflict` with `Retry-After`, as without waiting.
+    /// Default zero: `409` at once, and every client retries with a
+    /// backoff of its own. A waiting request holds no database connection
+    /// and does not poll the store in a tight loop
+    /// ([`Guard::lease_or_wait`](crate::Guard::lease_or_wait)); each holds
+    /// its task and its client's connection, so bound `wait` by what the
+    /// server can keep open.
+    pub fn wait(self, wait: Duration) -> IdempotencyLayer {
+        self.with(|c| c.wait = wait)
     }
 }
 

@@ -27,3 +27,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The header a replayed response carries.
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The header that says, on a first response and on its replays, for how
+/// many more seconds the key's record is kept: until then a retry gets the
+/// same response; after, the key is free again.
+pub const EXPIRES_IN: HeaderName = HeaderName::from_static("idempotency-key-expires-in");

@@ -15,7 +15,7 @@ use super::fingerprint::fingerprint;
 use super::layer::{Config, IdempotencyLayer};
 use super::problem::{problem, refused};
 use super::request::{body_of, key_of, tenant_of};
-use super::stored::StoredResponse;
+use super::stored::{StoredResponse, expires_in};
 use super::{BoxError, ResponseBody};
 use crate::error::Error;
 use crate::guard::Claim;
@@ -194,7 +194,8 @@ async fn claimed<'c>(config: &'c Config, guard: Guard<'_>) -> Result<LeaseTicket
         return Err(problem(StatusCode::INTERNAL_SERVER_ERROR, detail));
     }
     let store = config.store().map_err(|e| refused(&e, config.lease))?;
-    let (fits, claim) = tokio::join!(config.fits_store(store), guard.lease::<StoredResponse>(store, config.lease));
+    let (fits, claim) =
+        tokio::join!(config.fits_store(store), guard.lease_or_wait::<StoredResponse>(store, config.lease, config.wait));
     if let Err(detail) = fits {
         if let Ok(Claim::Run(ticket)) = claim {
             ticket.release_failed("was refused (the layer is misconfigured)").await;
@@ -232,6 +233,8 @@ async fn finished<E>(
         tracing::warn!(target: "idem", scope = %config.scope, error = %e,
             "idempotency layer: a response not kept, and its record could not say so");
     }
+    let mut response = response;
+    expires_in(&mut response, i64::try_from(config.retention.as_millis()).unwrap_or(i64::MAX));
     Ok(response)
 }
 
@@ -276,7 +279,7 @@ where
         return Err(Failure::Release(Response::from_parts(parts, ResponseBody::stream(body))));
     }
     match collect_up_to(body, config.max_response).await {
-        Collected::Whole(bytes) => Ok(Handled::Whole(StoredResponse::of(&parts, bytes))),
+        Collected::Whole(bytes) => Ok(Handled::Whole(StoredResponse::of(&parts, bytes, config.retention))),
         Collected::Partial(body, why) if why == OVER_LIMIT && config.pass_through_oversized => {
             tracing::warn!(target: "idem", scope = %config.scope, status = %parts.status, max = config.max_response,
                 "idempotency layer: a response over the limit passed through unstored (pass_through_oversized); \

@@ -7,7 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode, response};
 
-use super::{REPLAYED, ResponseBody};
+use super::{EXPIRES_IN, REPLAYED, ResponseBody};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct StoredResponse {
@@ -16,6 +16,22 @@ pub(crate) struct StoredResponse {
     headers: Vec<(String, String)>,
     /// Base64 of the body.
     body: String,
+    /// When the record expires, in Unix milliseconds by the clock of the
+    /// server that stored it (absent in records of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at_ms: Option<i64>,
+}
+
+/// Milliseconds since the Unix epoch on this server's clock.
+fn unix_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `Idempotency-Key-Expires-In: <seconds>`, rounded up.
+pub(crate) fn expires_in(response: &mut Response<ResponseBody>, left_ms: i64) {
+    let seconds = left_ms.max(0).saturating_add(999) / 1000;
+    response.headers_mut().insert(EXPIRES_IN, HeaderValue::from(seconds));
 }
 
 /// Headers about one connection, not the response: not stored, not replayed.
@@ -27,8 +43,11 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 }
 
 impl StoredResponse {
-    pub(crate) fn of(parts: &response::Parts, body: Bytes) -> StoredResponse {
+    /// The response, to be kept for `retention` from now.
+    pub(crate) fn of(parts: &response::Parts, body: Bytes, retention: std::time::Duration) -> StoredResponse {
+        let retention = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         StoredResponse {
+            expires_at_ms: Some(unix_ms().saturating_add(retention)),
             status: parts.status.as_u16(),
             headers: parts
                 .headers
@@ -42,7 +61,8 @@ impl StoredResponse {
 
     /// The response again: for the first request (from what was stored, so
     /// it and every replay are the same bytes) and, `replayed`, for a
-    /// repeat, marked `Idempotent-Replayed: true`.
+    /// repeat, marked `Idempotent-Replayed: true`; both say how long the
+    /// key is kept (`Idempotency-Key-Expires-In`).
     pub(crate) fn into_response(self, replayed: bool) -> Response<ResponseBody> {
         // A stored record was written by this layer; one that does not
         // decode (edited by hand) is answered as what it is, an error.
@@ -65,6 +85,9 @@ impl StoredResponse {
         });
         if replayed {
             response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
+        }
+        if let Some(at) = self.expires_at_ms {
+            expires_in(&mut response, at.saturating_sub(unix_ms()));
         }
         response
     }

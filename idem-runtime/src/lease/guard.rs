@@ -61,11 +61,32 @@ impl Guard<'_> {
     /// (`retry_after`: the lease left), [`Error::KeyMismatch`], store
     /// errors. With [`Guard::precheck`] a seen key is read before it is
     /// claimed (on SQL stores a plain read instead of the claiming upsert).
-    #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "lease"))]
     pub async fn lease<'s, T: Replayable>(
         self,
         store: &'s dyn LeaseStore,
         lease: Duration,
+    ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
+        self.lease_or_wait(store, lease, Duration::ZERO).await
+    }
+
+    /// [`lease`](Self::lease), but a call that finds another one holding
+    /// the key waits for it, up to `wait`, and then gets what that call
+    /// left: its answer to replay, or, if it failed (its record removed)
+    /// or its worker died (its lease passed), the key to run itself. Past
+    /// `wait`, [`Error::InProgress`] as without waiting.
+    ///
+    /// Waiting holds no connection, and does not poll the store in a
+    /// tight loop: a store that [`notifies`](LeaseStore::notifies) (the
+    /// memory store; a Redis store with notifications) wakes the caller
+    /// when the holder completes or releases the record, and is asked again
+    /// at most every 500 ms; any other is asked again after pauses of 10 ms,
+    /// doubling up to 250 ms. No wait is longer than the holder's lease.
+    #[tracing::instrument(level = "debug", target = "idem", name = "idem.claim", skip_all, fields(scope = %self.scope(), strategy = "lease"))]
+    pub async fn lease_or_wait<'s, T: Replayable>(
+        self,
+        store: &'s dyn LeaseStore,
+        lease: Duration,
+        wait: Duration,
     ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
         let precheck = self.precheck_store();
         let p = self.prepare_claim_before("lease", store.kind())?;
@@ -93,7 +114,7 @@ impl Guard<'_> {
                 _ => seen = true,
             }
         }
-        let claim = store.claim(&req).await?;
+        let claim = claim_or_wait(store, &req, wait).await?;
         if seen {
             precheck_confirmed(matches!(claim, LeaseClaim::Done { .. }));
         }
@@ -110,6 +131,27 @@ impl Guard<'_> {
             LeaseClaim::Done { response } => replay(&p, response).map(Claim::Replay),
             LeaseClaim::Busy { retry_after } => Err(p.in_progress(Some(retry_after))),
             LeaseClaim::Mismatch => Err(p.mismatch()),
+        }
+    }
+}
+
+/// Claim, and while another call holds the key, wait (up to `wait`) and
+/// claim again: the claim that settled it, or the last `Busy`.
+async fn claim_or_wait(store: &dyn LeaseStore, req: &LeaseRequest<'_>, wait: Duration) -> Result<LeaseClaim, Error> {
+    let until = tokio::time::Instant::now() + wait;
+    let mut pause = if store.notifies() { Duration::from_millis(500) } else { Duration::from_millis(10) };
+    loop {
+        let claim = store.claim(req).await?;
+        let LeaseClaim::Busy { retry_after } = claim else { return Ok(claim) };
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Ok(claim);
+        }
+        // Woken early by a notifying store; else back off. A lease that
+        // passes (its worker died) is taken over by the next claim.
+        store.changed(req.scope, req.key, pause.min(left).min(retry_after.max(Duration::from_millis(1)))).await;
+        if !store.notifies() {
+            pause = (pause * 2).min(Duration::from_millis(250));
         }
     }
 }

@@ -113,6 +113,22 @@ pub trait LeaseStore: Send + Sync {
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         Box::pin(std::future::ready(usize::MAX))
     }
+    /// Whether [`changed`](Self::changed) returns as soon as the record's
+    /// holder completes or releases it (the memory store; a Redis store
+    /// with notifications), rather than only after its pause. Default `false`.
+    fn notifies(&self) -> bool {
+        false
+    }
+    /// Wait until the record of `scope` and `key` (as stored) may have
+    /// changed, at most `pause`: a call that found the key in progress and
+    /// waits for the first to finish ([`Guard::lease_or_wait`](crate::Guard::lease_or_wait))
+    /// calls it between claims. The default sleeps `pause`; a store that
+    /// [`notifies`](Self::notifies) returns early when it sees the change.
+    /// Holds no connection while it waits.
+    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+        let _ = (scope, key);
+        Box::pin(tokio::time::sleep(pause))
+    }
 }
 
 impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
@@ -141,6 +157,12 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         (**self).answer_limit()
     }
+    fn notifies(&self) -> bool {
+        (**self).notifies()
+    }
+    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+        (**self).changed(scope, key, pause)
+    }
 }
 
 impl<S: LeaseStore + ?Sized> LeaseStore for &S {
@@ -168,5 +190,11 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     }
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         (**self).answer_limit()
+    }
+    fn notifies(&self) -> bool {
+        (**self).notifies()
+    }
+    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+        (**self).changed(scope, key, pause)
     }
 }

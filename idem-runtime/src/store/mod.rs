@@ -16,6 +16,7 @@ pub(crate) mod routed;
 // Public through the crate root's `sql` module, which lists its items.
 #[cfg(feature = "sql")]
 pub(crate) mod sql;
+pub(crate) mod waiters;
 
 pub use keyspace::RecordKind;
 pub use memory::MemoryStore;

@@ -1,5 +1,7 @@
 //! Lease records spread over several stores (shards) by key.
 
+use std::time::Duration;
+
 use sha2::{Digest as _, Sha256};
 
 use super::BoxFuture;
@@ -132,6 +134,18 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
 
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         self.on(req.scope, req.key, |s| s.peek(req))
+    }
+
+    /// Only if every shard does.
+    fn notifies(&self) -> bool {
+        self.shards.iter().all(|s| s.notifies())
+    }
+
+    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+        match self.shard(scope, key) {
+            Ok(s) => s.changed(scope, key, pause),
+            Err(_) => Box::pin(tokio::time::sleep(pause)),
+        }
     }
 
     fn answer_limit(&self) -> BoxFuture<'_, usize> {

@@ -291,6 +291,14 @@ impl<S: LeaseStore> LeaseStore for Faulty<S> {
         self.call(self.kind(), plain(Op::Peek, req.scope, req.key), move || self.store.peek(req), || None)
     }
 
+    fn notifies(&self) -> bool {
+        self.store.notifies()
+    }
+
+    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+        self.store.changed(scope, key, pause)
+    }
+
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         match self.answer_limit {
             Some(bytes) => Box::pin(std::future::ready(bytes)),

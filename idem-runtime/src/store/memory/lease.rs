@@ -116,12 +116,27 @@ impl LeaseStore for MemoryStore {
             }
             _ => false,
         };
+        drop(map);
+        if done {
+            self.waiters.wake(&id);
+        }
         Box::pin(std::future::ready(Ok(done)))
     }
 
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         let released = self.if_held(held, |_, _| true);
+        if released {
+            self.waiters.wake(&self.id(held.scope, held.key));
+        }
         Box::pin(std::future::ready(Ok(released)))
+    }
+
+    fn notifies(&self) -> bool {
+        true
+    }
+
+    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move { self.waiters.wait(&self.id(scope, key), pause).await })
     }
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::keyspace::Keyspace;
 use super::millis;
+use super::waiters::Waiters;
 
 mod lease;
 mod lock;
@@ -78,6 +79,8 @@ pub struct MemoryStore {
     /// The last fencing token granted by any lease or lock of this store.
     fences: AtomicI64,
     epoch: Instant,
+    /// Calls waiting for a lease record to be completed or released.
+    waiters: Waiters,
 }
 
 impl Default for MemoryStore {
@@ -105,6 +108,7 @@ impl MemoryStore {
             locks: Shards::new(),
             fences: AtomicI64::new(super::clock_micros()),
             epoch: Instant::now(),
+            waiters: Waiters::default(),
         }
     }
 

@@ -506,12 +506,30 @@ where
             let op = Op::new(&self.names, held.scope, held.key)
                 .arg(format_args!("D{fp}{}:{retention}:{}|{response}", held.fence, held.owner))
                 .arg(Holder(held));
-            self.finished(op).await
+            let done = self.finished(op).await?;
+            if done {
+                self.announce(held.scope, held.key);
+            }
+            Ok(done)
         })
     }
 
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.held('r', held, None))
+        Box::pin(async move {
+            let released = self.held('r', held, None).await?;
+            if released {
+                self.announce(held.scope, held.key);
+            }
+            Ok(released)
+        })
+    }
+
+    fn notifies(&self) -> bool {
+        self.sends_notices()
+    }
+
+    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: std::time::Duration) -> BoxFuture<'a, ()> {
+        Box::pin(self.notice(scope, key, pause))
     }
 
     fn answer_limit(&self) -> BoxFuture<'_, usize> {

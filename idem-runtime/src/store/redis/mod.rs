@@ -14,6 +14,7 @@ use crate::error::Error;
 mod admin;
 mod lease;
 mod lock;
+mod notices;
 mod precheck;
 mod token;
 
@@ -25,6 +26,8 @@ pub(super) struct Shared {
     operations: AtomicU64,
     /// The longest answer a record holds, once the server said.
     answer_limit: std::sync::OnceLock<usize>,
+    /// Lease notices, once [`RedisStore::notifications`] turned them on.
+    notices: std::sync::OnceLock<Arc<notices::Notices>>,
 }
 
 impl Shared {
@@ -126,6 +129,7 @@ where
                 calls: AtomicU64::new(0),
                 operations: AtomicU64::new(0),
                 answer_limit: std::sync::OnceLock::new(),
+                notices: std::sync::OnceLock::new(),
             }),
         }
     }
