@@ -24,7 +24,10 @@
 //!   listed by the root's `sql` and `admin` modules (and `migrate` at the
 //!   root);
 //! - [`Stores`]: which stores guards use when they name none;
-//! - `http`: the `Idempotency-Key` layer (feature `http`);
+//! - `http`: the `Idempotency-Key` layer (feature `http`); `grpc`: the
+//!   same for tonic services (feature `grpc`); `door`: what the two share
+//!   (settings, key and tenant, fingerprint, a response as kept, the
+//!   guarded call from claim to answer), so neither imports the other;
 //! - `error`, [`key`], `record`, `machine`, `future`: the error type, key
 //!   parts and fingerprints, a record as stores keep it, a state machine as
 //!   its derive describes it, the future store traits return; `replay`: what an answer
@@ -44,8 +47,12 @@
 mod canonical;
 #[cfg(feature = "sql")]
 mod dedup;
+#[cfg(any(feature = "http", feature = "grpc"))]
+mod door;
 mod error;
 mod future;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod guard;
 #[cfg(feature = "http")]
 pub mod http;

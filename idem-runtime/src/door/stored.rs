@@ -1,0 +1,89 @@
+//! A response as a record keeps it: status, headers, body and (gRPC)
+//! trailers, exactly (the bytes of metadata values and body in base64, so
+//! any bytes replay as they were).
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, response};
+
+/// The stored form, JSON `{"status", "headers": [[name, base64]], "body":
+/// base64}`, and `"trailers"` (the same pairs) for a response that ended
+/// with trailers.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct StoredResponse {
+    status: u16,
+    /// Name and base64 of the value, in the order the handler set them.
+    headers: Vec<(String, String)>,
+    /// Base64 of the body.
+    body: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    trailers: Option<Vec<(String, String)>>,
+}
+
+/// Headers about one connection, not the response: not stored, not replayed.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade" | "te" | "trailer"
+    )
+}
+
+fn encoded(map: &HeaderMap) -> Vec<(String, String)> {
+    map.iter()
+        .filter(|(name, _)| !hop_by_hop(name))
+        .map(|(name, value)| (name.as_str().to_owned(), STANDARD.encode(value.as_bytes())))
+        .collect()
+}
+
+fn decoded(pairs: &[(String, String)]) -> Option<HeaderMap> {
+    let mut map = HeaderMap::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+        map.append(name, HeaderValue::from_bytes(&STANDARD.decode(value).ok()?).ok()?);
+    }
+    Some(map)
+}
+
+/// A stored response decoded: its status, headers, body and trailers.
+pub(crate) struct Decoded {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    /// A gRPC response's (an HTTP response's are not kept).
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+    pub(crate) trailers: Option<HeaderMap>,
+}
+
+impl StoredResponse {
+    pub(crate) fn of(parts: &response::Parts, body: &Bytes, trailers: Option<&HeaderMap>) -> StoredResponse {
+        StoredResponse {
+            status: parts.status.as_u16(),
+            headers: encoded(&parts.headers),
+            body: STANDARD.encode(body),
+            trailers: trailers.map(encoded),
+        }
+    }
+
+    /// The response again, or `None` for a record that does not decode (a
+    /// stored record was written by a layer: one that does not decode was
+    /// edited by hand, and is answered as what it is, an error).
+    pub(crate) fn decode(&self) -> Option<Decoded> {
+        let decoded = || -> Option<Decoded> {
+            Some(Decoded {
+                status: StatusCode::from_u16(self.status).ok()?,
+                headers: decoded(&self.headers)?,
+                body: Bytes::from(STANDARD.decode(&self.body).ok()?),
+                trailers: match &self.trailers {
+                    Some(pairs) => Some(decoded(pairs)?),
+                    None => None,
+                },
+            })
+        };
+        let response = decoded();
+        if response.is_none() {
+            tracing::error!(target: "idem", "a stored response does not decode");
+        }
+        response
+    }
+}
