@@ -79,6 +79,39 @@ async fn client_run(mut client: PaymentsClient, key: String, message: PayRequest
     }
 }
 
+/// What the clients of step 1 saw, together.
+#[derive(Default)]
+struct Tally {
+    executed: Vec<Payment>,
+    replays: Vec<Payment>,
+    aborted: usize,
+    errors: usize,
+}
+
+/// `n` clients sending the same call at once, each until it has an answer.
+async fn copies(client: &PaymentsClient, key: &str, n: usize) -> Result<Tally, BoxError> {
+    // The handler takes 200 ms: the copies arrive while it runs.
+    let message = PayRequest { amount_cents: 4_200, delay_ms: 200, ..Default::default() };
+    let tasks: Vec<_> =
+        (0..n).map(|_| tokio::spawn(client_run(client.clone(), key.to_owned(), message.clone()))).collect();
+    let mut tally = Tally::default();
+    for task in tasks {
+        let (seen, met) = task.await?;
+        tally.aborted += met;
+        match seen {
+            Seen::Executed(payment) => tally.executed.push(payment),
+            Seen::Replayed(payment) => tally.replays.push(payment),
+            Seen::Failed(why) => {
+                eprintln!("   a client failed: {why}");
+                tally.errors += 1;
+            }
+        }
+    }
+    // Every replay is the first call's response.
+    tally.errors += tally.replays.iter().filter(|p| tally.executed.first() != Some(*p)).count();
+    Ok(tally)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
@@ -94,26 +127,8 @@ async fn main() -> Result<(), BoxError> {
     let key = format!("pay-{}", common::run_id());
     println!("{PAY} on {addr}, idempotency-key {key:?}, records in {name}");
 
-    // The handler takes 200 ms: the copies arrive while it runs.
-    let message = PayRequest { amount_cents: 4_200, delay_ms: 200, ..Default::default() };
     println!("1. {} copies of one payment call, at once:", args.requests);
-    let tasks: Vec<_> =
-        (0..args.requests).map(|_| tokio::spawn(client_run(client.clone(), key.clone(), message.clone()))).collect();
-    let (mut executed, mut replays, mut aborted, mut errors) = (Vec::new(), Vec::new(), 0, 0);
-    for task in tasks {
-        let (seen, met) = task.await?;
-        aborted += met;
-        match seen {
-            Seen::Executed(payment) => executed.push(payment),
-            Seen::Replayed(payment) => replays.push(payment),
-            Seen::Failed(why) => {
-                eprintln!("   a client failed: {why}");
-                errors += 1;
-            }
-        }
-    }
-    // Every replay is the first call's response.
-    errors += replays.iter().filter(|p| executed.first() != Some(*p)).count();
+    let Tally { executed, replays, aborted, mut errors } = copies(&client, &key, args.requests).await?;
     println!(
         "   the handler ran {} time(s); {} clients got its response replayed; ABORTED was answered {aborted} times to \
          clients that came while it ran",
@@ -124,20 +139,15 @@ async fn main() -> Result<(), BoxError> {
     println!("2. the same key with another amount:");
     let other = PayRequest { amount_cents: 9_900, ..Default::default() };
     let mismatch = client.clone().pay(keyed(&key, "acme-shop", other)).await;
-    let mismatches = match &mismatch {
-        Err(status) if status.code() == Code::FailedPrecondition => 1,
-        _ => 0,
-    };
+    let mismatches = usize::from(matches!(&mismatch, Err(status) if status.code() == Code::FailedPrecondition));
     println!("   {:?}", mismatch.map(|r| r.into_inner()).map_err(|s| (s.code(), s.message().to_owned())));
-    errors += 1 - mismatches;
 
     println!("3. the streaming method, passed through with the same key:");
     let streamed = client.clone().watch(keyed(&key, "acme-shop", PayRequest::default())).await?;
     println!("   {} messages streamed", streamed.len());
 
-    if executed.len() != 1 || shop.runs() != 1 {
-        errors += 1;
-    }
+    errors +=
+        (1 - mismatches) + usize::from(streamed.len() != 3) + usize::from(executed.len() != 1 || shop.runs() != 1);
     if let Some(sql) = sql {
         sql.close().await;
     }

@@ -228,3 +228,24 @@ impl IdempotencyLayer {
         self.with_door(|c| c.retention = retention)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::IdempotencyLayer;
+
+    /// A listed method passes, and every method of a listed service, but
+    /// no service whose name only starts alike.
+    #[test]
+    fn pass_through_names_methods_and_whole_services() {
+        let layer = IdempotencyLayer::new(crate::store::MemoryStore::new())
+            .pass_through(["/payments.Payments/Watch", "grpc.health.v1.Health"]);
+        let passes = |path| layer.config.passes(path);
+        assert!(passes("/payments.Payments/Watch"));
+        assert!(!passes("/payments.Payments/Pay"));
+        assert!(!passes("/payments.Payments/WatchAll"));
+        assert!(passes("/grpc.health.v1.Health/Check"));
+        assert!(passes("/grpc.health.v1.Health/Watch"));
+        assert!(!passes("/grpc.health.v1.HealthX/Check"));
+        assert!(!passes("/grpc.health.v1/Health"));
+    }
+}
