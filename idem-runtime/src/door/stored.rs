@@ -87,3 +87,39 @@ impl StoredResponse {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::StoredResponse;
+
+    /// A response kept and read back is the same: status, headers (a name
+    /// twice, in order; any bytes), body, trailers; and an HTTP response's
+    /// stored JSON keeps its three fields (no `trailers`), as `idem
+    /// inspect` reads it.
+    #[test]
+    fn a_stored_response_decodes_as_it_was() {
+        let response = http::Response::builder()
+            .status(201)
+            .header("x-audit", "first")
+            .header("x-audit", "second")
+            .header("x-bytes", http::HeaderValue::from_bytes(b"\xff\xfe").unwrap())
+            .body(())
+            .unwrap();
+        let (parts, ()) = response.into_parts();
+        let body = bytes::Bytes::from_static(b"\x00\x00\x00\x00\x02hi");
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers.append("x-trailing", "t".parse().unwrap());
+
+        for trailers in [None, Some(&trailers)] {
+            let json = serde_json::to_string(&StoredResponse::of(&parts, &body, trailers)).unwrap();
+            let fields = serde_json::from_str::<serde_json::Value>(&json).unwrap().as_object().unwrap().len();
+            assert_eq!(fields, if trailers.is_some() { 4 } else { 3 }, "{json}");
+            let decoded = serde_json::from_str::<StoredResponse>(&json).unwrap().decode().unwrap();
+            assert_eq!(decoded.status, 201);
+            assert_eq!(decoded.headers, parts.headers);
+            assert_eq!(decoded.body, body);
+            assert_eq!(decoded.trailers.as_ref(), trailers);
+        }
+    }
+}

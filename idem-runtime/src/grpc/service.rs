@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, HeaderName, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::Full;
+use tonic::Code;
 use tonic::body::Body;
-use tonic::{Code, Status};
 
 use super::layer::{Config, IdempotencyLayer};
 use super::status::{refused_before, with_trailers};
@@ -116,9 +116,10 @@ where
 /// trailers-only response (how tonic answers an `Err(Status)`); `UNKNOWN`
 /// where there is none.
 fn code_of(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> Code {
+    const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
     trailers
-        .and_then(|t| t.get(Status::GRPC_STATUS))
-        .or_else(|| headers.get(Status::GRPC_STATUS))
+        .and_then(|t| t.get(GRPC_STATUS))
+        .or_else(|| headers.get(GRPC_STATUS))
         .map_or(Code::Unknown, |value| Code::from_bytes(value.as_bytes()))
 }
 
