@@ -331,12 +331,35 @@ grpc_suite! {
     store = common::redis_cluster().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-grpc")))) as Arc<dyn LeaseStore>);
 }
 
-#[tokio::test]
-async fn a_layer_on_stores_without_a_lease_store_names_the_fix() {
-    let stores = idem::Stores::builder().token(idem::store::MemoryStore::new()).build();
-    let (mut client, shop) = served(IdempotencyLayer::with_stores(stores), |l| l).await;
+/// A guarded call refused with `INTERNAL`, its message naming the fix;
+/// the handler not run.
+async fn refused_for_want_of_a_store(client: &mut PaymentsClient, shop: &Shop) {
     let status = client.pay(keyed(&unique("k"), "alice", pay(5))).await.unwrap_err();
     assert_eq!(status.code(), Code::Internal);
     assert!(status.message().contains("Stores::builder().lease(store)"), "{status:?}");
     assert_eq!(shop.runs(), 0);
+}
+
+#[tokio::test]
+async fn a_layer_on_stores_without_a_lease_store_names_the_fix() {
+    let stores = idem::Stores::builder().token(idem::store::MemoryStore::new()).build();
+    let (mut client, shop) = served(IdempotencyLayer::with_stores(stores), |l| l).await;
+    refused_for_want_of_a_store(&mut client, &shop).await;
+}
+
+/// A layer built before the stores are installed finds them at its calls,
+/// as a guard naming no store does. The one test of this binary that
+/// installs stores (once per process): the others give theirs.
+#[tokio::test]
+async fn a_layer_on_the_installed_stores_finds_them_once_installed() {
+    let (mut client, shop) = served(IdempotencyLayer::installed(), |l| l).await;
+    refused_for_want_of_a_store(&mut client, &shop).await;
+    idem::Stores::builder().lease(idem::store::MemoryStore::new()).install().unwrap();
+    let key = unique("k");
+    let first = client.pay(keyed(&key, "alice", pay(5))).await;
+    assert!(first.is_ok() && !was_replayed(&first), "{first:?}");
+    let retry = client.pay(keyed(&key, "alice", pay(5))).await;
+    assert!(was_replayed(&retry));
+    assert_eq!(seen(&retry), seen(&first));
+    assert_eq!(shop.runs(), 1);
 }
