@@ -10,16 +10,17 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::Full;
-use tonic::Code;
 use tonic::body::Body;
+use tonic::{Code, Status};
 
 use super::layer::{Config, IdempotencyLayer};
-use super::status::{refused_before, with_trailers};
+use super::status::{answer, pushback, refused, refused_before, stored, with_trailers};
 use crate::door::BoxError;
 use crate::door::body::{Collected, collect_up_to};
-use crate::door::call::{Failure, Handled, guarded};
-use crate::door::settings::Read;
+use crate::door::call::{Door, Failure, Handled, guarded};
+use crate::door::settings::{Read, Settings};
 use crate::door::stored::StoredResponse;
+use crate::error::Error;
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around another.
 #[derive(Clone)]
@@ -88,9 +89,49 @@ where
     }
 }
 
+impl Door for Config {
+    type Response = Response<Body>;
+
+    fn settings(&self) -> &Settings {
+        &self.door
+    }
+
+    fn refused(&self, e: &Error) -> Response<Body> {
+        refused(e, self.door.lease.as_millis())
+    }
+
+    fn misconfigured(&self, detail: &str) -> Response<Body> {
+        answer(Status::internal(detail))
+    }
+
+    fn stored(&self, kept: StoredResponse, replayed: bool) -> Response<Body> {
+        stored(kept, replayed)
+    }
+
+    fn panicked(&self) -> Response<Body> {
+        answer(Status::internal("the handler failed; nothing was kept, a retry runs again"))
+    }
+
+    fn cancelled(&self) -> Response<Body> {
+        pushback(answer(Status::unavailable("the server is shutting down; retry later")), 1000)
+    }
+
+    fn handled<RB, E>(
+        &self,
+        response: Response<RB>,
+    ) -> impl Future<Output = Result<Handled<Response<Body>>, Failure<Response<Body>, E>>> + Send
+    where
+        RB: HttpBody<Data = Bytes> + Send + 'static,
+        RB::Error: Into<BoxError>,
+        E: Send,
+    {
+        handled(self, response)
+    }
+}
+
 /// The handler's response, read whole (messages and trailers), and kept
 /// if its status is one the layer keeps.
-pub(super) async fn handled<RB, E>(
+async fn handled<RB, E>(
     config: &Config,
     response: Response<RB>,
 ) -> Result<Handled<Response<Body>>, Failure<Response<Body>, E>>

@@ -2,72 +2,32 @@
 //! refusals as gRPC statuses, with which code answers each error of a
 //! guard.
 
-use std::future::Future;
-
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
-use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Full};
 use tonic::Status;
 use tonic::body::Body;
 
 use super::layer::Config;
 use super::{REPLAYED, RETRY_PUSHBACK};
-use crate::door::BoxError;
-use crate::door::call::{Door, Failure, Handled};
-use crate::door::settings::{Refusal, Settings};
+use crate::door::settings::Refusal;
 use crate::door::stored::StoredResponse;
 use crate::error::Error;
 
-impl Door for Config {
-    type Response = Response<Body>;
-
-    fn handled<RB, E>(
-        &self,
-        response: Response<RB>,
-    ) -> impl Future<Output = Result<Handled<Response<Body>>, Failure<Response<Body>, E>>> + Send
-    where
-        RB: HttpBody<Data = Bytes> + Send + 'static,
-        RB::Error: Into<BoxError>,
-        E: Send,
-    {
-        super::service::handled(self, response)
+/// A stored call's response again (headers, messages, trailers): for the
+/// first call (from what was stored, so it and every replay are the same
+/// bytes) and, `replayed`, for a repeat, marked `idempotent-replayed: true`.
+pub(super) fn stored(stored: StoredResponse, replayed: bool) -> Response<Body> {
+    let Some(decoded) = stored.decode() else {
+        return answer(Status::internal("the stored response of this idempotency key does not decode"));
+    };
+    let mut response = Response::new(with_trailers(decoded.body, decoded.trailers));
+    *response.status_mut() = decoded.status;
+    *response.headers_mut() = decoded.headers;
+    if replayed {
+        response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
     }
-
-    fn settings(&self) -> &Settings {
-        &self.door
-    }
-
-    fn refused(&self, e: &Error) -> Response<Body> {
-        refused(e, self.door.lease.as_millis())
-    }
-
-    fn misconfigured(&self, detail: &str) -> Response<Body> {
-        answer(Status::internal(detail))
-    }
-
-    /// The stored response (headers, messages, trailers), marked
-    /// `idempotent-replayed: true` for a repeat.
-    fn stored(&self, stored: StoredResponse, replayed: bool) -> Response<Body> {
-        let Some(decoded) = stored.decode() else {
-            return answer(Status::internal("the stored response of this idempotency key does not decode"));
-        };
-        let mut response = Response::new(with_trailers(decoded.body, decoded.trailers));
-        *response.status_mut() = decoded.status;
-        *response.headers_mut() = decoded.headers;
-        if replayed {
-            response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
-        }
-        response
-    }
-
-    fn panicked(&self) -> Response<Body> {
-        answer(Status::internal("the handler failed; nothing was kept, a retry runs again"))
-    }
-
-    fn cancelled(&self) -> Response<Body> {
-        pushback(answer(Status::unavailable("the server is shutting down; retry later")), 1000)
-    }
+    response
 }
 
 /// A call refused before its key is claimed, as a gRPC status.
@@ -83,7 +43,7 @@ pub(super) fn refused_before(config: &Config, refusal: Refusal) -> Response<Body
 }
 
 /// A guard's refusal as a gRPC status (`lease_ms`: the layer's lease).
-fn refused(e: &Error, lease_ms: u128) -> Response<Body> {
+pub(super) fn refused(e: &Error, lease_ms: u128) -> Response<Body> {
     match e {
         Error::LeaseLost { .. } => {
             // The handler was stopped: its lease could not be renewed (the
@@ -133,12 +93,12 @@ fn refused(e: &Error, lease_ms: u128) -> Response<Body> {
 }
 
 /// `status` as a trailers-only response, as tonic answers an `Err(Status)`.
-fn answer(status: Status) -> Response<Body> {
+pub(super) fn answer(status: Status) -> Response<Body> {
     status.into_http()
 }
 
 /// `response`, telling its client to retry after `ms` milliseconds.
-fn pushback(mut response: Response<Body>, ms: u128) -> Response<Body> {
+pub(super) fn pushback(mut response: Response<Body>, ms: u128) -> Response<Body> {
     response.headers_mut().insert(RETRY_PUSHBACK, HeaderValue::from_str(&ms.to_string()).expect("digits"));
     response
 }

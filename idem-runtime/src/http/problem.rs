@@ -2,76 +2,38 @@
 //! as `application/problem+json` answers (RFC 9457), with which status
 //! answers each error of a guard.
 
-use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
-use http_body::Body as HttpBody;
 
 use super::layer::Config;
 use super::{REPLAYED, ResponseBody};
-use crate::door::BoxError;
-use crate::door::call::{Door, Failure, Handled};
-use crate::door::settings::{Refusal, Settings};
+use crate::door::settings::Refusal;
 use crate::door::stored::StoredResponse;
 use crate::error::Error;
 
-impl Door for Config {
-    type Response = Response<ResponseBody>;
-
-    fn handled<RB, E>(
-        &self,
-        response: Response<RB>,
-    ) -> impl Future<Output = Result<Handled<Response<ResponseBody>>, Failure<Response<ResponseBody>, E>>> + Send
-    where
-        RB: HttpBody<Data = Bytes> + Send + 'static,
-        RB::Error: Into<BoxError>,
-        E: Send,
-    {
-        super::service::handled(self, response)
-    }
-
-    fn settings(&self) -> &Settings {
-        &self.door
-    }
-
-    fn refused(&self, e: &Error) -> Response<ResponseBody> {
-        refused(e, self.door.lease)
-    }
-
-    fn misconfigured(&self, detail: &str) -> Response<ResponseBody> {
-        problem(StatusCode::INTERNAL_SERVER_ERROR, detail)
-    }
-
-    /// The stored response, marked `Idempotent-Replayed: true` for a repeat.
-    fn stored(&self, stored: StoredResponse, replayed: bool) -> Response<ResponseBody> {
-        let mut response = match stored.decode() {
-            Some(decoded) => {
-                let mut response = Response::new(ResponseBody::full(decoded.body));
-                *response.status_mut() = decoded.status;
-                *response.headers_mut() = decoded.headers;
-                response
-            }
-            None => {
-                let mut response = Response::new(ResponseBody::full(Bytes::from_static(b"")));
-                *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-                response
-            }
-        };
-        if replayed {
-            response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
+/// A stored response again: for the first request (from what was stored,
+/// so it and every replay are the same bytes) and, `replayed`, for a
+/// repeat, marked `Idempotent-Replayed: true`.
+pub(super) fn stored(stored: StoredResponse, replayed: bool) -> Response<ResponseBody> {
+    let mut response = match stored.decode() {
+        Some(decoded) => {
+            let mut response = Response::new(ResponseBody::full(decoded.body));
+            *response.status_mut() = decoded.status;
+            *response.headers_mut() = decoded.headers;
+            response
         }
-        response
+        None => {
+            let mut response = Response::new(ResponseBody::full(Bytes::from_static(b"")));
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        }
+    };
+    if replayed {
+        response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
     }
-
-    fn panicked(&self) -> Response<ResponseBody> {
-        problem(StatusCode::INTERNAL_SERVER_ERROR, "the handler failed; nothing was kept, a retry runs again")
-    }
-
-    fn cancelled(&self) -> Response<ResponseBody> {
-        problem(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; retry later")
-    }
+    response
 }
 
 /// A request refused before its key is claimed, as an HTTP answer.
@@ -87,7 +49,7 @@ pub(super) fn refused_before(config: &Config, refusal: Refusal) -> Response<Resp
 }
 
 /// A guard's refusal as an HTTP answer (`lease`: the layer's).
-fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {
+pub(super) fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {
     match e {
         Error::LeaseLost { .. } => {
             // The handler was stopped: its lease could not be renewed (the
@@ -144,7 +106,7 @@ fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {
 }
 
 /// An `application/problem+json` answer (RFC 9457).
-fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody> {
+pub(super) fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody> {
     let body = serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("Error"),

@@ -7,16 +7,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 
 use super::layer::{Config, IdempotencyLayer};
-use super::problem::refused_before;
+use super::problem::{problem, refused, refused_before, stored};
 use super::{BoxError, ResponseBody};
 use crate::door::body::{Collected, OVER_LIMIT, collect_up_to};
-use crate::door::call::{Failure, Handled, guarded};
-use crate::door::settings::Read;
+use crate::door::call::{Door, Failure, Handled, guarded};
+use crate::door::settings::{Read, Settings};
 use crate::door::stored::StoredResponse;
+use crate::error::Error;
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around another.
 #[derive(Clone)]
@@ -99,8 +100,48 @@ where
     }
 }
 
+impl Door for Config {
+    type Response = Response<ResponseBody>;
+
+    fn settings(&self) -> &Settings {
+        &self.door
+    }
+
+    fn refused(&self, e: &Error) -> Response<ResponseBody> {
+        refused(e, self.door.lease)
+    }
+
+    fn misconfigured(&self, detail: &str) -> Response<ResponseBody> {
+        problem(StatusCode::INTERNAL_SERVER_ERROR, detail)
+    }
+
+    fn stored(&self, kept: StoredResponse, replayed: bool) -> Response<ResponseBody> {
+        stored(kept, replayed)
+    }
+
+    fn panicked(&self) -> Response<ResponseBody> {
+        problem(StatusCode::INTERNAL_SERVER_ERROR, "the handler failed; nothing was kept, a retry runs again")
+    }
+
+    fn cancelled(&self) -> Response<ResponseBody> {
+        problem(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; retry later")
+    }
+
+    fn handled<RB, E>(
+        &self,
+        response: Response<RB>,
+    ) -> impl Future<Output = Result<Handled<Response<ResponseBody>>, Failure<Response<ResponseBody>, E>>> + Send
+    where
+        RB: HttpBody<Data = Bytes> + Send + 'static,
+        RB::Error: Into<BoxError>,
+        E: Send,
+    {
+        handled(self, response)
+    }
+}
+
 /// The handler's response: read whole if it is worth keeping and fits.
-pub(super) async fn handled<RB, E>(
+async fn handled<RB, E>(
     config: &Config,
     response: Response<RB>,
 ) -> Result<Handled<Response<ResponseBody>>, Failure<Response<ResponseBody>, E>>
