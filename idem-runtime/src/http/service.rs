@@ -1,5 +1,7 @@
 //! The service the layer wraps around another: one request through it,
-//! from its key to the response its retries get.
+//! from its key to the response its retries get; and the layer as the
+//! guarded call of `crate::door` sees it (its `Door`: which answer for
+//! what, which responses are kept).
 
 use std::future::Future;
 use std::pin::Pin;
