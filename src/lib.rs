@@ -61,7 +61,9 @@
 //!   silent default), and what Redis guarantees: [`store`].
 //! - The same guards without the attribute: [`Guard`].
 //! - The `Idempotency-Key` header at the HTTP edge, on the same lease
-//!   records: the `http` module (feature `http`).
+//!   records: the `http` module (feature `http`); the same for tonic gRPC
+//!   services, unary calls keyed by `idempotency-key` metadata: the `grpc`
+//!   module (feature `grpc`).
 //! - A first run told from a replay, `tracing` spans and metrics:
 //!   [`observe`].
 //! - Naming a record at the store's level (a scope and a key as stored),
@@ -180,6 +182,13 @@ pub mod http {
 pub mod testing {
     #![doc = include_str!("../docs/testing.md")]
     pub use idem_runtime::testing::{Attempt, Call, Duplicates, Fault, Faults, Faulty, Op, Report};
+}
+
+/// The idempotency layer for tonic gRPC services (feature `grpc`).
+#[cfg(feature = "grpc")]
+pub mod grpc {
+    #![doc = include_str!("../docs/grpc.md")]
+    pub use idem_runtime::grpc::{Idempotency, IdempotencyLayer, REPLAYED, RETRY_PUSHBACK};
 }
 
 /// Operating idem's records: look one up, list the stuck ones, release one

@@ -180,20 +180,7 @@ async fn open(database_url: Option<&str>, redis_url: Option<&str>, clients: usiz
         });
     };
     let s = Store::connect(Some(url), clients as u32 + 2).await?;
-    let store: Arc<dyn LeaseStore> = match &s {
-        Store::Sqlite(pool, _) => {
-            idem::migrate(pool).await?;
-            Arc::new(idem::store::SqlStore::new(pool.clone()))
-        }
-        Store::Postgres(pool) => {
-            idem::migrate(pool).await?;
-            Arc::new(idem::store::SqlStore::new(pool.clone()))
-        }
-        Store::MySql(pool) => {
-            idem::migrate(pool).await?;
-            Arc::new(idem::store::SqlStore::new(pool.clone()))
-        }
-    };
+    let store = s.lease_store().await?;
     Ok(Under { name: s.name(), store, sql: Some(s), redis_stats: None })
 }
 

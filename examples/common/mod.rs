@@ -74,6 +74,24 @@ impl Store {
         }
     }
 
+    /// A lease store on this database, its record table migrated.
+    pub async fn lease_store(&self) -> Result<std::sync::Arc<dyn idem::lease::LeaseStore>, BoxError> {
+        Ok(match self {
+            Store::Sqlite(pool, _) => {
+                idem::migrate(pool).await?;
+                std::sync::Arc::new(idem::store::SqlStore::new(pool.clone()))
+            }
+            Store::Postgres(pool) => {
+                idem::migrate(pool).await?;
+                std::sync::Arc::new(idem::store::SqlStore::new(pool.clone()))
+            }
+            Store::MySql(pool) => {
+                idem::migrate(pool).await?;
+                std::sync::Arc::new(idem::store::SqlStore::new(pool.clone()))
+            }
+        })
+    }
+
     /// Remove the temporary SQLite file of the embedded default.
     pub async fn close(self) {
         if let Store::Sqlite(pool, path) = self {

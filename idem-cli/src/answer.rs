@@ -34,13 +34,15 @@ pub(crate) struct HttpResponse {
 }
 
 /// `text` decoded if it is the HTTP layer's stored form, JSON
-/// `{"status": 201, "headers": [[name, base64]], "body": base64}` (exactly
-/// those fields, the base64 valid); `None` for any other answer.
+/// `{"status": 201, "headers": [[name, base64]], "body": base64}` (and
+/// `expires_at_ms`, since it says when the key expires; no other field,
+/// the base64 valid); `None` for any other answer.
 fn http_response(text: &str) -> Option<HttpResponse> {
     use base64::Engine as _;
     let base64 = base64::engine::general_purpose::STANDARD;
     let Value::Object(fields) = serde_json::from_str::<Value>(text).ok()? else { return None };
-    if fields.len() != 3 {
+    let known = ["status", "headers", "body", "expires_at_ms"];
+    if fields.len() < 3 || fields.keys().any(|k| !known.contains(&k.as_str())) {
         return None;
     }
     let status = u16::try_from(fields.get("status")?.as_u64()?).ok().filter(|s| (100..=999).contains(s))?;

@@ -24,7 +24,7 @@ pub(crate) fn to_vec(mut value: Value) -> Result<Vec<u8>, serde_json::Error> {
 /// would be written back (`1e2`), or an object with a key twice (which
 /// readers take differently). A value built in memory has no such text
 /// (see [`to_vec`]).
-#[cfg(feature = "http")]
+#[cfg(any(feature = "http", feature = "grpc"))]
 pub(crate) fn from_text(text: &[u8]) -> Option<Vec<u8>> {
     let value: Value = serde_json::from_slice(text).ok()?;
     let (keys, exact) = scan(text);
@@ -35,7 +35,7 @@ pub(crate) fn from_text(text: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// How many object entries a value holds, at every level.
-#[cfg(feature = "http")]
+#[cfg(any(feature = "http", feature = "grpc"))]
 fn entries(value: &Value) -> usize {
     match value {
         Value::Object(map) => map.len() + map.values().map(entries).sum::<usize>(),
@@ -46,7 +46,7 @@ fn entries(value: &Value) -> usize {
 
 /// In JSON text that parses: how many object keys it writes (a string
 /// followed by `:`), and whether every number reads back as written.
-#[cfg(feature = "http")]
+#[cfg(any(feature = "http", feature = "grpc"))]
 fn scan(text: &[u8]) -> (usize, bool) {
     let (mut keys, mut i) = (0, 0);
     while i < text.len() {
@@ -80,7 +80,7 @@ fn scan(text: &[u8]) -> (usize, bool) {
     (keys, true)
 }
 
-#[cfg(all(test, feature = "http"))]
+#[cfg(all(test, any(feature = "http", feature = "grpc")))]
 mod tests {
     use super::from_text;
 

@@ -24,7 +24,10 @@
 //!   listed by the root's `sql` and `admin` modules (and `migrate` at the
 //!   root);
 //! - [`Stores`]: which stores guards use when they name none;
-//! - `http`: the `Idempotency-Key` layer (feature `http`);
+//! - `http`: the `Idempotency-Key` layer (feature `http`); `grpc`: the
+//!   same for tonic services (feature `grpc`); `door`: what the two share
+//!   (settings, key and tenant, fingerprint, a response as kept, the
+//!   guarded call from claim to answer), so neither imports the other;
 //! - [`testing`]: duplicates fired at an operation, and stores with faults
 //!   injected (feature `testing`), for users' tests of their own code;
 //! - `error`, [`key`], `record`, `machine`, `future`: the error type, key
@@ -46,8 +49,12 @@
 mod canonical;
 #[cfg(feature = "sql")]
 mod dedup;
+#[cfg(any(feature = "http", feature = "grpc"))]
+mod door;
 mod error;
 mod future;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod guard;
 #[cfg(feature = "http")]
 pub mod http;

@@ -3,65 +3,24 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, request};
 
-use super::fingerprint::{Fingerprint, FingerprintFn};
-use crate::error::Error;
+use crate::door::fingerprint::{Fingerprint, FingerprintFn};
+use crate::door::settings::{Records, Settings, TenantFn};
 use crate::lease::store::LeaseStore;
 use crate::stores::Stores;
 
-pub(super) type TenantFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
 pub(super) type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// What a layer was configured with, shared by its services and their
 /// requests.
 pub(super) struct Config {
-    pub(super) store: Records,
-    pub(super) scope: Cow<'static, str>,
-    pub(super) header: HeaderName,
-    pub(super) required: bool,
+    pub(super) door: Settings,
     pub(super) methods: Vec<Method>,
-    pub(super) tenant: Option<Arc<TenantFn>>,
-    pub(super) fingerprint: Fingerprint,
     pub(super) keep: Arc<StoreFn>,
-    pub(super) max_request: usize,
-    pub(super) max_response: usize,
     pub(super) pass_through_oversized: bool,
-    /// Whether a response of `max_response` bytes fits the store's records,
-    /// once asked (`Err`: the problem to answer every guarded request with).
-    pub(super) fits: OnceLock<Result<(), String>>,
-    pub(super) lease: Duration,
-    pub(super) retention: Duration,
-    /// How long a duplicate of a request still running waits for it
-    /// (zero: `409` at once).
-    pub(super) wait: Duration,
-    /// Whether the warning about keys shared by every caller was logged.
-    pub(super) warned_shared: AtomicBool,
-}
-
-/// Where a layer's lease records live.
-pub(super) enum Records {
-    /// The store given to [`IdempotencyLayer::new`].
-    Store(Arc<dyn LeaseStore>),
-    /// The lease store of a [`Stores`] value.
-    Stores(Stores),
-    /// The lease store installed at start-up, looked up at each request.
-    Installed,
-}
-
-impl std::fmt::Debug for Records {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = |stores: &Stores| stores.lease().map_or("none", |store| store.kind());
-        match self {
-            Records::Store(store) => write!(f, "{:?}", store.kind()),
-            Records::Stores(stores) => write!(f, "Stores({:?})", kind(stores)),
-            Records::Installed => write!(f, "installed({:?})", Stores::installed().map_or("none", kind)),
-        }
-    }
 }
 
 /// The layer: wrap a service with it (`ServiceBuilder::layer`,
@@ -90,13 +49,13 @@ pub struct IdempotencyLayer {
 
 impl std::fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let c = &self.config;
+        let (c, methods) = (&self.config.door, &self.config.methods);
         f.debug_struct("IdempotencyLayer")
             .field("store", &c.store)
             .field("scope", &c.scope)
             .field("header", &c.header)
             .field("required", &c.required)
-            .field("methods", &c.methods)
+            .field("methods", methods)
             .field("tenant", &c.tenant.is_some())
             .field("max_request", &c.max_request)
             .field("max_response", &c.max_response)
@@ -141,7 +100,7 @@ impl IdempotencyLayer {
     /// that name no store do; the defaults of [`new`](Self::new). The store
     /// is looked up at each request, so the layer may be built before the
     /// stores are installed; a guarded request finding no lease store is
-    /// refused with a `500` naming the fix ([`Error::NoStore`]), nothing
+    /// refused with a `500` naming the fix ([`Error::NoStore`](crate::Error::NoStore)), nothing
     /// run.
     pub fn installed() -> IdempotencyLayer {
         IdempotencyLayer::over(Records::Installed)
@@ -150,7 +109,7 @@ impl IdempotencyLayer {
     /// A layer keeping its records in the lease store of `stores` (the
     /// value a guard names with `store = "..."`); the defaults of
     /// [`new`](Self::new). Without a lease store in it, guarded requests
-    /// are refused with a `500` naming the fix ([`Error::NoStore`]).
+    /// are refused with a `500` naming the fix ([`Error::NoStore`](crate::Error::NoStore)).
     pub fn with_stores(stores: Stores) -> IdempotencyLayer {
         IdempotencyLayer::over(Records::Stores(stores))
     }
@@ -158,22 +117,10 @@ impl IdempotencyLayer {
     fn over(store: Records) -> IdempotencyLayer {
         IdempotencyLayer {
             config: Arc::new(Config {
-                store,
-                scope: Cow::Borrowed("http"),
-                header: HeaderName::from_static("idempotency-key"),
-                required: false,
+                door: Settings::new(store, "http"),
                 methods: vec![Method::POST, Method::PATCH],
-                tenant: None,
-                fingerprint: Fingerprint::Request,
                 keep: Arc::new(keeps_by_default),
-                max_request: 1 << 20,
-                max_response: 1 << 20,
                 pass_through_oversized: false,
-                fits: OnceLock::new(),
-                lease: Duration::from_secs(30),
-                retention: Duration::from_secs(24 * 3600),
-                wait: Duration::ZERO,
-                warned_shared: AtomicBool::new(false),
             }),
         }
     }
@@ -183,21 +130,25 @@ impl IdempotencyLayer {
         self
     }
 
+    fn with_door(self, change: impl FnOnce(&mut Settings)) -> IdempotencyLayer {
+        self.with(|c| change(&mut c.door))
+    }
+
     /// The records' scope: give each API (or version of one) its own.
     pub fn scope(self, scope: impl Into<Cow<'static, str>>) -> IdempotencyLayer {
         let scope = scope.into();
-        self.with(|c| c.scope = scope)
+        self.with_door(|c| c.scope = scope)
     }
 
     /// The key's header (default `Idempotency-Key`).
     pub fn header(self, header: HeaderName) -> IdempotencyLayer {
-        self.with(|c| c.header = header)
+        self.with_door(|c| c.header = header)
     }
 
     /// Refuse a guarded request without a key (`400`), instead of passing
     /// it through unguarded.
     pub fn required(self, required: bool) -> IdempotencyLayer {
-        self.with(|c| c.required = required)
+        self.with_door(|c| c.required = required)
     }
 
     /// The methods guarded (default `POST` and `PATCH`: the others are
@@ -217,7 +168,7 @@ impl IdempotencyLayer {
         tenant: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
     ) -> IdempotencyLayer {
         let tenant: Arc<TenantFn> = Arc::new(tenant);
-        self.with(|c| c.tenant = Some(tenant))
+        self.with_door(|c| c.tenant = Some(tenant))
     }
 
     /// What makes two requests "the same" behind one key: bytes hashed
@@ -228,13 +179,13 @@ impl IdempotencyLayer {
         fingerprint: impl Fn(&request::Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
     ) -> IdempotencyLayer {
         let fingerprint: Arc<FingerprintFn> = Arc::new(fingerprint);
-        self.with(|c| c.fingerprint = Fingerprint::Custom(fingerprint))
+        self.with_door(|c| c.fingerprint = Fingerprint::Custom(fingerprint))
     }
 
     /// No fingerprint: a key replays its first response to whatever request
     /// comes with it.
     pub fn without_fingerprint(self) -> IdempotencyLayer {
-        self.with(|c| c.fingerprint = Fingerprint::None)
+        self.with_door(|c| c.fingerprint = Fingerprint::None)
     }
 
     /// Which responses are kept and replayed (default [`keeps_by_default`]);
@@ -246,7 +197,7 @@ impl IdempotencyLayer {
 
     /// The largest request body read (default 1 MiB): a longer one is `413`.
     pub fn max_request_body(self, bytes: usize) -> IdempotencyLayer {
-        self.with(|c| c.max_request = bytes)
+        self.with_door(|c| c.max_request = bytes)
     }
 
     /// The largest response body kept (default 1 MiB). A longer one is sent
@@ -259,7 +210,7 @@ impl IdempotencyLayer {
     /// refused at the first guarded request, with a `500` naming both sizes
     /// and nothing run.
     pub fn max_response_body(self, bytes: usize) -> IdempotencyLayer {
-        self.with(|c| c.max_response = bytes)
+        self.with_door(|c| c.max_response = bytes)
     }
 
     /// Pass a response over [`max_response_body`](Self::max_response_body)
@@ -274,66 +225,25 @@ impl IdempotencyLayer {
     /// How long a first request holds its key without news (default 30 s;
     /// renewed while the handler runs).
     pub fn lease(self, lease: Duration) -> IdempotencyLayer {
-        self.with(|c| c.lease = lease)
+        self.with_door(|c| c.lease = lease)
     }
 
     /// How long responses are kept (default 24 h).
     pub fn retention(self, retention: Duration) -> IdempotencyLayer {
-        self.with(|c| c.retention = retention)
+        self.with_door(|c| c.retention = retention)
     }
 
-    /// Hold a duplicate that arrives while the first request still runs,
-    /// up to `wait`, and answer it as the first request ends: with the
-    /// first response, replayed; or, if the first request's response was
-    /// not kept (a 5xx, a panic), by running the handler for it. Past
-    /// `wait`, `409 Conflict` with `Retry-After`, as without waiting.
-    /// Default zero: `409` at once, and every client retries with a
-    /// backoff of its own. A waiting request holds no database connection
-    /// and does not poll the store in a tight loop
-    /// ([`Guard::lease_or_wait`](crate::Guard::lease_or_wait)); each holds
-    /// its task and its client's connection, so bound `wait` by what the
-    /// server can keep open.
+    /// Hold a duplicate that arrives while the first call still runs, up
+    /// to `wait`, and answer it as the first call ends: with the first
+    /// response, replayed; or, if the first call's response was not kept
+    /// (a failure, a panic), by running the handler for it. Past `wait`,
+    /// `409 Conflict` with `Retry-After`, as without waiting. Default zero: refused at once, and
+    /// every client retries with a backoff of its own. A waiting call
+    /// holds no database connection and does not poll the store in a
+    /// tight loop ([`Guard::lease_or_wait`](crate::Guard::lease_or_wait));
+    /// each holds its task and its client's connection, so bound `wait`
+    /// by what the server can keep open.
     pub fn wait(self, wait: Duration) -> IdempotencyLayer {
-        self.with(|c| c.wait = wait)
+        self.with_door(|c| c.wait = wait)
     }
 }
-
-impl Config {
-    /// The lease store of the layer's records, or [`Error::NoStore`].
-    pub(super) fn store(&self) -> Result<&dyn LeaseStore, Error> {
-        match &self.store {
-            Records::Store(store) => Ok(&**store),
-            Records::Stores(stores) => stores.lease(),
-            // Not installed yet, or installed without a lease store: the
-            // error a guard naming no store gets, which says what to install.
-            Records::Installed => Stores::installed().map_err(|_| Error::NoStore { role: "lease" })?.lease(),
-        }
-    }
-
-    /// Whether the store's records hold a response of `max_response` bytes
-    /// (asked of the store once): its body in base64, a third longer, and
-    /// room for its headers.
-    pub(super) async fn fits_store(&self, store: &dyn LeaseStore) -> Result<(), &str> {
-        if let Some(fits) = self.fits.get() {
-            return fits.as_ref().map_err(String::as_str).copied();
-        }
-        let limit = store.answer_limit().await;
-        let stored = self.max_response.div_ceil(3).saturating_mul(4).saturating_add(HEADROOM);
-        let fits = if stored <= limit {
-            Ok(())
-        } else {
-            let detail = format!(
-                "the idempotency layer is misconfigured: max_response_body ({} bytes) would be stored as up to {stored} \
-                 bytes, more than its {} store holds ({limit}); lower max_response_body",
-                self.max_response,
-                store.kind()
-            );
-            tracing::error!(target: "idem", scope = %self.scope, "{detail}");
-            Err(detail)
-        };
-        self.fits.get_or_init(|| fits).as_ref().map_err(String::as_str).copied()
-    }
-}
-
-/// Room for a stored response's status and headers beside its body.
-const HEADROOM: usize = 64 * 1024;

@@ -3,20 +3,18 @@
 //! is the runtime behind it.
 
 // One file per job, as tower-http lays out a layer: `layer` (the
-// configuration), `service` (one request through it), `request` (its key
-// and tenant), `fingerprint` (what makes two requests the same), `problem`
-// (refusals as RFC 9457 answers), `body` (the response body, read up to a
-// limit) and `stored` (a response as its record keeps it).
+// configuration), `service` (one request through it), `problem` (the
+// layer's own answers: a stored response again, refusals as RFC 9457
+// answers) and `body` (the response body). What the gRPC layer reads alike
+// (the key and tenant, the fingerprint, a response as its record keeps it,
+// the guarded call) is `crate::door`'s.
 
 use http::HeaderName;
 
 mod body;
-mod fingerprint;
 mod layer;
 mod problem;
-mod request;
 mod service;
-mod stored;
 
 pub use body::ResponseBody;
 pub use layer::{IdempotencyLayer, keeps_by_default};

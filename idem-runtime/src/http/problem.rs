@@ -1,13 +1,63 @@
-//! The layer's refusals as `application/problem+json` answers (RFC 9457),
-//! and which status answers each error of a guard.
+//! The layer's answers of its own: a stored response again, and refusals
+//! as `application/problem+json` answers (RFC 9457), with which status
+//! answers each error of a guard.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 
-use super::{REPLAYED, ResponseBody};
+use super::layer::Config;
+use super::{EXPIRES_IN, REPLAYED, ResponseBody};
+use crate::door::settings::Refusal;
+use crate::door::stored::StoredResponse;
 use crate::error::Error;
+
+/// A stored response again: for the first request (from what was stored,
+/// so it and every replay are the same bytes) and, `replayed`, for a
+/// repeat, marked `Idempotent-Replayed: true`; both say how long the key
+/// is kept (`Idempotency-Key-Expires-In`).
+pub(super) fn stored(stored: StoredResponse, replayed: bool) -> Response<ResponseBody> {
+    let left = stored.expires_in();
+    let mut response = match stored.decode() {
+        Some(decoded) => {
+            let mut response = Response::new(ResponseBody::full(decoded.body));
+            *response.status_mut() = decoded.status;
+            *response.headers_mut() = decoded.headers;
+            response
+        }
+        None => {
+            let mut response = Response::new(ResponseBody::full(Bytes::from_static(b"")));
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        }
+    };
+    if replayed {
+        response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    if let Some(left) = left {
+        expires_in(&mut response, left);
+    }
+    response
+}
+
+/// `Idempotency-Key-Expires-In: <seconds>`, rounded up.
+pub(super) fn expires_in(response: &mut Response<ResponseBody>, left: Duration) {
+    let seconds = left.as_millis().div_ceil(1000);
+    response.headers_mut().insert(EXPIRES_IN, HeaderValue::from(u64::try_from(seconds).unwrap_or(u64::MAX)));
+}
+
+/// A request refused before its key is claimed, as an HTTP answer.
+pub(super) fn refused_before(config: &Config, refusal: Refusal) -> Response<ResponseBody> {
+    match refusal {
+        Refusal::NoKey => {
+            problem(StatusCode::BAD_REQUEST, &format!("this request needs an `{}` header", config.door.header))
+        }
+        Refusal::BadKey(why) | Refusal::Unreadable(why) => problem(StatusCode::BAD_REQUEST, &why),
+        Refusal::TooLarge(why) => problem(StatusCode::PAYLOAD_TOO_LARGE, &why),
+        Refusal::NoTenant(why) => problem(StatusCode::UNAUTHORIZED, why),
+    }
+}
 
 /// A guard's refusal as an HTTP answer (`lease`: the layer's).
 pub(super) fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {

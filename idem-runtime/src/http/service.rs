@@ -1,5 +1,7 @@
 //! The service the layer wraps around another: one request through it,
-//! from its key to the response its retries get.
+//! from its key to the response its retries get; and the layer as the
+//! guarded call of `crate::door` sees it (its `Door`: which answer for
+//! what, which responses are kept).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,17 +12,14 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 
-use super::body::{Collected, OVER_LIMIT, collect_up_to};
-use super::fingerprint::fingerprint;
 use super::layer::{Config, IdempotencyLayer};
-use super::problem::{problem, refused};
-use super::request::{body_of, key_of, tenant_of};
-use super::stored::{StoredResponse, expires_in};
+use super::problem::{expires_in, problem, refused, refused_before, stored};
 use super::{BoxError, ResponseBody};
+use crate::door::body::{Collected, OVER_LIMIT, collect_up_to};
+use crate::door::call::{Door, Failure, Handled, guarded};
+use crate::door::settings::{Read, Settings};
+use crate::door::stored::StoredResponse;
 use crate::error::Error;
-use crate::guard::Claim;
-use crate::guard::Guard;
-use crate::lease::guard::LeaseTicket;
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around another.
 #[derive(Clone)]
@@ -37,7 +36,7 @@ impl<S> Idempotency<S> {
 
 impl<S> std::fmt::Debug for Idempotency<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Idempotency").field("scope", &self.config.scope).finish_non_exhaustive()
+        f.debug_struct("Idempotency").field("scope", &self.config.door.scope).finish_non_exhaustive()
     }
 }
 
@@ -94,199 +93,87 @@ where
     if !config.methods.contains(request.method()) {
         return inner.call(request).await.map(passed);
     }
-    let key = match key_of(&config, request.headers()) {
-        Ok(Some(key)) => key,
-        Ok(None) if !config.required => return inner.call(request).await.map(passed),
-        Ok(None) => {
-            return Ok(problem(StatusCode::BAD_REQUEST, &format!("this request needs an `{}` header", config.header)));
-        }
-        Err(why) => return Ok(problem(StatusCode::BAD_REQUEST, &why)),
-    };
-    let (parts, body) = request.into_parts();
-    let body = match body_of(&config, body).await {
-        Ok(body) => body,
-        Err((status, why)) => return Ok(problem(status, &why)),
-    };
-    let tenant = match tenant_of(&config, &parts) {
-        Ok(tenant) => tenant,
-        Err(why) => return Ok(problem(StatusCode::UNAUTHORIZED, why)),
-    };
-    let fingerprint = fingerprint(&config.fingerprint, &parts, &body);
-    let request = Request::from_parts(parts, B::from(body));
-    // From here the request runs to its end on a task of its own, whether
-    // or not its client waits: a handler dropped half-way (the client went
-    // away) could leave a payment sent and no answer stored, and its retry
-    // would send it again.
-    // The task carries the request's span, so the handler's logs keep it.
-    let scope = config.scope.clone();
-    let guarded = guarded(config, inner, request, tenant, key, fingerprint);
-    let task = tokio::spawn(tracing::Instrument::instrument(guarded, tracing::Span::current()));
-    joined(&scope, task.await)
-}
-
-/// The answer of a guarded request's task: its own, or a `500` if its
-/// handler panicked, a `503` if the runtime cancelled it.
-fn joined<E>(
-    scope: &str,
-    task: Result<Result<Response<ResponseBody>, E>, tokio::task::JoinError>,
-) -> Result<Response<ResponseBody>, E> {
-    match task {
-        Ok(answer) => answer,
-        Err(e) if e.is_panic() => {
-            // Its record was removed as the panic went by: a retry runs again.
-            let panic = e.into_panic();
-            let what =
-                panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
-            tracing::error!(target: "idem", scope = %scope, panic = what.unwrap_or("(not a string)"),
-                "idempotency layer: the handler panicked");
-            Ok(problem(StatusCode::INTERNAL_SERVER_ERROR, "the handler failed; nothing was kept, a retry runs again"))
-        }
-        Err(e) => {
-            tracing::error!(target: "idem", error = %e, "idempotency layer: the request's task was cancelled");
-            Ok(problem(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; retry later"))
+    match config.door.read(request).await {
+        Read::Pass(request) => inner.call(request).await.map(passed),
+        Read::Refused(refusal) => Ok(refused_before(&config, refusal)),
+        Read::Guarded(guard, parts, body) => {
+            guarded(config, guard, inner, Request::from_parts(parts, B::from(body))).await
         }
     }
 }
 
-/// Claim the key, then run the handler under the lease and store its
-/// response, or answer the repeat.
-async fn guarded<S, B, RB>(
-    config: Arc<Config>,
-    mut inner: S,
-    request: Request<B>,
-    tenant: Option<String>,
-    key: String,
-    fingerprint: Option<String>,
-) -> Result<Response<ResponseBody>, S::Error>
-where
-    S: tower_service::Service<Request<B>, Response = Response<RB>>,
-    RB: HttpBody<Data = Bytes> + Send + 'static,
-    RB::Error: Into<BoxError>,
-{
-    let mut guard = Guard::new(config.scope.clone()).retention(config.retention);
-    if let Some(tenant) = &tenant {
-        guard = guard.key(tenant);
-    }
-    guard = guard.key(&key);
-    if let Some(fingerprint) = &fingerprint {
-        guard = guard.fingerprint(fingerprint);
-    }
-    let ticket = match claimed(&config, guard).await {
-        Ok(ticket) => ticket,
-        Err(answer) => return Ok(answer),
-    };
-    let ran = ticket
-        .run_body(async {
-            let response = inner.call(request).await.map_err(Failure::Inner)?;
-            handled(&config, response).await
-        })
-        .await;
-    finished(&config, &ticket, ran).await
-}
+impl Door for Config {
+    type Response = Response<ResponseBody>;
 
-/// The key claimed for the handler to run; or the answer instead: the
-/// stored response of a repeat, or a refusal.
-async fn claimed<'c>(config: &'c Config, guard: Guard<'_>) -> Result<LeaseTicket<'c>, Response<ResponseBody>> {
-    // Whether the store holds responses of the layer's limit is asked of it
-    // once, beside the first claims (not before: a store that is down then
-    // fails both within one bound).
-    if let Some(Err(detail)) = config.fits.get() {
-        return Err(problem(StatusCode::INTERNAL_SERVER_ERROR, detail));
+    fn settings(&self) -> &Settings {
+        &self.door
     }
-    let store = config.store().map_err(|e| refused(&e, config.lease))?;
-    let (fits, claim) =
-        tokio::join!(config.fits_store(store), guard.lease_or_wait::<StoredResponse>(store, config.lease, config.wait));
-    if let Err(detail) = fits {
-        if let Ok(Claim::Run(ticket)) = claim {
-            ticket.release_failed("was refused (the layer is misconfigured)").await;
-        }
-        return Err(problem(StatusCode::INTERNAL_SERVER_ERROR, detail));
+
+    fn refused(&self, e: &Error) -> Response<ResponseBody> {
+        refused(e, self.door.lease)
     }
-    match claim {
-        Ok(Claim::Replay(stored)) => Err(stored.into_response(true)),
-        Ok(Claim::Run(ticket)) => Ok(ticket),
-        Err(e) => Err(refused(&e, config.lease)),
+
+    fn misconfigured(&self, detail: &str) -> Response<ResponseBody> {
+        problem(StatusCode::INTERNAL_SERVER_ERROR, detail)
     }
-}
 
-/// The handler answered: from here it never runs again for this key, and
-/// its client gets its answer, whatever becomes of the record.
-async fn finished<E>(
-    config: &Config,
-    ticket: &LeaseTicket<'_>,
-    ran: Result<Handled, Failure<E>>,
-) -> Result<Response<ResponseBody>, E> {
-    let (response, why) = match ran {
-        Ok(Handled::Whole(stored)) => {
-            return Ok(match ticket.completed(stored).await {
-                Ok(stored) => stored.into_response(false),
-                Err(e) => refused(&e, config.lease),
-            });
-        }
-        Ok(Handled::Unkept(response, why)) => (response, why),
-        // `run_body` removed the record, as for every `Err`.
-        Err(Failure::Release(response)) => return Ok(response),
-        Err(Failure::Inner(e)) => return Err(e),
-        Err(Failure::Guard(e)) => return Ok(refused(&e, config.lease)),
-    };
-    if let Err(e) = ticket.completed_without_answer(why).await {
-        tracing::warn!(target: "idem", scope = %config.scope, error = %e,
-            "idempotency layer: a response not kept, and its record could not say so");
+    fn stored(&self, kept: StoredResponse, replayed: bool) -> Response<ResponseBody> {
+        stored(kept, replayed)
     }
-    let mut response = response;
-    expires_in(&mut response, i64::try_from(config.retention.as_millis()).unwrap_or(i64::MAX));
-    Ok(response)
-}
 
-/// A first request's response, once the handler answered.
-enum Handled {
-    /// Read whole: to store, and send.
-    Whole(StoredResponse),
-    /// Worth keeping, but it cannot be stored (over the response limit,
-    /// trailers, a body that failed mid-way): sent as it comes, and the
-    /// record completed without it.
-    Unkept(Response<ResponseBody>, &'static str),
-}
+    fn panicked(&self) -> Response<ResponseBody> {
+        problem(StatusCode::INTERNAL_SERVER_ERROR, "the handler failed; nothing was kept, a retry runs again")
+    }
 
-/// Why a first request's response does not complete its record.
-enum Failure<E> {
-    /// Not worth keeping (a 5xx, by its status; or over the response limit
-    /// with `pass_through_oversized`): passed as it came, and the record
-    /// removed (a retry runs again).
-    Release(Response<ResponseBody>),
-    /// The handler's service failed.
-    Inner(E),
-    /// The guard failed (the lease lost, the store down).
-    Guard(Error),
-}
+    fn cancelled(&self) -> Response<ResponseBody> {
+        problem(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; retry later")
+    }
 
-impl<E> From<Error> for Failure<E> {
-    fn from(e: Error) -> Self {
-        Failure::Guard(e)
+    fn handled<RB, E>(
+        &self,
+        response: Response<RB>,
+    ) -> impl Future<Output = Result<Handled<Response<ResponseBody>>, Failure<Response<ResponseBody>, E>>> + Send
+    where
+        RB: HttpBody<Data = Bytes> + Send + 'static,
+        RB::Error: Into<BoxError>,
+        E: Send,
+    {
+        handled(self, response)
     }
 }
 
 /// The handler's response: read whole if it is worth keeping and fits.
-async fn handled<RB, E>(config: &Config, response: Response<RB>) -> Result<Handled, Failure<E>>
+async fn handled<RB, E>(
+    config: &Config,
+    response: Response<RB>,
+) -> Result<Handled<Response<ResponseBody>>, Failure<Response<ResponseBody>, E>>
 where
     RB: HttpBody<Data = Bytes> + Send + 'static,
     RB::Error: Into<BoxError>,
 {
     let (parts, body) = response.into_parts();
+    let scope = &config.door.scope;
     if !(config.keep)(parts.status) {
-        tracing::debug!(target: "idem", scope = %config.scope, status = %parts.status,
+        tracing::debug!(target: "idem", scope = %scope, status = %parts.status,
             "idempotency layer: a response not kept (by its status); a retry runs again");
         return Err(Failure::Release(Response::from_parts(parts, ResponseBody::stream(body))));
     }
-    match collect_up_to(body, config.max_response).await {
-        Collected::Whole(bytes) => Ok(Handled::Whole(StoredResponse::of(&parts, bytes, config.retention))),
+    let max = config.door.max_response;
+    match collect_up_to(body, max, false).await {
+        Collected::Whole(bytes, _) => {
+            Ok(Handled::Whole(StoredResponse::of(&parts, &bytes, None, config.door.retention)))
+        }
         Collected::Partial(body, why) if why == OVER_LIMIT && config.pass_through_oversized => {
-            tracing::warn!(target: "idem", scope = %config.scope, status = %parts.status, max = config.max_response,
+            tracing::warn!(target: "idem", scope = %scope, status = %parts.status, max,
                 "idempotency layer: a response over the limit passed through unstored (pass_through_oversized); \
                  a retry runs the handler again");
-            Err(Failure::Release(Response::from_parts(parts, body)))
+            Err(Failure::Release(Response::from_parts(parts, ResponseBody::stream(body))))
         }
-        Collected::Partial(body, why) => Ok(Handled::Unkept(Response::from_parts(parts, body), why)),
+        Collected::Partial(body, why) => {
+            let mut response = Response::from_parts(parts, ResponseBody::stream(body));
+            expires_in(&mut response, config.door.retention);
+            Ok(Handled::Unkept(response, why))
+        }
     }
 }
 

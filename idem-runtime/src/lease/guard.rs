@@ -21,7 +21,7 @@ use crate::telemetry::Outcome;
 /// dropped body already started may still be landing, and a retry let in
 /// now could do it a second time. A caller whose work must finish though
 /// its own caller goes away (an HTTP handler whose client disconnects) runs
-/// it on a task of its own, as [`crate::http`] does.
+/// it on a task of its own, as the HTTP and gRPC layers do.
 #[must_use = "a held lease must run the body and settle the record"]
 pub struct LeaseTicket<'s> {
     prepared: Prepared,
@@ -227,7 +227,7 @@ impl LeaseTicket<'_> {
 
     /// The body ran to success, and its answer is not to be kept (`why`):
     /// the record says so, and repeats get [`Error::AnswerNotKept`].
-    #[cfg(feature = "http")]
+    #[cfg(any(feature = "http", feature = "grpc"))]
     pub(crate) async fn completed_without_answer(&self, why: &str) -> Result<(), Error> {
         self.prepared.answer_not_kept(why);
         self.write_completion(None).await
@@ -287,7 +287,7 @@ impl LeaseTicket<'_> {
         }
     }
 
-    /// The body `failed` or `panicked` (or, from the HTTP layer, its claim
+    /// The body `failed` or `panicked` (or, from a door's layer, its claim
     /// was refused by a misconfigured layer): remove the record so a retry
     /// runs again.
     pub(crate) async fn release_failed(&self, how: &str) {

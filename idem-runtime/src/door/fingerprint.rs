@@ -1,16 +1,18 @@
 //! What makes two requests "the same" behind one key: the fingerprint
-//! stored with the record, JSON bodies compared as JSON.
+//! stored with the record, of method, path and body (a gRPC call's method
+//! is always `POST`, its path names the RPC method), JSON bodies compared
+//! as JSON.
 
 use std::sync::Arc;
 
 use http::{HeaderMap, request};
 use sha2::{Digest, Sha256};
 
-pub(super) type FingerprintFn = dyn Fn(&request::Parts, &[u8]) -> Vec<u8> + Send + Sync;
+pub(crate) type FingerprintFn = dyn Fn(&request::Parts, &[u8]) -> Vec<u8> + Send + Sync;
 
 /// What identifies "the same request" behind one key.
 #[derive(Clone)]
-pub(super) enum Fingerprint {
+pub(crate) enum Fingerprint {
     /// Method, path and query, and body (the default).
     Request,
     /// Nothing: a key replays whatever request comes with it.
@@ -20,7 +22,7 @@ pub(super) enum Fingerprint {
 }
 
 /// The request's fingerprint, as hex of its SHA-256.
-pub(super) fn fingerprint(of: &Fingerprint, parts: &request::Parts, body: &[u8]) -> Option<String> {
+pub(crate) fn fingerprint(of: &Fingerprint, parts: &request::Parts, body: &[u8]) -> Option<String> {
     let mut hash = Sha256::new();
     match of {
         Fingerprint::None => return None,
