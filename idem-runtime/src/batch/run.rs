@@ -3,6 +3,7 @@
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt as _;
+use tracing::Instrument as _;
 
 use crate::batch::handled::{Failure, Handled};
 use crate::error::Error;
@@ -56,24 +57,31 @@ use crate::store::sql::SqlBackend;
 /// }
 /// # Ok(()) }
 /// ```
-#[tracing::instrument(level = "debug", target = "idem", name = "idem.batch", skip_all)]
-pub async fn dedup<'c, 's, DB, M, T, E, F>(
+// Not an `async fn`: the batch is collected before the future starts, so
+// the caller's iterator (a `map` closure over borrowed messages) is not held
+// across an await, where it would make the future not `Send` ("not general
+// enough", a limit of the compiler's reasoning about such closures).
+pub fn dedup<'c, 's, DB, M, T, E, F>(
     pool: &sqlx::Pool<DB>,
     batch: impl IntoIterator<Item = (Guard<'s>, M)>,
     mut handler: F,
-) -> Vec<Handled<T, E>>
+) -> impl Future<Output = Vec<Handled<T, E>>>
 where
     DB: SqlBackend,
     DB::Connection: Send,
     T: Replayable,
     F: for<'t> FnMut(&'t mut sqlx::Transaction<'c, DB>, &'t M) -> BoxFuture<'t, Result<T, E>>,
 {
-    let batch = batch.into_iter();
-    let mut handled = Vec::with_capacity(batch.size_hint().0);
-    for (guard, message) in batch {
-        handled.push(one(pool, guard, &message, &mut handler).await);
+    let batch: Vec<(Guard<'s>, M)> = batch.into_iter().collect();
+    let span = tracing::debug_span!(target: "idem", "idem.batch", messages = batch.len());
+    async move {
+        let mut handled = Vec::with_capacity(batch.len());
+        for (guard, message) in batch {
+            handled.push(one(pool, guard, &message, &mut handler).await);
+        }
+        handled
     }
-    handled
+    .instrument(span)
 }
 
 /// One message: begin, claim, run the handler, store its answer, commit.
