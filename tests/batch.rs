@@ -45,7 +45,7 @@ fn shape(handled: &[Handled<i64, AppError>]) -> Vec<String> {
         Handled::Repeat(Some(v)) => format!("repeat {v}"),
         Handled::Repeat(None) => "repeat, answer not kept".to_owned(),
         Handled::Failed(Failure::Handler(e)) => format!("failed: {e}"),
-        Handled::Failed(Failure::Guard(e)) => format!("guard: {}", guard_kind(e)),
+        Handled::Failed(Failure::Idem(e)) => format!("refused: {}", guard_kind(e)),
         Handled::Failed(Failure::Panicked(p)) => format!("panicked: {p}"),
     };
     handled.iter().map(one).collect()
@@ -196,7 +196,7 @@ macro_rules! batch_suite {
                 let runs = AtomicUsize::new(0);
                 let keyless = Msg { key: None, amount: 1, fate: Fate::Succeed };
                 let handled = book(&pool, &[keyless, msg(&k, 1), msg(&k, 2)], None, &runs).await;
-                assert_eq!(shape(&handled), ["guard: invalid key", "succeeded 1", "guard: key mismatch"]);
+                assert_eq!(shape(&handled), ["refused: invalid key", "succeeded 1", "refused: key mismatch"]);
                 assert!(handled.iter().all(|h| !matches!(h, Handled::Failed(f) if f.is_retryable())));
                 assert_eq!(runs.load(SeqCst), 1);
                 assert_eq!(effects(&pool, &k).await, 1);

@@ -154,7 +154,7 @@ where
 fn is_unique_violation(failure: &Failure<AppError>) -> bool {
     match failure {
         Failure::Handler(AppError::Db(sqlx::Error::Database(db)))
-        | Failure::Guard(idem::Error::Database(sqlx::Error::Database(db))) => db.is_unique_violation(),
+        | Failure::Idem(idem::Error::Database(sqlx::Error::Database(db))) => db.is_unique_violation(),
         _ => false,
     }
 }
@@ -177,7 +177,7 @@ fn verdict<DB: sqlx::Database>(c: &Consumer<DB>, n: usize, attempts: u32, handle
     let error = failure.to_string();
     if !failure.is_retryable() {
         // No key (or the key with another payload) will never pass: not done, not retried.
-        if !matches!(failure, Failure::Guard(idem::Error::InvalidKey { .. })) {
+        if !matches!(failure, Failure::Idem(idem::Error::InvalidKey { .. })) {
             count(&c.stats.errors);
         } else if count(&c.stats.keyless) == 0 {
             println!("   refused a message without a key: {error}");

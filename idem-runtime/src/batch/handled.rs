@@ -33,10 +33,13 @@ pub enum Failure<E> {
     /// The handler returned this error.
     #[error("{0}")]
     Handler(E),
-    /// The guard refused the message or the database failed: a key missing
-    /// or reused with another payload, a claim or a commit that failed.
+    /// idem's own error: the guard refused the message or the database
+    /// failed (a key missing or reused with another payload, a claim or a
+    /// commit that failed).
+    // Not `Guard`: a public variant of that name makes rustc print
+    // `idem::Guard` in full in every error that names the guard.
     #[error(transparent)]
-    Guard(Error),
+    Idem(Error),
     /// The handler panicked, with this message.
     #[error("the handler panicked: {0}")]
     Panicked(String),
@@ -51,7 +54,7 @@ impl<E> Failure<E> {
     pub fn is_retryable(&self) -> bool {
         match self {
             Failure::Handler(_) | Failure::Panicked(_) => true,
-            Failure::Guard(e) => e.is_retryable(),
+            Failure::Idem(e) => e.is_retryable(),
         }
     }
 }

@@ -94,12 +94,12 @@ where
 {
     let mut tx: sqlx::Transaction<'c, DB> = match pool.begin().await {
         Ok(tx) => tx,
-        Err(e) => return Handled::Failed(Failure::Guard(e.into())),
+        Err(e) => return Handled::Failed(Failure::Idem(e.into())),
     };
     let handled = claim_and_run(&mut tx, guard, message, handler).await;
     if matches!(handled, Handled::Succeeded(_)) {
         if let Err(e) = tx.commit().await {
-            return Handled::Failed(Failure::Guard(e.into()));
+            return Handled::Failed(Failure::Idem(e.into()));
         }
     } else {
         // A repeat wrote nothing; a failure's claim and writes go. Rolled
@@ -127,7 +127,7 @@ where
         Ok(Claim::Run(ticket)) => ticket,
         Ok(Claim::Replay(answer)) => return Handled::Repeat(Some(answer)),
         Err(Error::AnswerNotKept { .. }) => return Handled::Repeat(None),
-        Err(e) => return Handled::Failed(Failure::Guard(e)),
+        Err(e) => return Handled::Failed(Failure::Idem(e)),
     };
     // Unwind safety: after a panic this message's transaction is rolled
     // back (with the claim) and nothing of it is looked at again.
@@ -138,7 +138,7 @@ where
     match ticket.complete(tx, result).await {
         Ok(Ok(answer)) => Handled::Succeeded(answer),
         Ok(Err(e)) => Handled::Failed(Failure::Handler(e)),
-        Err(e) => Handled::Failed(Failure::Guard(e)),
+        Err(e) => Handled::Failed(Failure::Idem(e)),
     }
 }
 
