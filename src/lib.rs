@@ -59,7 +59,8 @@
 //!   [`sql`].
 //! - Where lease records, tokens, locks and markers live (there is no
 //!   silent default), and what Redis guarantees: [`store`].
-//! - The same guards without the attribute: [`Guard`].
+//! - The same guards without the attribute: [`Guard`]; a broker's batch,
+//!   each message under its own guard: [`batch`].
 //! - The `Idempotency-Key` header at the HTTP edge, on the same lease
 //!   records: the `http` module (feature `http`); the same for tonic gRPC
 //!   services, unary calls keyed by `idempotency-key` metadata: the `grpc`
@@ -136,6 +137,13 @@ pub mod precheck {
 pub mod state {
     #![doc = include_str!("../docs/state.md")]
     pub use idem_runtime::state::{StateCode, StateTable, StoredState, Transition};
+}
+
+/// A broker's batch, each message under its own dedup guard.
+#[cfg(feature = "sql")]
+pub mod batch {
+    #![doc = include_str!("../docs/batch.md")]
+    pub use idem_runtime::batch::{Failure, Handled, dedup};
 }
 
 /// Where guards keep what is not in your transaction.

@@ -24,6 +24,8 @@
 //!   listed by the root's `sql` and `admin` modules (and `migrate` at the
 //!   root);
 //! - [`Stores`]: which stores guards use when they name none;
+//! - [`batch`]: a broker's batch, each message under its own dedup guard
+//!   (feature `sql`);
 //! - `http`: the `Idempotency-Key` layer (feature `http`); `grpc`: the
 //!   same for tonic services (feature `grpc`); `door`: what the two share
 //!   (settings, key and tenant, fingerprint, a response as kept, the
@@ -46,6 +48,8 @@
 // cargo feature they need.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "sql")]
+pub mod batch;
 mod canonical;
 #[cfg(feature = "sql")]
 mod dedup;

@@ -2,30 +2,82 @@
 //! is given, an in-process queue with the same settlement semantics
 //! otherwise. Messages carry the producer's business key in the
 //! [`KEY_HEADER`] header.
+//!
+//! A failed message is retried by publishing a copy to the back of its
+//! queue (its attempts counted in [`ATTEMPTS_HEADER`], its last error in
+//! [`ERROR_HEADER`]) and then acknowledging the delivery; dead-lettered, the
+//! copy goes to `{queue}.dead` instead. A classic queue counts no
+//! deliveries (a quorum queue's `x-delivery-count` would, but its own
+//! dead-lettering keeps no error), and at the back of the queue a poison
+//! message does not hold up the ones behind it. Published (and confirmed)
+//! before the ack: a crash between the two leaves a second copy, never none.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
 use crate::common::BoxError;
 
 /// The header carrying the producer's business key.
 pub const KEY_HEADER: &str = "x-idempotency-key";
+/// The attempts a retried or dead-lettered copy has had.
+pub const ATTEMPTS_HEADER: &str = "x-idem-attempts";
+/// The error of a retried or dead-lettered copy's last attempt.
+pub const ERROR_HEADER: &str = "x-idem-error";
 
-/// One published message: the key header (if any) and the JSON body.
-#[derive(Clone)]
+/// One published message: the key header (if any), the JSON body, and the
+/// attempts it has had, with the last one's error.
+#[derive(Clone, Default)]
 pub struct Message {
     pub key: Option<String>,
     pub body: Vec<u8>,
+    pub attempts: u32,
+    pub error: Option<String>,
+}
+
+impl Message {
+    /// The copy that is retried or dead-lettered after a failed attempt.
+    fn after_failure(&self, error: &str) -> Message {
+        Message { attempts: self.attempts + 1, error: Some(error.to_owned()), ..self.clone() }
+    }
+
+    fn headers(&self) -> FieldTable {
+        let mut headers = FieldTable::default();
+        if let Some(key) = &self.key {
+            headers.insert(KEY_HEADER.into(), AMQPValue::LongString(key.as_str().into()));
+        }
+        if self.attempts > 0 {
+            headers.insert(ATTEMPTS_HEADER.into(), AMQPValue::LongLongInt(self.attempts.into()));
+        }
+        if let Some(error) = &self.error {
+            headers.insert(ERROR_HEADER.into(), AMQPValue::LongString(error.as_str().into()));
+        }
+        headers
+    }
+
+    fn from_headers(headers: Option<&FieldTable>, body: Vec<u8>) -> Message {
+        let get = |name: &str| headers.and_then(|h| h.inner().get(name));
+        let text = |name| match get(name) {
+            Some(AMQPValue::LongString(text)) => Some(text.to_string()),
+            _ => None,
+        };
+        let attempts = match get(ATTEMPTS_HEADER) {
+            Some(AMQPValue::LongLongInt(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
+            _ => 0,
+        };
+        Message { key: text(KEY_HEADER), body, attempts, error: text(ERROR_HEADER) }
+    }
 }
 
 /// The in-process broker: one queue with RabbitMQ's settlement semantics.
 /// A nacked message goes back to the head of the queue, flagged
-/// redelivered; a rejected one goes to the dead letters.
+/// redelivered.
 #[derive(Default)]
 pub struct LocalQueue {
     ready: Mutex<VecDeque<(Message, bool)>>,
@@ -68,13 +120,14 @@ enum Settle {
     Local(Arc<LocalQueue>),
 }
 
-#[derive(Clone, Copy)]
 pub enum Verdict {
     Ack,
     /// `basic.nack` with requeue: the broker delivers it again.
     Requeue,
-    /// `basic.reject` without requeue: to the dead-letter queue.
-    DeadLetter,
+    /// The attempt failed with this error: a copy to the back of the queue.
+    Retry(String),
+    /// The last attempt failed with this error: a copy to the dead letters.
+    DeadLetter(String),
 }
 
 pub struct Delivery {
@@ -85,54 +138,86 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn from_amqp(d: lapin::message::Delivery) -> Delivery {
-        let key = d.properties.headers().as_ref().and_then(|h| match h.inner().get(KEY_HEADER) {
-            Some(AMQPValue::LongString(key)) => Some(key.to_string()),
-            _ => None,
-        });
-        Delivery { msg: Message { key, body: d.data }, redelivered: d.redelivered, settle: Settle::Amqp(d.acker) }
+        let msg = Message::from_headers(d.properties.headers().as_ref(), d.data);
+        Delivery { msg, redelivered: d.redelivered, settle: Settle::Amqp(d.acker) }
     }
 
-    pub async fn settle(self, verdict: Verdict) -> Result<(), lapin::Error> {
-        match (self.settle, verdict) {
-            (Settle::Amqp(acker), Verdict::Ack) => acker.ack(BasicAckOptions::default()).await.map(drop),
-            (Settle::Amqp(acker), Verdict::Requeue) => {
-                acker.nack(BasicNackOptions { requeue: true, multiple: false }).await.map(drop)
+    /// Settle the delivery; a retry's or a dead letter's copy is published
+    /// (and confirmed) on `broker` first.
+    pub async fn settle(self, verdict: Verdict, broker: &Broker) -> Result<(), BoxError> {
+        let copy = match &verdict {
+            Verdict::Retry(error) => Some((self.msg.after_failure(error), false)),
+            Verdict::DeadLetter(error) => Some((self.msg.after_failure(error), true)),
+            Verdict::Ack | Verdict::Requeue => None,
+        };
+        match self.settle {
+            Settle::Amqp(acker) => {
+                if let Some((copy, dead)) = copy {
+                    broker.publish_copy(&copy, dead).await?;
+                }
+                match verdict {
+                    Verdict::Requeue => acker.nack(BasicNackOptions { requeue: true, multiple: false }).await?,
+                    _ => acker.ack(BasicAckOptions::default()).await?,
+                };
             }
-            (Settle::Amqp(acker), Verdict::DeadLetter) => {
-                acker.reject(BasicRejectOptions { requeue: false }).await.map(drop)
-            }
-            (Settle::Local(_), Verdict::Ack) => Ok(()),
-            (Settle::Local(queue), Verdict::Requeue) => {
-                queue.push(self.msg, true);
-                Ok(())
-            }
-            (Settle::Local(queue), Verdict::DeadLetter) => {
-                queue.dead.fetch_add(1, Relaxed);
-                Ok(())
-            }
+            Settle::Local(queue) => match (verdict, copy) {
+                (Verdict::Requeue, _) => queue.push(self.msg, true),
+                (_, Some((_, true))) => _ = queue.dead.fetch_add(1, Relaxed),
+                (_, Some((copy, false))) => queue.push(copy, false),
+                (_, None) => {}
+            },
         }
+        Ok(())
     }
 }
 
 /// Where a consumer's deliveries come from.
+#[allow(clippy::large_enum_variant)] // one per consumer task
 pub enum Source {
-    /// The deliveries of a consumer on the channel, which lives as long.
-    Amqp(mpsc::UnboundedReceiver<Delivery>, #[allow(dead_code)] lapin::Channel),
+    /// A consumer on the channel, which lives as long. Read as a stream, in
+    /// the queue's order (a delegate would be spawned per delivery, in any).
+    Amqp(lapin::Consumer, #[allow(dead_code)] lapin::Channel),
     Local(Arc<LocalQueue>),
 }
 
 impl Source {
     pub async fn next(&mut self) -> Option<Delivery> {
         match self {
-            Source::Amqp(rx, _) => rx.recv().await,
+            Source::Amqp(consumer, _) => match consumer.next().await? {
+                Ok(delivery) => Some(Delivery::from_amqp(delivery)),
+                Err(e) => {
+                    eprintln!("   !! the consumer stopped: {e}");
+                    None
+                }
+            },
             Source::Local(queue) => Some(queue.next().await),
         }
+    }
+
+    /// The next delivery, and those that follow it within `linger`, up to
+    /// `max` in all.
+    pub async fn next_batch(&mut self, max: usize, linger: Duration) -> Option<Vec<Delivery>> {
+        let mut batch = vec![self.next().await?];
+        let deadline = tokio::time::Instant::now() + linger;
+        while batch.len() < max {
+            match tokio::time::timeout_at(deadline, self.next()).await {
+                Ok(Some(delivery)) => batch.push(delivery),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        Some(batch)
     }
 }
 
 #[allow(clippy::large_enum_variant)] // one per program
 pub enum Broker {
-    Amqp { conn: lapin::Connection, publisher: lapin::Channel, queue: String },
+    /// `owned`: the queues are this program's, deleted by [`Broker::close`].
+    Amqp {
+        conn: lapin::Connection,
+        publisher: lapin::Channel,
+        queue: String,
+        owned: bool,
+    },
     Local(Arc<LocalQueue>),
 }
 
@@ -141,9 +226,7 @@ impl Broker {
     /// expiring 10 minutes after their last use; the in-process queue without.
     pub async fn connect(url: Option<&str>, queue: &str) -> Result<Broker, BoxError> {
         let Some(url) = url else { return Ok(Broker::Local(Arc::default())) };
-        let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
-        let publisher = conn.create_channel().await?;
-        publisher.confirm_select(ConfirmSelectOptions::default()).await?;
+        let (conn, publisher) = Broker::open(url).await?;
         let mut args = FieldTable::default();
         args.insert("x-expires".into(), AMQPValue::LongInt(600_000));
         let dead = format!("{queue}.dead");
@@ -151,23 +234,52 @@ impl Broker {
         args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
         args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(dead.as_str().into()));
         publisher.queue_declare(queue.into(), QueueDeclareOptions::default(), args).await?;
-        Ok(Broker::Amqp { conn, publisher, queue: queue.to_owned() })
+        Ok(Broker::Amqp { conn, publisher, queue: queue.to_owned(), owned: true })
+    }
+
+    /// RabbitMQ at `url`, on the queues `queue` and `{queue}.dead` that
+    /// someone else declared (and deletes).
+    pub async fn attach(url: &str, queue: &str) -> Result<Broker, BoxError> {
+        let (conn, publisher) = Broker::open(url).await?;
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        for name in [queue.to_owned(), format!("{queue}.dead")] {
+            publisher.queue_declare(name.as_str().into(), passive, FieldTable::default()).await?;
+        }
+        Ok(Broker::Amqp { conn, publisher, queue: queue.to_owned(), owned: false })
+    }
+
+    /// A connection and a channel with publisher confirms.
+    async fn open(url: &str) -> Result<(lapin::Connection, lapin::Channel), BoxError> {
+        let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+        let publisher = conn.create_channel().await?;
+        publisher.confirm_select(ConfirmSelectOptions::default()).await?;
+        Ok((conn, publisher))
     }
 
     /// Publish and wait for the broker's confirm.
     pub async fn publish(&self, msg: &Message, message_id: &str) -> Result<(), BoxError> {
         match self {
             Broker::Local(queue) => queue.push(msg.clone(), false),
-            Broker::Amqp { publisher, queue, .. } => {
-                let mut headers = FieldTable::default();
-                if let Some(key) = &msg.key {
-                    headers.insert(KEY_HEADER.into(), AMQPValue::LongString(key.as_str().into()));
-                }
-                let props = lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
-                let options = BasicPublishOptions::default();
-                publisher.basic_publish("".into(), queue.as_str().into(), options, &msg.body, props).await?.await?;
-            }
+            Broker::Amqp { queue, .. } => self.publish_to(queue, msg, Some(message_id)).await?,
         }
+        Ok(())
+    }
+
+    /// A failed message's copy: to the back of the queue, or to the dead letters.
+    async fn publish_copy(&self, copy: &Message, dead: bool) -> Result<(), BoxError> {
+        let Broker::Amqp { queue, .. } = self else { unreachable!("local copies are pushed by the delivery") };
+        let name = if dead { format!("{queue}.dead") } else { queue.clone() };
+        self.publish_to(&name, copy, None).await
+    }
+
+    async fn publish_to(&self, name: &str, msg: &Message, message_id: Option<&str>) -> Result<(), BoxError> {
+        let Broker::Amqp { publisher, .. } = self else { unreachable!() };
+        let mut props = lapin::BasicProperties::default().with_headers(msg.headers());
+        if let Some(id) = message_id {
+            props = props.with_message_id(id.into());
+        }
+        let options = BasicPublishOptions::default();
+        publisher.basic_publish("".into(), name.into(), options, &msg.body, props).await?.await?;
         Ok(())
     }
 
@@ -181,16 +293,7 @@ impl Broker {
         channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
         let options = BasicConsumeOptions::default();
         let consumer = channel.basic_consume(queue.as_str().into(), tag.into(), options, FieldTable::default()).await?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        consumer.set_delegate(move |delivery: lapin::message::DeliveryResult| {
-            let tx = tx.clone();
-            async move {
-                if let Ok(Some(delivery)) = delivery {
-                    let _ = tx.send(Delivery::from_amqp(delivery));
-                }
-            }
-        });
-        Ok(Source::Amqp(rx, channel))
+        Ok(Source::Amqp(consumer, channel))
     }
 
     /// Messages in the dead-letter queue.
@@ -206,9 +309,10 @@ impl Broker {
         }
     }
 
-    pub async fn close(self) {
-        if let Broker::Amqp { conn, publisher, queue } = self {
-            for name in [format!("{queue}.dead"), queue] {
+    /// Close the connection, deleting the queues if they are this program's.
+    pub async fn close(&self) {
+        if let Broker::Amqp { conn, publisher, queue, owned } = self {
+            for name in [format!("{queue}.dead"), queue.clone()].into_iter().filter(|_| *owned) {
                 let _ = publisher.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
             }
             let _ = conn.close(200, "done".into()).await;

@@ -4,17 +4,25 @@
 //! message, a new message id, the same business fact). A consumer that
 //! trusts "one delivery, one effect" books such postings twice.
 //!
-//! Three lines of defence: a Redis "seen" marker (`precheck = "redis"`)
-//! stops most repeats with one round trip and one read; the dedup record,
+//! Three lines of defence: a Redis "seen" marker (`Guard::precheck`) stops
+//! most repeats with one round trip and one read; the dedup record,
 //! written in the ledger's transaction, is the truth (Redis can be flushed or
 //! fail over); the ledger's unique index on the business key is the last
 //! resort. The key is the business key the producer put in the
 //! `x-idempotency-key` header, never the broker's delivery tag or message id.
 //!
-//! The run: 1,000 postings, 20% re-published, every 10th delivery nacked
-//! and requeued after its work committed, two competing consumers, the
-//! markers flushed halfway, a few messages without a key (refused and
-//! dead-lettered). Each posting is booked once.
+//! The consumer takes its deliveries in batches (`--batch N`, up to N at a
+//! time) and runs them with `idem::batch::dedup`: each message under its
+//! own guard, in a transaction of its own, so a poison message (a posting
+//! to an account the ledger does not have) fails alone. The others are
+//! acknowledged; the poison is retried (a copy to the back of the queue,
+//! its attempts in a header) and after `--max-attempts` dead-lettered with
+//! its last error (see `broker.rs`).
+//!
+//! The run: 1,000 postings, 20% re-published, 3 poison postings, every
+//! 10th delivery nacked and requeued after its work committed, two
+//! competing consumers, the markers flushed halfway, a few messages without
+//! a key (refused and dead-lettered at once). Each posting is booked once.
 //!
 //! ```text
 //! cargo run -p idem-mq-consumer          # in-process queue, memory markers, SQLite
@@ -34,15 +42,16 @@ mod broker;
 mod common;
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use broker::{Broker, KEY_HEADER, Message, Source, Verdict};
+use broker::{Broker, Delivery, KEY_HEADER, Message, Source, Verdict};
 use clap::Parser;
 use common::{AppError, BoxError, Ledger, Store};
+use idem::Guard;
+use idem::batch::{Failure, Handled};
 use idem::precheck::PrecheckStore;
-use idem::{Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::Transaction;
 
@@ -53,122 +62,162 @@ struct Posting {
     amount_cents: i64,
 }
 
-/// The message as the handler sees it: the key from the header, the body.
-struct LedgerMessage {
-    business_key: Option<String>,
-    posting: Posting,
-}
+/// How long a batch waits, after its first delivery, for the others.
+const LINGER: Duration = Duration::from_millis(20);
+/// How long the markers live: longer than producers retry.
+const MARKER_TTL: Duration = Duration::from_secs(2 * 24 * 3600);
 
-/// Book the posting. A message without a key is refused by the guard
-/// (`idem::Error::InvalidKey`) before anything runs.
-#[idempotent(
-    key = "msg.business_key",
-    scope = "mq.ledger.apply",
-    fingerprint = "msg.posting",
-    precheck = "redis",
-    ttl = "2d",
-    store = "precheck"
-)]
-async fn apply<DB: Ledger>(
-    tx: &mut Transaction<'_, DB>,
-    precheck: &dyn PrecheckStore,
-    run: &str,
-    msg: &LedgerMessage,
-) -> Result<i64, AppError>
-where
-    DB::Connection: Send,
-{
-    let key = msg.business_key.as_deref().ok_or_else(|| AppError::Unexpected("no key".into()))?;
-    Ok(DB::book(tx, run, key, msg.posting.account, msg.posting.amount_cents).await?)
+/// What every consumer task shares.
+struct Consumer<DB: sqlx::Database> {
+    pool: sqlx::Pool<DB>,
+    precheck: Arc<dyn PrecheckStore>,
+    run: String,
+    stats: Stats,
+    batch: usize,
+    max_attempts: u32,
+    nack_every: usize,
+    work: Duration,
+    trace: bool,
 }
 
 #[derive(Default)]
 struct Stats {
     delivered: AtomicUsize,
     redelivered: AtomicUsize,
+    batches: AtomicUsize,
     executed: AtomicUsize,
     replayed: AtomicUsize,
     nacked: AtomicUsize,
+    /// Failed attempts that were retried.
+    retried: AtomicUsize,
+    /// Messages that failed every attempt, dead-lettered.
+    poison: AtomicUsize,
     /// Finally settled: acked, or dead-lettered.
     settled: AtomicUsize,
     keyless: AtomicUsize,
     /// A duplicate that got past the guards and hit the unique index.
     index_saves: AtomicUsize,
     errors: AtomicUsize,
+    /// Batches being handled, and when the last one was settled.
+    busy: AtomicUsize,
+    last_settled: Mutex<Option<Instant>>,
 }
 
-/// One delivery: begin, apply, commit.
-async fn handle<DB: Ledger>(
-    pool: &sqlx::Pool<DB>,
-    precheck: &dyn PrecheckStore,
-    run: &str,
-    message: &Message,
-) -> Result<Outcome, AppError>
+/// One delivery of a batch as its handler sees it.
+struct Work<'d> {
+    delivery: &'d Delivery,
+    posting: Result<Posting, String>,
+    /// Which batch, and where in it (from 1), for `--trace`.
+    batch: usize,
+    index: usize,
+}
+
+/// Book the posting in `tx`. The ledger has no negative accounts: such a
+/// posting is a poison message, failing every attempt.
+async fn book<DB: Ledger>(tx: &mut Transaction<'_, DB>, c: &Consumer<DB>, w: &Work<'_>) -> Result<i64, AppError>
 where
     DB::Connection: Send,
 {
-    let posting = serde_json::from_slice(&message.body).map_err(|e| AppError::Unexpected(format!("bad body: {e}")))?;
-    let msg = LedgerMessage { business_key: message.key.clone(), posting };
-    let mut tx = pool.begin().await?;
-    let (entry, outcome) = idem::observe(apply(&mut tx, precheck, run, &msg)).await;
-    entry?;
-    tx.commit().await?;
-    Ok(outcome.expect("a guard ran"))
+    let posting = w.posting.as_ref().map_err(|e| AppError::Unexpected(e.clone()))?;
+    // The guard refused a message without a key before the handler ran.
+    let key = w.delivery.msg.key.as_deref().unwrap_or_default();
+    if c.trace {
+        println!("   batch {}, message {}: applying {key}", w.batch, w.index);
+    }
+    if posting.account < 0 {
+        return Err(AppError::Unexpected(format!("the ledger has no account {}", posting.account)));
+    }
+    if !c.work.is_zero() {
+        tokio::time::sleep(c.work).await;
+    }
+    Ok(DB::book(tx, &c.run, key, posting.account, posting.amount_cents).await?)
 }
 
-fn is_unique_violation(e: &AppError) -> bool {
-    match e {
-        AppError::Db(sqlx::Error::Database(db)) | AppError::Idem(idem::Error::Database(sqlx::Error::Database(db))) => {
-            db.is_unique_violation()
-        }
+/// One batch: each delivery under its own guard, in its own transaction.
+async fn handle<DB: Ledger>(c: &Consumer<DB>, batch: usize, deliveries: &[Delivery]) -> Vec<Handled<i64, AppError>>
+where
+    DB::Connection: Send,
+{
+    let work: Vec<Work> = (deliveries.iter().enumerate())
+        .map(|(i, delivery)| {
+            let posting = serde_json::from_slice(&delivery.msg.body).map_err(|e| format!("bad body: {e}"));
+            Work { delivery, posting, batch, index: i + 1 }
+        })
+        .collect();
+    let guarded = work.iter().map(|w| {
+        let guard = Guard::new("mq.ledger.apply").key(&w.delivery.msg.key).precheck(&*c.precheck, MARKER_TTL);
+        (if let Ok(posting) = &w.posting { guard.fingerprint(posting) } else { guard }, w)
+    });
+    idem::batch::dedup(&c.pool, guarded, |tx, w| Box::pin(book(tx, c, w))).await
+}
+
+fn is_unique_violation(failure: &Failure<AppError>) -> bool {
+    match failure {
+        Failure::Handler(AppError::Db(sqlx::Error::Database(db)))
+        | Failure::Idem(idem::Error::Database(sqlx::Error::Database(db))) => db.is_unique_violation(),
         _ => false,
     }
 }
 
-async fn consume<DB: Ledger>(
-    pool: sqlx::Pool<DB>,
-    precheck: Arc<dyn PrecheckStore>,
-    run: Arc<str>,
-    mut source: Source,
-    stats: Arc<Stats>,
-    nack_every: usize,
-) where
+/// What to tell the broker about the `n`-th delivery.
+fn verdict<DB: sqlx::Database>(c: &Consumer<DB>, n: usize, attempts: u32, handled: Handled<i64, AppError>) -> Verdict {
+    let count = |counter: &AtomicUsize| counter.fetch_add(1, Relaxed);
+    let failure = match handled {
+        Handled::Failed(failure) => failure,
+        done => {
+            count(if matches!(done, Handled::Succeeded(_)) { &c.stats.executed } else { &c.stats.replayed });
+            if n.is_multiple_of(c.nack_every) {
+                count(&c.stats.nacked);
+                return Verdict::Requeue; // the work committed, then "the consumer crashed" before its ack
+            }
+            count(&c.stats.settled);
+            return Verdict::Ack;
+        }
+    };
+    let error = failure.to_string();
+    if !failure.is_retryable() {
+        // No key (or the key with another payload) will never pass: not done, not retried.
+        if !matches!(failure, Failure::Idem(idem::Error::InvalidKey { .. })) {
+            count(&c.stats.errors);
+        } else if count(&c.stats.keyless) == 0 {
+            println!("   refused a message without a key: {error}");
+        }
+        count(&c.stats.settled);
+        return Verdict::DeadLetter(error);
+    }
+    if is_unique_violation(&failure) {
+        count(&c.stats.index_saves);
+    }
+    if attempts + 1 < c.max_attempts {
+        count(&c.stats.retried);
+        return Verdict::Retry(error);
+    }
+    if count(&c.stats.poison) == 0 {
+        println!("   dead-lettered a message after {} attempts: {error}", attempts + 1);
+    }
+    count(&c.stats.settled);
+    Verdict::DeadLetter(error)
+}
+
+async fn consume<DB: Ledger>(c: Arc<Consumer<DB>>, mut source: Source, broker: Arc<Broker>)
+where
     DB::Connection: Send,
 {
-    while let Some(delivery) = source.next().await {
-        let n = stats.delivered.fetch_add(1, Relaxed) + 1;
-        stats.redelivered.fetch_add(usize::from(delivery.redelivered), Relaxed);
-        let verdict = match handle(&pool, &*precheck, &run, &delivery.msg).await {
-            Ok(outcome) => {
-                let counter = if outcome == Outcome::Executed { &stats.executed } else { &stats.replayed };
-                counter.fetch_add(1, Relaxed);
-                if n.is_multiple_of(nack_every) {
-                    stats.nacked.fetch_add(1, Relaxed);
-                    Verdict::Requeue // the work committed, then "the consumer crashed" before its ack
-                } else {
-                    stats.settled.fetch_add(1, Relaxed);
-                    Verdict::Ack
-                }
+    while let Some(deliveries) = source.next_batch(c.batch, LINGER).await {
+        c.stats.busy.fetch_add(1, Relaxed);
+        let batch = c.stats.batches.fetch_add(1, Relaxed) + 1;
+        let first = c.stats.delivered.fetch_add(deliveries.len(), Relaxed) + 1;
+        c.stats.redelivered.fetch_add(deliveries.iter().filter(|d| d.redelivered).count(), Relaxed);
+        let handled = handle(&c, batch, &deliveries).await;
+        for (n, (delivery, handled)) in (first..).zip(deliveries.into_iter().zip(handled)) {
+            let verdict = verdict(&c, n, delivery.msg.attempts, handled);
+            if let Err(e) = delivery.settle(verdict, &broker).await {
+                eprintln!("   !! settling a delivery failed: {e}");
+                c.stats.errors.fetch_add(1, Relaxed);
             }
-            Err(AppError::Idem(e @ idem::Error::InvalidKey { .. })) => {
-                if stats.keyless.fetch_add(1, Relaxed) == 0 {
-                    println!("   refused a message without a key: {e}");
-                }
-                stats.settled.fetch_add(1, Relaxed);
-                Verdict::DeadLetter // no key will ever appear: not done, not retried
-            }
-            Err(e) => {
-                let counter = if is_unique_violation(&e) { &stats.index_saves } else { &stats.errors };
-                counter.fetch_add(1, Relaxed);
-                eprintln!("   !! {e}; requeued");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                Verdict::Requeue
-            }
-        };
-        if let Err(e) = delivery.settle(verdict).await {
-            eprintln!("   !! settling a delivery failed: {e}");
-            stats.errors.fetch_add(1, Relaxed);
         }
+        *c.stats.last_settled.lock().unwrap() = Some(Instant::now());
+        c.stats.busy.fetch_sub(1, Relaxed);
     }
 }
 
@@ -227,17 +276,43 @@ struct Args {
     /// Messages published without a key.
     #[arg(long, default_value_t = 5)]
     keyless: usize,
+    /// Postings to an account the ledger does not have: they fail every attempt.
+    #[arg(long, default_value_t = 3)]
+    poison: usize,
     #[arg(long, default_value_t = 2)]
     consumers: usize,
+    /// Deliveries each consumer takes at a time, each under its own guard.
+    #[arg(long, default_value_t = 10)]
+    batch: usize,
+    /// Unacked deliveries per consumer (at least `--batch`).
     #[arg(long, default_value_t = 20)]
     prefetch: u16,
+    /// Attempts of a failing message before it is dead-lettered.
+    #[arg(long, default_value_t = 3)]
+    max_attempts: u32,
+    /// For tests: consume the queue NAME (and NAME.dead) that exists already, without
+    /// producing, until it has been idle for a second.
+    #[arg(long, hide = true)]
+    queue: Option<String>,
+    /// For tests: the run whose ledger entries and markers these are (default: a new one).
+    #[arg(long, hide = true)]
+    run: Option<String>,
+    /// For tests: each message's work takes this many milliseconds, in its transaction.
+    #[arg(long, hide = true, default_value_t = 0)]
+    work_ms: u64,
+    /// For tests: print each message as its work begins.
+    #[arg(long, hide = true)]
+    trace: bool,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     let store = Store::connect(args.database_url.as_deref(), 10).await?;
-    let ok = common::on_pool!(&store, pool => run(store.name(), pool, &args).await?);
+    let ok = common::on_pool!(&store, pool => match &args.queue {
+        Some(queue) => drain(store.name(), pool, queue, &args).await?,
+        None => run(store.name(), pool, &args).await?,
+    });
     store.close().await;
     if !ok {
         std::process::exit(1);
@@ -247,14 +322,18 @@ async fn main() -> Result<(), BoxError> {
 
 /// The producer's messages: postings in order, a re-publish of every
 /// `100 / percent`-th one (half right behind it, so the two consumers race,
-/// half 100 messages later), and the keyless ones spread in between.
+/// half 100 messages later), and the keyless and poison ones spread in
+/// between.
 fn plan(run: &str, args: &Args) -> Vec<Message> {
+    let body = |account: i64, amount_cents: i64| serde_json::to_vec(&Posting { account, amount_cents }).unwrap();
     let posting = |i: usize| Message {
         key: Some(format!("{run}-{i}")),
-        body: serde_json::to_vec(&Posting { account: (i % 50) as i64, amount_cents: 100 + i as i64 }).unwrap(),
+        body: body((i % 50) as i64, 100 + i as i64),
+        ..Default::default()
     };
     let every = 100 / args.republish_percent.clamp(1, 100);
-    let (n, mut out, mut later, mut keyless) = (args.messages, Vec::new(), VecDeque::new(), 0);
+    let spread = |count: usize, i: usize| count > 0 && (i + 1).is_multiple_of((args.messages / count).max(1));
+    let (n, mut out, mut later, mut keyless, mut poison) = (args.messages, Vec::new(), VecDeque::new(), 0, 0);
     for i in 0..n {
         out.push(posting(i));
         if i.is_multiple_of(every) && (i / every).is_multiple_of(2) {
@@ -265,36 +344,79 @@ fn plan(run: &str, args: &Args) -> Vec<Message> {
         while later.front().is_some_and(|(at, _)| *at <= i) {
             out.push(later.pop_front().unwrap().1);
         }
-        if keyless < args.keyless && (i + 1).is_multiple_of((n / args.keyless).max(1)) {
+        if keyless < args.keyless && spread(args.keyless, i) {
             keyless += 1;
-            let body = serde_json::to_vec(&Posting { account: 0, amount_cents: 1 }).unwrap();
-            out.push(Message { key: None, body });
+            out.push(Message { key: None, body: body(0, 1), ..Default::default() });
+        }
+        if poison < args.poison && spread(args.poison, i + n / (2 * args.poison.max(1))) {
+            poison += 1;
+            out.push(Message { key: Some(format!("{run}-poison-{poison}")), body: body(-1, 1), ..Default::default() });
         }
     }
     out.extend(later.into_iter().map(|(_, m)| m));
     out
 }
 
+/// The ledger's tables, the run id and the markers' store (with the Redis
+/// connection that flushes them, if they are in Redis).
+async fn set_up<DB: Ledger>(
+    pool: &sqlx::Pool<DB>,
+    args: &Args,
+) -> Result<(String, Arc<dyn PrecheckStore>, Option<Redis>), BoxError> {
+    idem::migrate(pool).await?;
+    DB::setup_ledger(pool).await?;
+    let run = args.run.clone().unwrap_or_else(common::run_id);
+    let Some(url) = &args.redis_url else { return Ok((run, Arc::new(idem::store::MemoryStore::new()), None)) };
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
+    let prefix = format!("idem-mq-{run}:");
+    let store = Arc::new(idem::store::RedisStore::new(conn.clone(), prefix.clone()));
+    Ok((run, store, Some(Redis { conn, prefix })))
+}
+
+/// `args.consumers` consumer tasks on `broker`.
+async fn start<DB: Ledger>(
+    c: &Arc<Consumer<DB>>,
+    broker: &Arc<Broker>,
+    args: &Args,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, BoxError>
+where
+    DB::Connection: Send,
+{
+    let prefetch = args.prefetch.max(u16::try_from(c.batch).unwrap_or(u16::MAX));
+    let mut consumers = Vec::new();
+    for n in 0..args.consumers.max(1) {
+        let source = broker.subscribe(&format!("{}.consumer-{n}.{}", c.run, std::process::id()), prefetch).await?;
+        consumers.push(tokio::spawn(consume(c.clone(), source, broker.clone())));
+    }
+    Ok(consumers)
+}
+
+fn consumer<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    run: String,
+    precheck: Arc<dyn PrecheckStore>,
+    args: &Args,
+) -> Consumer<DB> {
+    Consumer {
+        pool: pool.clone(),
+        precheck,
+        run,
+        stats: Stats::default(),
+        batch: args.batch.max(1),
+        max_attempts: args.max_attempts.max(1),
+        nack_every: args.nack_every.max(2),
+        work: Duration::from_millis(args.work_ms),
+        trace: args.trace,
+    }
+}
+
 async fn run<DB: Ledger>(store: &str, pool: &sqlx::Pool<DB>, args: &Args) -> Result<bool, BoxError>
 where
     DB::Connection: Send,
 {
-    idem::migrate(pool).await?;
-    DB::setup_ledger(pool).await?;
-    let run: Arc<str> = common::run_id().into();
+    let (run, precheck, mut redis) = set_up(pool, args).await?;
     let queue = format!("idem.mq_consumer.{run}");
-    let mut redis = None;
-    let precheck: Arc<dyn PrecheckStore> = match &args.redis_url {
-        Some(url) => {
-            let client = redis::Client::open(url.as_str())?;
-            let conn = redis::aio::ConnectionManager::new(client).await?;
-            let prefix = format!("idem-mq-{run}:");
-            redis = Some(Redis { conn: conn.clone(), prefix: prefix.clone() });
-            Arc::new(idem::store::RedisStore::new(conn, prefix))
-        }
-        None => Arc::new(idem::store::MemoryStore::new()),
-    };
-    let broker = Broker::connect(args.amqp_url.as_deref(), &queue).await?;
+    let broker = Arc::new(Broker::connect(args.amqp_url.as_deref(), &queue).await?);
     let messages = plan(&run, args);
     let total = messages.len();
     let keyless = messages.iter().filter(|m| m.key.is_none()).count();
@@ -303,24 +425,25 @@ where
     println!("broker={broker_name} queue={queue} precheck={marker_store} store={store}");
     println!(
         "1. the producer publishes {} postings keyed by the `{KEY_HEADER}` header it sets, re-publishes {} of them \
-         (a new message id, the same key) and sends {keyless} without a key",
+         (a new message id, the same key), sends {keyless} without a key and {} the ledger refuses (poison)",
         args.messages,
-        total - args.messages - keyless,
+        total - args.messages - keyless - args.poison,
+        args.poison,
     );
 
-    let stats = Arc::new(Stats::default());
-    let mut consumers = Vec::new();
-    for c in 0..args.consumers.max(1) {
-        let source = broker.subscribe(&format!("{queue}.consumer-{c}"), args.prefetch).await?;
-        let task = consume(pool.clone(), precheck.clone(), run.clone(), source, stats.clone(), args.nack_every.max(2));
-        consumers.push(tokio::spawn(task));
-    }
+    let c = Arc::new(consumer(pool, run.clone(), precheck, args));
+    let consumers = start(&c, &broker, args).await?;
     println!(
-        "2. {} consumers{} compete; every {}th delivery is nacked and requeued after its work committed (a crash \
-         before the ack)",
+        "2. {} consumers{} compete, {} deliveries at a time, each under its own guard; every {}th delivery is \
+         nacked and requeued after its work committed (a crash before the ack)",
         consumers.len(),
-        if args.amqp_url.is_some() { format!(" (prefetch {} each)", args.prefetch) } else { String::new() },
-        args.nack_every.max(2),
+        if args.amqp_url.is_some() {
+            format!(" (prefetch {} each)", args.prefetch.max(c.batch as u16))
+        } else {
+            String::new()
+        },
+        c.batch,
+        c.nack_every,
     );
     let before = idem::precheck::counters();
     let producer = async {
@@ -332,8 +455,8 @@ where
     let watcher = async {
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut flushed = false;
-        while stats.settled.load(Relaxed) < total && Instant::now() < deadline {
-            let settled = stats.settled.load(Relaxed);
+        while c.stats.settled.load(Relaxed) < total && Instant::now() < deadline {
+            let settled = c.stats.settled.load(Relaxed);
             if !flushed && settled >= total / 2 {
                 flushed = true;
                 match redis.as_mut() {
@@ -349,38 +472,72 @@ where
         Ok(())
     };
     tokio::try_join!(producer, watcher)?;
-    for consumer in &consumers {
-        consumer.abort();
-    }
+    stop(consumers).await;
     let after = idem::precheck::counters();
     let (hits, confirms) = (after.seen - before.seen, after.confirmed - before.confirmed);
+    let dead = dead_letters(&broker, keyless + args.poison).await?;
+    broker.close().await;
+    if let Some(mut redis) = redis {
+        redis.forget().await?;
+    }
+    report(pool, &c, args, total, keyless, dead, (hits, confirms)).await
+}
+
+async fn stop(consumers: Vec<tokio::task::JoinHandle<()>>) {
+    for consumer in consumers {
+        consumer.abort();
+        let _ = consumer.await;
+    }
+}
+
+/// The dead-letter queue's length, once it holds `expected` (RabbitMQ
+/// counts a confirmed publish at once; waited on for a second at most).
+async fn dead_letters(broker: &Broker, expected: usize) -> Result<usize, BoxError> {
+    let mut dead = broker.dead_letters().await?;
+    for _ in 0..50 {
+        if dead >= expected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        dead = broker.dead_letters().await?;
+    }
+    Ok(dead)
+}
+
+/// Steps 4 and 5 and the `key=value` line; whether every posting was
+/// booked once and every refused or poison message dead-lettered.
+async fn report<DB: Ledger>(
+    pool: &sqlx::Pool<DB>,
+    c: &Consumer<DB>,
+    args: &Args,
+    total: usize,
+    keyless: usize,
+    dead: usize,
+    (hits, confirms): (u64, u64),
+) -> Result<bool, BoxError> {
     let s = |c: &AtomicUsize| c.load(Relaxed);
+    let stats = &c.stats;
     let delivered = s(&stats.delivered);
     println!(
-        "4. {} of {total} settled after {delivered} deliveries ({} nacked after their work, {} redelivered): {} ran \
-         the handler, {} replayed the first answer ({confirms} confirmed by the precheck with one read, the rest by \
-         the claim)",
+        "4. {} of {total} settled after {delivered} deliveries in {} batches ({} nacked after their work, {} \
+         redelivered): {} ran the handler, {} replayed the first answer ({confirms} confirmed by the precheck with \
+         one read, the rest by the claim)",
         s(&stats.settled),
+        s(&stats.batches),
         s(&stats.nacked),
         s(&stats.redelivered),
         s(&stats.executed),
         s(&stats.replayed),
     );
-    let mut dead = broker.dead_letters().await?;
-    for _ in 0..50 {
-        if dead >= s(&stats.keyless) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await; // dead-lettering is asynchronous in RabbitMQ
-        dead = broker.dead_letters().await?;
-    }
-    println!("   {} without a key were refused, not acked as done: {dead} in the dead-letter queue", s(&stats.keyless));
-    broker.close().await;
-    if let Some(mut redis) = redis {
-        redis.forget().await?;
-    }
-
-    let (entries, applied, applied_keys) = DB::ledger_report(pool, &run).await?;
+    println!(
+        "   {} without a key were refused, {} poison postings failed {} attempts each ({} retries), none acked as \
+         done: {dead} in the dead-letter queue, each with its error",
+        s(&stats.keyless),
+        s(&stats.poison),
+        c.max_attempts,
+        s(&stats.retried),
+    );
+    let (entries, applied, applied_keys) = DB::ledger_report(pool, &c.run).await?;
     let duplicates = applied - applied_keys;
     let lost = args.messages as i64 - applied_keys;
     println!(
@@ -391,14 +548,63 @@ where
     );
     println!(
         "published={total} delivered={delivered} effects={entries} duplicate_effects={duplicates} lost={lost} \
-         precheck_hits={hits} db_confirms={confirms} keyless={}",
+         precheck_hits={hits} db_confirms={confirms} keyless={} batches={} poison={} dead_lettered={dead}",
         s(&stats.keyless),
+        s(&stats.batches),
+        s(&stats.poison),
     );
     Ok(entries == args.messages as i64
         && duplicates == 0
         && lost == 0
         && s(&stats.keyless) == keyless
-        && dead == keyless
+        && s(&stats.poison) == args.poison
+        && dead == keyless + args.poison
         && s(&stats.executed) == args.messages
         && s(&stats.index_saves) + s(&stats.errors) == 0)
+}
+
+/// `--queue NAME`: consume what is in NAME until it has been idle for a
+/// second (a test publishes, kills and restarts this process); no
+/// producer, no flush. The line reports this process's share.
+async fn drain<DB: Ledger>(store: &str, pool: &sqlx::Pool<DB>, queue: &str, args: &Args) -> Result<bool, BoxError>
+where
+    DB::Connection: Send,
+{
+    let url = args.amqp_url.as_deref().ok_or("--queue needs --amqp-url")?;
+    let (run, precheck, redis) = set_up(pool, args).await?;
+    let broker = Arc::new(Broker::attach(url, queue).await?);
+    println!("broker=rabbitmq queue={queue} precheck={} store={store} run={run}", precheck.kind());
+    let c = Arc::new(consumer(pool, run, precheck, args));
+    let consumers = start(&c, &broker, args).await?;
+    let started = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let last = c.stats.last_settled.lock().unwrap().unwrap_or(started);
+        if c.stats.busy.load(Relaxed) == 0 && last.elapsed() > Duration::from_secs(1) {
+            break;
+        }
+    }
+    stop(consumers).await;
+    let dead = broker.dead_letters().await?;
+    broker.close().await;
+    if let Some(mut redis) = redis {
+        redis.forget().await?;
+    }
+    let s = |c: &AtomicUsize| c.load(Relaxed);
+    let (entries, applied, applied_keys) = DB::ledger_report(pool, &c.run).await?;
+    let stats = &c.stats;
+    println!(
+        "delivered={} batches={} executed={} replayed={} retried={} effects={entries} duplicate_effects={} \
+         keyless={} poison={} dead_lettered={dead} errors={}",
+        s(&stats.delivered),
+        s(&stats.batches),
+        s(&stats.executed),
+        s(&stats.replayed),
+        s(&stats.retried),
+        applied - applied_keys,
+        s(&stats.keyless),
+        s(&stats.poison),
+        s(&stats.errors),
+    );
+    Ok(applied == applied_keys && s(&stats.errors) == 0)
 }

@@ -8,32 +8,22 @@
 // The workspace's test set-up (databases, Redis, skipping).
 use idem_test_support as common;
 
+mod bus;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
+use bus::{Bus, KEY_HEADER};
 use common::{AppError, unique};
 use idem::precheck::{Counters, PrecheckStore, counters};
 use idem::{Error, Outcome, idempotent};
 use lapin::message::Delivery;
 use lapin::options::*;
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::AMQPValue;
 use sqlx::{PgPool, Postgres, Transaction};
-use tokio::sync::mpsc;
-
-const KEY_HEADER: &str = "x-idempotency-key";
 
 /// The tests compare the process-wide precheck counters: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-/// A connection to RabbitMQ at `IDEM_AMQP_URL` (default: the local broker),
-/// or `None`: the test skips (see `common::reach`).
-async fn amqp() -> Option<lapin::Connection> {
-    let url = std::env::var("IDEM_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
-    common::reach("RabbitMQ", &url, lapin::Connection::connect(&url, lapin::ConnectionProperties::default())).await
-}
 
 /// A message as the handler takes it: the producer's key, if it set one.
 struct Message {
@@ -93,100 +83,6 @@ fn delta(before: Counters) -> Counters {
         confirmed: after.confirmed - before.confirmed,
         missing: after.missing - before.missing,
         unavailable: after.unavailable - before.unavailable,
-    }
-}
-
-/// A test's queue on the broker, dead-lettering to `{queue}.dead`.
-struct Bus {
-    conn: lapin::Connection,
-    channel: lapin::Channel,
-    queue: String,
-}
-
-impl Bus {
-    async fn new() -> Option<Bus> {
-        let conn = amqp().await?;
-        let channel = conn.create_channel().await.unwrap();
-        channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
-        let queue = unique("idem-test-mq");
-        let mut args = FieldTable::default();
-        args.insert("x-expires".into(), AMQPValue::LongInt(60_000));
-        let dead = format!("{queue}.dead");
-        channel.queue_declare(dead.as_str().into(), QueueDeclareOptions::default(), args.clone()).await.unwrap();
-        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
-        args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(dead.as_str().into()));
-        channel.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args).await.unwrap();
-        Some(Bus { conn, channel, queue })
-    }
-
-    /// Publish a new message (a message id of its own) with the business
-    /// key `key` in its header, and wait for the broker's confirm.
-    async fn publish(&self, key: Option<&str>) {
-        let mut headers = FieldTable::default();
-        if let Some(key) = key {
-            headers.insert(KEY_HEADER.into(), AMQPValue::LongString(key.into()));
-        }
-        let props = lapin::BasicProperties::default().with_message_id(unique("m").into()).with_headers(headers);
-        let queue = self.queue.as_str().into();
-        let confirm = self.channel.basic_publish("".into(), queue, Default::default(), b"{}", props).await.unwrap();
-        confirm.await.unwrap();
-    }
-
-    /// A consumer on a channel of its own, holding up to `prefetch` unacked deliveries.
-    async fn consumer(&self, prefetch: u16) -> Consumer {
-        let channel = self.conn.create_channel().await.unwrap();
-        channel.basic_qos(prefetch, BasicQosOptions::default()).await.unwrap();
-        let tag = unique("consumer");
-        let queue = self.queue.as_str().into();
-        let consumer =
-            channel.basic_consume(queue, tag.into(), Default::default(), FieldTable::default()).await.unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        consumer.set_delegate(move |delivery: lapin::message::DeliveryResult| {
-            let tx = tx.clone();
-            async move {
-                if let Ok(Some(delivery)) = delivery {
-                    let _ = tx.send(delivery);
-                }
-            }
-        });
-        Consumer { rx, _channel: channel }
-    }
-
-    /// The next message of the dead-letter queue (dead-lettering is asynchronous).
-    async fn dead_letter(&self) -> Option<Delivery> {
-        let dead = format!("{}.dead", self.queue);
-        for _ in 0..100 {
-            let got = self.channel.basic_get(dead.as_str().into(), BasicGetOptions::default()).await.unwrap();
-            if let Some(got) = got {
-                return Some(got.delivery);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        None
-    }
-
-    async fn close(self) {
-        for name in [format!("{}.dead", self.queue), self.queue.clone()] {
-            let _ = self.channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
-        }
-        let _ = self.conn.close(200, "done".into()).await;
-    }
-}
-
-struct Consumer {
-    rx: mpsc::UnboundedReceiver<Delivery>,
-    _channel: lapin::Channel,
-}
-
-impl Consumer {
-    async fn next(&mut self) -> Delivery {
-        let next = tokio::time::timeout(Duration::from_secs(5), self.rx.recv()).await;
-        next.expect("a delivery within 5s").expect("the consumer is open")
-    }
-
-    /// Nothing more is delivered within `ms`.
-    async fn idle(&mut self, ms: u64) -> bool {
-        tokio::time::timeout(Duration::from_millis(ms), self.rx.recv()).await.is_err()
     }
 }
 
