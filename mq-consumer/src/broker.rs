@@ -3,10 +3,13 @@
 //! otherwise. Messages carry the producer's business key in the
 //! [`KEY_HEADER`] header.
 //!
-//! A failed message is retried by publishing a copy to the back of its
-//! queue (its attempts counted in [`ATTEMPTS_HEADER`], its last error in
-//! [`ERROR_HEADER`]) and then acknowledging the delivery; dead-lettered, the
-//! copy goes to `{queue}.dead` instead. A classic queue counts no
+//! A failed message is retried by publishing a copy (its attempts counted
+//! in [`ATTEMPTS_HEADER`], its last error in [`ERROR_HEADER`]) to
+//! `{queue}.retry`, where it waits out a backoff ([`retry_delay`], the
+//! copy's expiration) before RabbitMQ dead-letters it back to the back of
+//! its queue, and then acknowledging the delivery: a store that is down
+//! for a moment does not use up a message's attempts in milliseconds.
+//! Dead-lettered, the copy goes to `{queue}.dead` instead. A classic queue counts no
 //! deliveries (a quorum queue's `x-delivery-count` would, but its own
 //! dead-lettering keeps no error), and at the back of the queue a poison
 //! message does not hold up the ones behind it. Published (and confirmed)
@@ -30,6 +33,13 @@ pub const KEY_HEADER: &str = "x-idempotency-key";
 pub const ATTEMPTS_HEADER: &str = "x-idem-attempts";
 /// The error of a retried or dead-lettered copy's last attempt.
 pub const ERROR_HEADER: &str = "x-idem-error";
+
+/// How long a copy waits before its next attempt: 200 ms after the
+/// first, doubling, at most 10 s. (The in-process queue retries at once.)
+pub fn retry_delay(attempts: u32) -> Duration {
+    let doubled = 200u64.saturating_mul(1 << attempts.saturating_sub(1).min(16));
+    Duration::from_millis(doubled.min(10_000))
+}
 
 /// One published message: the key header (if any), the JSON body, and the
 /// attempts it has had, with the last one's error.
@@ -124,7 +134,8 @@ pub enum Verdict {
     Ack,
     /// `basic.nack` with requeue: the broker delivers it again.
     Requeue,
-    /// The attempt failed with this error: a copy to the back of the queue.
+    /// The attempt failed with this error: a copy to the back of the queue,
+    /// after its backoff.
     Retry(String),
     /// The last attempt failed with this error: a copy to the dead letters.
     DeadLetter(String),
@@ -232,17 +243,22 @@ impl Broker {
         let dead = format!("{queue}.dead");
         publisher.queue_declare(dead.as_str().into(), QueueDeclareOptions::default(), args.clone()).await?;
         args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+        // A retry's copy, its backoff passed, goes back to the queue.
+        let mut retry = args.clone();
+        retry.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(queue.into()));
+        let retries = format!("{queue}.retry");
+        publisher.queue_declare(retries.as_str().into(), QueueDeclareOptions::default(), retry).await?;
         args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(dead.as_str().into()));
         publisher.queue_declare(queue.into(), QueueDeclareOptions::default(), args).await?;
         Ok(Broker::Amqp { conn, publisher, queue: queue.to_owned(), owned: true })
     }
 
-    /// RabbitMQ at `url`, on the queues `queue` and `{queue}.dead` that
-    /// someone else declared (and deletes).
+    /// RabbitMQ at `url`, on the queues `queue`, `{queue}.retry` and
+    /// `{queue}.dead` that someone else declared (and deletes).
     pub async fn attach(url: &str, queue: &str) -> Result<Broker, BoxError> {
         let (conn, publisher) = Broker::open(url).await?;
         let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-        for name in [queue.to_owned(), format!("{queue}.dead")] {
+        for name in [queue.to_owned(), format!("{queue}.retry"), format!("{queue}.dead")] {
             publisher.queue_declare(name.as_str().into(), passive, FieldTable::default()).await?;
         }
         Ok(Broker::Amqp { conn, publisher, queue: queue.to_owned(), owned: false })
@@ -260,23 +276,35 @@ impl Broker {
     pub async fn publish(&self, msg: &Message, message_id: &str) -> Result<(), BoxError> {
         match self {
             Broker::Local(queue) => queue.push(msg.clone(), false),
-            Broker::Amqp { queue, .. } => self.publish_to(queue, msg, Some(message_id)).await?,
+            Broker::Amqp { queue, .. } => self.publish_to(queue, msg, Some(message_id), None).await?,
         }
         Ok(())
     }
 
-    /// A failed message's copy: to the back of the queue, or to the dead letters.
+    /// A failed message's copy: to wait out its backoff and then the back
+    /// of the queue, or to the dead letters.
     async fn publish_copy(&self, copy: &Message, dead: bool) -> Result<(), BoxError> {
         let Broker::Amqp { queue, .. } = self else { unreachable!("local copies are pushed by the delivery") };
-        let name = if dead { format!("{queue}.dead") } else { queue.clone() };
-        self.publish_to(&name, copy, None).await
+        if dead {
+            return self.publish_to(&format!("{queue}.dead"), copy, None, None).await;
+        }
+        self.publish_to(&format!("{queue}.retry"), copy, None, Some(retry_delay(copy.attempts))).await
     }
 
-    async fn publish_to(&self, name: &str, msg: &Message, message_id: Option<&str>) -> Result<(), BoxError> {
+    async fn publish_to(
+        &self,
+        name: &str,
+        msg: &Message,
+        message_id: Option<&str>,
+        expiration: Option<Duration>,
+    ) -> Result<(), BoxError> {
         let Broker::Amqp { publisher, .. } = self else { unreachable!() };
         let mut props = lapin::BasicProperties::default().with_headers(msg.headers());
         if let Some(id) = message_id {
             props = props.with_message_id(id.into());
+        }
+        if let Some(wait) = expiration {
+            props = props.with_expiration(wait.as_millis().to_string().into());
         }
         let options = BasicPublishOptions::default();
         publisher.basic_publish("".into(), name.into(), options, &msg.body, props).await?.await?;
@@ -312,7 +340,9 @@ impl Broker {
     /// Close the connection, deleting the queues if they are this program's.
     pub async fn close(&self) {
         if let Broker::Amqp { conn, publisher, queue, owned } = self {
-            for name in [format!("{queue}.dead"), queue.clone()].into_iter().filter(|_| *owned) {
+            for name in
+                [format!("{queue}.dead"), format!("{queue}.retry"), queue.clone()].into_iter().filter(|_| *owned)
+            {
                 let _ = publisher.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
             }
             let _ = conn.close(200, "done".into()).await;

@@ -15,8 +15,8 @@
 //! time) and runs them with `idem::batch::dedup`: each message under its
 //! own guard, in a transaction of its own, so a poison message (a posting
 //! to an account the ledger does not have) fails alone. The others are
-//! acknowledged; the poison is retried (a copy to the back of the queue,
-//! its attempts in a header) and after `--max-attempts` dead-lettered with
+//! acknowledged; the poison is retried (a copy that waits out a backoff,
+//! then goes to the back of the queue, its attempts in a header) and after `--max-attempts` dead-lettered with
 //! its last error (see `broker.rs`).
 //!
 //! The run: 1,000 postings, 20% re-published, 3 poison postings, every

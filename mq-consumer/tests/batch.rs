@@ -83,7 +83,10 @@ async fn a_poison_message_in_the_middle_of_a_batch_is_retried_then_dead_lettered
     }
     let mut cmd = consumer(&bus, &run, 5);
     cmd.arg("--trace");
+    let started = std::time::Instant::now();
     let (counts, stdout) = drain(cmd).await;
+    // Each retry waited out its backoff in `{queue}.retry` (200 ms, 400 ms).
+    assert!(started.elapsed() >= std::time::Duration::from_millis(600), "{:?}", started.elapsed());
     assert!(stdout.contains(&format!("batch 1, message 3: applying {poison}")), "{stdout}");
     assert!(stdout.contains(&format!("batch 1, message 5: applying {}", good[3])), "the batch went on: {stdout}");
     // One batch of five, then the poison's two retries, each a batch of its own.

@@ -44,6 +44,10 @@ impl Bus {
         let dead = format!("{queue}.dead");
         channel.queue_declare(dead.as_str().into(), QueueDeclareOptions::default(), args.clone()).await.unwrap();
         args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+        let mut retry = args.clone();
+        retry.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(queue.as_str().into()));
+        let retries = format!("{queue}.retry");
+        channel.queue_declare(retries.as_str().into(), QueueDeclareOptions::default(), retry).await.unwrap();
         args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(dead.as_str().into()));
         channel.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args).await.unwrap();
         Some(Bus { conn, channel, queue })
@@ -92,7 +96,7 @@ impl Bus {
     }
 
     pub async fn close(self) {
-        for name in [format!("{}.dead", self.queue), self.queue.clone()] {
+        for name in [format!("{}.dead", self.queue), format!("{}.retry", self.queue), self.queue.clone()] {
             let _ = self.channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
         }
         let _ = self.conn.close(200, "done".into()).await;
