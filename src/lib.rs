@@ -111,7 +111,8 @@ pub use idem_runtime::observe;
 pub mod lease {
     #![doc = include_str!("../docs/lease.md")]
     pub use idem_runtime::lease::{
-        DEFAULT_LEASE, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, LeaseTicket, current,
+        DEFAULT_LEASE, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, LeaseTicket, MAX_STEPS, NewStep,
+        RecordedStep, StepKey, Steps, current,
     };
 }
 

@@ -138,6 +138,40 @@ pub enum Error {
         key_hash: String,
     },
 
+    /// A recorded step of a lease body ([`Steps::run`](crate::lease::Steps::run))
+    /// broke a rule: a name used twice in one body, empty or too long, more
+    /// steps than a call records, a result that cannot be recorded exactly,
+    /// or a store that keeps no steps. Return it from the body: the call
+    /// fails and nothing more is recorded.
+    #[error("step `{step}` of scope `{scope}`: {reason}")]
+    Step {
+        /// Scope of the guard.
+        scope: String,
+        /// The step's name.
+        step: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+
+    /// A call resumed after a crash or a failure names another step at a
+    /// place than the one its earlier attempt recorded: the body changed
+    /// between deploys. Nothing was replayed or run at that place.
+    #[error(
+        "the steps of scope `{scope}` changed since this call recorded them: step {position} was `{recorded}` and \
+         is now `{found}`; let the calls the old body started finish (or release them with `idem release`) before \
+         reordering or renaming steps, or give the new body a scope of its own"
+    )]
+    StepsChanged {
+        /// Scope of the guard.
+        scope: String,
+        /// The step's place in the body, from 0.
+        position: usize,
+        /// The step recorded there.
+        recorded: String,
+        /// The step the body names there now.
+        found: String,
+    },
+
     /// The lock a `lock+dedup`, `lock+state` or `lock` guard held was lost
     /// while the call ran (its renewals failed, or another holder has it).
     /// The body was stopped mid-way, or (with `dedup` or `state`) its result

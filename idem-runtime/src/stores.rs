@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::future::BoxFuture;
+use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::lock::store::{LockAttempt, LockStore};
 use crate::precheck::store::PrecheckStore;
@@ -305,6 +306,15 @@ impl LeaseStore for Stores {
     }
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         self.lease_or_missing().answer_limit()
+    }
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        self.lease_or_missing().steps(scope, key)
+    }
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        self.lease_or_missing().record_step(held, step)
+    }
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        self.lease_or_missing().forget_steps(scope, key)
     }
     fn notifies(&self) -> bool {
         self.lease_or_missing().notifies()

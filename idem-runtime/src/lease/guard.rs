@@ -9,6 +9,7 @@ use crate::guard::{Guard, GuardError, Prepared};
 use crate::guard::{keep, replayed};
 use crate::lease::new_owner;
 use crate::lease::renew::{bounded, under_renewal};
+use crate::lease::steps::{Holder, Steps};
 use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
 use crate::precheck::{Sight, confirmed as precheck_confirmed, look};
 use crate::replay::Replayable;
@@ -153,6 +154,57 @@ async fn claim_or_wait(store: &dyn LeaseStore, req: &LeaseRequest<'_>, wait: Dur
         if !store.notifies() {
             pause = (pause * 2).min(Duration::from_millis(250));
         }
+    }
+}
+
+impl<'s> LeaseTicket<'s> {
+    /// [`run`](Self::run), the body in recorded steps: it gets the call's
+    /// [`Steps`] and runs its outside work through [`Steps::run`], each
+    /// step's `Ok` result recorded under the lease's fence before the next
+    /// starts. A call that takes over a record whose worker died, or a
+    /// retry after the body returned `Err`, replays the recorded steps
+    /// without running them and resumes at the first step without a
+    /// result; the one step in flight when a worker died runs again, with
+    /// the same [`StepKey`](crate::lease::StepKey) for the outside system
+    /// to deduplicate on. Once the call completes its steps are forgotten:
+    /// its answer replays.
+    ///
+    /// One more round trip to the store before the body (the steps read),
+    /// and one write per step run.
+    pub async fn run_steps<T, E, F, Fut>(self, body: F) -> Result<T, E>
+    where
+        T: Replayable,
+        E: GuardError,
+        F: FnOnce(Steps<'s>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let p = &self.prepared;
+        let read = bounded(self.lease, self.store.kind(), self.store.steps(&p.stored_scope, p.key.as_str())).await;
+        let recorded = match read {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                self.release_failed("could not read its recorded steps").await;
+                return Err(e.into());
+            }
+        };
+        let holder = Holder {
+            scope: p.stored_scope.clone(),
+            key: p.key.as_str().to_owned(),
+            owner: self.owner.clone(),
+            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str().to_owned()),
+            fence: self.fence,
+            lease: self.lease,
+            retention: p.retention,
+        };
+        let limit = self.store.answer_limit().await;
+        let steps = Steps::new(self.store, holder, (p.scope.to_string(), p.key.hash()), limit, recorded);
+        let value = self.run_body(body(steps)).await?;
+        let value = self.completed(value).await?;
+        if let Err(e) = self.store.forget_steps(&p.stored_scope, p.key.as_str()).await {
+            tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
+                "a completed call's steps could not be removed; they go with their retention");
+        }
+        Ok(value)
     }
 }
 

@@ -3,12 +3,14 @@
 
 pub(crate) mod guard;
 pub(crate) mod renew;
+pub(crate) mod steps;
 pub(crate) mod store;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use crate::lease::guard::LeaseTicket;
+pub use crate::lease::steps::{MAX_STEPS, NewStep, RecordedStep, StepKey, Steps};
 pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 
 /// Default lease when the attribute gives none.

@@ -7,6 +7,16 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::future::BoxFuture;
+use crate::lease::steps::{NewStep, RecordedStep};
+
+/// A store of the user's own keeps no steps unless it says so.
+fn no_steps(store: &'static str, scope: &str) -> Error {
+    Error::Step {
+        scope: scope.to_owned(),
+        step: String::new(),
+        reason: format!("the `{store}` lease store keeps no steps (implement `LeaseStore::steps` and `record_step`)"),
+    }
+}
 
 /// A claim as a store receives it.
 #[derive(Clone, Debug)]
@@ -113,6 +123,30 @@ pub trait LeaseStore: Send + Sync {
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         Box::pin(std::future::ready(usize::MAX))
     }
+    /// The steps recorded for the call of `scope` and `key` (as stored),
+    /// in order ([`Steps`](crate::lease::Steps)): read by a call that holds
+    /// the key, before its body runs. The default, for a store of your own
+    /// that keeps no steps, is [`Error::Step`].
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(no_steps(self.kind(), scope))))
+    }
+    /// Record `step` if `held` still holds the record with a live lease by
+    /// the store's clock and `step` is the next one (its number is the
+    /// count of steps recorded), in one atomic step: `false`, changing
+    /// nothing, when the lease is no longer `held`'s. Recorded steps outlive
+    /// a released record (a failed body's retry resumes from them) and are
+    /// kept for the retention from their last write.
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = step;
+        Box::pin(std::future::ready(Err(no_steps(self.kind(), held.scope))))
+    }
+    /// Forget the steps of a completed call (its answer replays from now
+    /// on). The default does nothing.
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (scope, key);
+        Box::pin(std::future::ready(Ok(())))
+    }
     /// Whether [`changed`](Self::changed) returns as soon as the record's
     /// holder completes or releases it (the memory store; a Redis store
     /// with notifications), rather than only after its pause. Default `false`.
@@ -157,6 +191,15 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         (**self).answer_limit()
     }
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        (**self).steps(scope, key)
+    }
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).record_step(held, step)
+    }
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).forget_steps(scope, key)
+    }
     fn notifies(&self) -> bool {
         (**self).notifies()
     }
@@ -190,6 +233,15 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     }
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         (**self).answer_limit()
+    }
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        (**self).steps(scope, key)
+    }
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).record_step(held, step)
+    }
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).forget_steps(scope, key)
     }
     fn notifies(&self) -> bool {
         (**self).notifies()

@@ -39,12 +39,21 @@ pub enum RecordKind {
     Fence,
     /// A one-time token (`token`, `token+dedup`).
     Token,
+    /// The recorded steps of a lease-guarded call (beside its lease record,
+    /// in its Cluster slot).
+    Steps,
 }
 
 impl RecordKind {
     /// Every kind.
-    pub const ALL: [RecordKind; 5] =
-        [RecordKind::Lease, RecordKind::Seen, RecordKind::Lock, RecordKind::Fence, RecordKind::Token];
+    pub const ALL: [RecordKind; 6] = [
+        RecordKind::Lease,
+        RecordKind::Seen,
+        RecordKind::Lock,
+        RecordKind::Fence,
+        RecordKind::Token,
+        RecordKind::Steps,
+    ];
 
     /// The word that names the kind in a record's name.
     pub const fn word(self) -> &'static str {
@@ -54,6 +63,7 @@ impl RecordKind {
             RecordKind::Lock => "lock",
             RecordKind::Fence => "fence",
             RecordKind::Token => "token",
+            RecordKind::Steps => "steps",
         }
     }
 

@@ -6,6 +6,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::BoxFuture;
 use crate::error::Error;
+use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 
 type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
@@ -134,6 +135,18 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
 
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         self.on(req.scope, req.key, |s| s.peek(req))
+    }
+
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        self.on(scope, key, |s| s.steps(scope, key))
+    }
+
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        self.on(held.scope, held.key, |s| s.record_step(held, step))
+    }
+
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        self.on(scope, key, |s| s.forget_steps(scope, key))
     }
 
     /// Only if every shard does.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::future::BoxFuture;
+use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::lock::{LockAttempt, LockStore};
 use crate::precheck::PrecheckStore;
@@ -37,6 +38,13 @@ pub enum Op {
     LockExtend,
     /// [`PrecheckStore::mark`].
     PrecheckMark,
+    /// [`LeaseStore::steps`] (a read: [`Fault::LoseWrite`] does not apply).
+    Steps,
+    /// [`LeaseStore::record_step`] (the condition sees the step's result as
+    /// the call's `response`).
+    RecordStep,
+    /// [`LeaseStore::forget_steps`].
+    ForgetSteps,
 }
 
 /// What an injected fault does to a call.
@@ -67,8 +75,9 @@ pub struct Call<'a> {
     pub scope: &'a str,
     /// The key (or token), as stored.
     pub key: &'a str,
-    /// The answer a completion carries (`None` for every other call, and
-    /// for a completion whose answer was not kept).
+    /// The answer a completion carries, or the result a step records
+    /// (`None` for every other call, and for a completion whose answer was
+    /// not kept).
     pub response: Option<&'a str>,
 }
 
@@ -96,7 +105,7 @@ pub struct Faults {
 }
 
 /// How many variants `Op` has.
-const OPS: usize = Op::PrecheckMark as usize + 1;
+const OPS: usize = Op::ForgetSteps as usize + 1;
 
 impl std::fmt::Debug for Faults {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -174,7 +183,7 @@ impl Faults {
         let mut rules = self.lock();
         let i = rules.iter().position(|r| {
             r.op.is_none_or(|op| op == call.op)
-                && !(r.fault == Fault::LoseWrite && call.op == Op::Peek)
+                && !(r.fault == Fault::LoseWrite && matches!(call.op, Op::Peek | Op::Steps))
                 && r.left != Some(0)
                 && r.when.as_ref().is_none_or(|when| when(call))
         })?;
@@ -289,6 +298,19 @@ impl<S: LeaseStore> LeaseStore for Faulty<S> {
 
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
         self.call(self.kind(), plain(Op::Peek, req.scope, req.key), move || self.store.peek(req), || None)
+    }
+
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        self.call(self.kind(), plain(Op::Steps, scope, key), move || self.store.steps(scope, key), Vec::new)
+    }
+
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        let call = Call { op: Op::RecordStep, scope: held.scope, key: held.key, response: Some(step.result) };
+        self.call(self.kind(), call, move || self.store.record_step(held, step), || true)
+    }
+
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        self.call(self.kind(), plain(Op::ForgetSteps, scope, key), move || self.store.forget_steps(scope, key), || ())
     }
 
     fn notifies(&self) -> bool {

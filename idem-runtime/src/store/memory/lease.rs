@@ -5,8 +5,15 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::error::Error;
+use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::{BoxFuture, RecordKind, millis};
+
+/// A call's recorded steps, kept for the retention from the last one.
+pub(super) struct StepLog {
+    steps: Vec<RecordedStep>,
+    pub(super) expires_at: i64,
+}
 
 pub(super) struct Rec {
     done: bool,
@@ -129,6 +136,51 @@ impl LeaseStore for MemoryStore {
             self.waiters.wake(&self.id(held.scope, held.key));
         }
         Box::pin(std::future::ready(Ok(released)))
+    }
+
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        let (id, now) = (self.id(scope, key), self.now());
+        let steps = match self.steps.lock(&id).get(&id) {
+            Some(log) if log.expires_at > now => log.steps.clone(),
+            _ => Vec::new(),
+        };
+        Box::pin(std::future::ready(Ok(steps)))
+    }
+
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        let (id, now) = (self.id(held.scope, held.key), self.now());
+        // The record's shard, then the steps' (always in this order): the
+        // lease cannot pass or change hands while the step is written.
+        let records = self.shards.lock(&id);
+        let live = records.get(&id).is_some_and(|rec| {
+            !rec.done && rec.owner == held.owner && rec.fence == held.fence && rec.lease_until > now
+        });
+        if !live {
+            return Box::pin(std::future::ready(Ok(false)));
+        }
+        let mut logs = self.steps.lock(&id);
+        let expires_at = now.saturating_add(millis(held.retention));
+        let log = logs.entry(id.clone()).or_insert(StepLog { steps: Vec::new(), expires_at });
+        if log.expires_at <= now {
+            log.steps.clear();
+        }
+        let recorded = match log.steps.get(step.number) {
+            // This holder's own step, written again.
+            Some(done) => done.name == step.name && done.result == step.result,
+            None if step.number == log.steps.len() => {
+                log.steps.push(RecordedStep { name: step.name.to_owned(), result: step.result.to_owned() });
+                true
+            }
+            None => false,
+        };
+        log.expires_at = expires_at;
+        Box::pin(std::future::ready(Ok(recorded)))
+    }
+
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        let id = self.id(scope, key);
+        self.steps.lock(&id).remove(&id);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn notifies(&self) -> bool {

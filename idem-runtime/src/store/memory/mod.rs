@@ -76,6 +76,8 @@ pub struct MemoryStore {
     markers: Shards<i64>,
     /// Lock name -> holder: see `lock`.
     locks: Shards<lock::Held>,
+    /// Lease record name -> its call's recorded steps: see `lease`.
+    steps: Shards<lease::StepLog>,
     /// The last fencing token granted by any lease or lock of this store.
     fences: AtomicI64,
     epoch: Instant,
@@ -106,6 +108,7 @@ impl MemoryStore {
             tokens: Shards::new(),
             markers: Shards::new(),
             locks: Shards::new(),
+            steps: Shards::new(),
             fences: AtomicI64::new(super::clock_micros()),
             epoch: Instant::now(),
             waiters: Waiters::default(),
@@ -143,5 +146,6 @@ impl MemoryStore {
             + self.tokens.retain(|until| *until > now)
             + self.locks.retain(|held| held.until > now)
             + self.markers.retain(|until| *until > now)
+            + self.steps.retain(|log| log.expires_at > now)
     }
 }

@@ -24,6 +24,7 @@ use std::sync::{Arc, LazyLock};
 
 use super::{Lua, RedisStore, Shared, store_error, store_message, unexpected};
 use crate::error::Error;
+use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::keyspace::Keyspace;
 use crate::store::{BoxFuture, RecordKind, millis};
@@ -522,6 +523,18 @@ where
             }
             Ok(released)
         })
+    }
+
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        Box::pin(self.read_steps(scope, key))
+    }
+
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.write_step(held, step))
+    }
+
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.drop_steps(scope, key))
     }
 
     fn notifies(&self) -> bool {

@@ -16,6 +16,7 @@ mod lease;
 mod lock;
 mod notices;
 mod precheck;
+mod steps;
 mod token;
 
 pub(super) struct Shared {

@@ -1,0 +1,249 @@
+//! Recorded steps inside a lease body (recovery points): each step's `Ok`
+//! result is written to the store under the lease's fence before the next
+//! step starts, so a take-over (or a retry after the body failed) resumes
+//! at the first step without a result. See `docs/decisions/0002`.
+
+use std::future::Future;
+use std::sync::Mutex;
+
+use sha2::{Digest as _, Sha256};
+
+use crate::error::Error;
+use crate::lease::store::{HeldLease, LeaseStore};
+use crate::replay::{Replayable, encode, fit};
+
+/// The most steps one call records.
+pub const MAX_STEPS: usize = 64;
+
+/// The longest step name, in bytes.
+const MAX_NAME: usize = 128;
+
+/// A step as a store keeps it: its name and its result's JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedStep {
+    /// The step's name, as the body gave it.
+    pub name: String,
+    /// JSON of the step's `Ok` value.
+    pub result: String,
+}
+
+/// A step to record, as a store receives it.
+#[derive(Clone, Copy, Debug)]
+pub struct NewStep<'a> {
+    /// Its position in the body, from 0: the store records it only as the
+    /// next one (one more than the steps it holds).
+    pub number: usize,
+    /// The step's name.
+    pub name: &'a str,
+    /// JSON of the step's `Ok` value.
+    pub result: &'a str,
+}
+
+/// A step's stable key: the same for every attempt of the call (scope,
+/// key and step name), to give the outside system as its own idempotency
+/// key, so that a step re-sent after its worker died mid-step is
+/// deduplicated there.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StepKey(String);
+
+impl StepKey {
+    /// The key of the step `name` of the call of `scope` and `key`, both
+    /// as stored ([`stored_scope`](crate::key::stored_scope),
+    /// [`Key::as_str`](crate::Key::as_str)): what [`Steps::key`] gives
+    /// inside the call, for a check from outside it.
+    pub fn for_step(scope: &str, key: &str, name: &str) -> StepKey {
+        let mut hash = Sha256::new();
+        for part in [scope, key, name] {
+            // Lengths first: no two (scope, key, name) triples hash alike.
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part.as_bytes());
+        }
+        let digest = hash.finalize();
+        StepKey(format!("idem-step-{}", digest[..16].iter().map(|b| format!("{b:02x}")).collect::<String>()))
+    }
+
+    /// `idem-step-` and 32 hex digits: fits any API's idempotency-key field.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StepKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The step log of one lease-guarded call, handed to the body by
+/// [`LeaseTicket::run_steps`](crate::lease::LeaseTicket::run_steps).
+pub struct Steps<'s> {
+    store: &'s dyn LeaseStore,
+    held: Holder,
+    /// The scope as given, for messages; the key's short hash.
+    scope: String,
+    key_hash: String,
+    answer_limit: usize,
+    log: Mutex<Log>,
+}
+
+/// The lease this call holds (a [`HeldLease`] of its own, so that the step
+/// log moves into the body's future).
+pub(crate) struct Holder {
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) fingerprint: Option<String>,
+    pub(crate) fence: i64,
+    pub(crate) lease: std::time::Duration,
+    pub(crate) retention: std::time::Duration,
+}
+
+impl Holder {
+    fn held(&self) -> HeldLease<'_> {
+        HeldLease {
+            scope: &self.scope,
+            key: &self.key,
+            owner: &self.owner,
+            fingerprint: self.fingerprint.as_deref(),
+            fence: self.fence,
+            lease: self.lease,
+            retention: self.retention,
+        }
+    }
+}
+
+struct Log {
+    /// What the store held when the call claimed the key.
+    recorded: Vec<RecordedStep>,
+    /// Names the body used so far, in order.
+    seen: Vec<String>,
+}
+
+impl std::fmt::Debug for Steps<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let log = self.lock();
+        f.debug_struct("Steps").field("recorded", &log.recorded.len()).field("run", &log.seen.len()).finish()
+    }
+}
+
+impl<'s> Steps<'s> {
+    pub(crate) fn new(
+        store: &'s dyn LeaseStore,
+        held: Holder,
+        (scope, key_hash): (String, String),
+        answer_limit: usize,
+        recorded: Vec<RecordedStep>,
+    ) -> Steps<'s> {
+        let log = Mutex::new(Log { recorded, seen: Vec::new() });
+        Steps { store, held, scope, key_hash, answer_limit, log }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Steps recorded by an earlier attempt of this call (a worker that
+    /// died, a body that failed), which this one replays.
+    pub fn recorded(&self) -> usize {
+        self.lock().recorded.len()
+    }
+
+    /// The stable key of the step `name` of this call.
+    pub fn key(&self, name: &str) -> StepKey {
+        StepKey::for_step(&self.held.scope, &self.held.key, name)
+    }
+
+    fn error(&self, step: &str, reason: impl Into<String>) -> Error {
+        Error::Step { scope: self.scope.clone(), step: step.to_owned(), reason: reason.into() }
+    }
+
+    /// Run the step `name`, or return its recorded result.
+    ///
+    /// A step an earlier attempt recorded returns that result without
+    /// running; the first step without one runs `step` with its
+    /// [`StepKey`] (hand it to the outside system as its idempotency key),
+    /// and its `Ok` value is recorded, under the lease's fence, before this
+    /// returns: from then on no attempt runs it again. An `Err` is returned
+    /// as it is, nothing recorded (the body's own `Err` then lets a retry
+    /// resume here). Steps run one after another, in the body's order.
+    ///
+    /// Errors: [`Error::StepsChanged`] when the body names another step at
+    /// this place than the one recorded (a deploy changed the body);
+    /// [`Error::Step`] for a name used twice, empty or over 128 bytes, more
+    /// than [`MAX_STEPS`] steps, a result that does not replay exactly or is
+    /// longer than the store holds, a store that keeps no steps;
+    /// [`Error::LeaseLost`] when the lease is no longer this call's (the
+    /// result is not recorded, and the body must stop).
+    pub async fn run<T, E, F, Fut>(&self, name: &str, step: F) -> Result<T, E>
+    where
+        T: Replayable,
+        E: From<Error>,
+        F: FnOnce(StepKey) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let number = self.begin(name)?;
+        if let Some(json) = self.replay(number, name)? {
+            return serde_json::from_str(&json)
+                .map_err(|e| self.error(name, format!("its recorded result does not decode: {e}")).into());
+        }
+        let value = step(self.key(name)).await?;
+        let json = encode(&value).map_err(|e| self.error(name, format!("its result does not serialize: {e}")))?;
+        let (json, value) = fit(&value, json, self.answer_limit)
+            .map_err(|e| self.error(name, format!("its result cannot be recorded: {e}")))?;
+        self.record(number, name, &json).await?;
+        Ok(value)
+    }
+
+    /// Check `name` and take the next position.
+    fn begin(&self, name: &str) -> Result<usize, Error> {
+        if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
+            return Err(self.error(name, "a step name is 1 to 128 bytes, no control characters"));
+        }
+        let mut log = self.lock();
+        if log.seen.iter().any(|seen| seen == name) {
+            return Err(self.error(name, "the body runs a step of this name twice; give each step its own name"));
+        }
+        if log.seen.len() >= MAX_STEPS {
+            return Err(self.error(name, format!("a call records at most {MAX_STEPS} steps")));
+        }
+        log.seen.push(name.to_owned());
+        Ok(log.seen.len() - 1)
+    }
+
+    /// The recorded result at `number`, if the step there is `name`.
+    fn replay(&self, number: usize, name: &str) -> Result<Option<String>, Error> {
+        let log = self.lock();
+        match log.recorded.get(number) {
+            None => Ok(None),
+            Some(step) if step.name == name => Ok(Some(step.result.clone())),
+            Some(step) => Err(Error::StepsChanged {
+                scope: self.scope.clone(),
+                position: number,
+                recorded: step.name.clone(),
+                found: name.to_owned(),
+            }),
+        }
+    }
+
+    async fn record(&self, number: usize, name: &str, json: &str) -> Result<(), Error> {
+        let step = NewStep { number, name, result: json };
+        match self.store.record_step(&self.held.held(), &step).await? {
+            true => Ok(()),
+            false => Err(Error::LeaseLost { scope: self.scope.clone(), key_hash: self.key_hash.clone() }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StepKey;
+
+    #[test]
+    fn a_step_key_is_stable_and_names_one_step() {
+        let a = StepKey::for_step("pay", "T-1", "charge");
+        assert_eq!(a, StepKey::for_step("pay", "T-1", "charge"));
+        assert_ne!(a, StepKey::for_step("pay", "T-1", "refund"));
+        assert_ne!(StepKey::for_step("pa", "yT-1", "charge"), a, "parts do not run into each other");
+        assert!(a.as_str().starts_with("idem-step-") && a.as_str().len() == 42, "{a}");
+    }
+}

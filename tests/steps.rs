@@ -1,0 +1,306 @@
+//! Recorded steps inside a lease body (`LeaseTicket::run_steps`), on the
+//! stores that keep them: memory, Redis and Redis Cluster. An outside
+//! system that counts its calls per step key shows each recorded step
+//! called once, a resumed call starting at its first unfinished step, and
+//! a stale owner refused.
+
+use idem_test_support as common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::unique;
+use idem::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, StepKey, Steps};
+use idem::{Claim, Error, Guard};
+
+type Store = Arc<dyn LeaseStore>;
+
+/// The bank: deduplicates on the step key it is given, and counts every
+/// call it received per key.
+#[derive(Default)]
+struct Bank {
+    calls: Mutex<HashMap<String, usize>>,
+    charges: AtomicUsize,
+}
+
+impl Bank {
+    fn charge(&self, key: &StepKey, cents: u64) -> u64 {
+        let mut calls = self.calls.lock().unwrap();
+        let n = calls.entry(key.to_string()).or_default();
+        *n += 1;
+        if *n == 1 {
+            self.charges.fetch_add(1, SeqCst);
+        }
+        cents
+    }
+
+    fn calls(&self, key: &StepKey) -> usize {
+        self.calls.lock().unwrap().get(key.as_str()).copied().unwrap_or(0)
+    }
+}
+
+/// reserve -> charge -> ledger, each a step; `fail_at` makes that step
+/// fail once it ran (after the bank was called, for `charge`).
+async fn transfer(steps: Steps<'_>, bank: &Bank, runs: &[AtomicUsize; 3], fail_at: Option<&str>) -> Result<u64, Error> {
+    let fail = |name: &str| fail_at == Some(name);
+    let held = steps
+        .run("reserve", |_| async {
+            runs[0].fetch_add(1, SeqCst);
+            Ok::<_, Error>(500u64)
+        })
+        .await?;
+    let charged = steps
+        .run("charge", |key| async move {
+            runs[1].fetch_add(1, SeqCst);
+            let charged = bank.charge(&key, held);
+            if fail("charge") {
+                return Err(Error::Store { store: "bank", source: "timed out after the charge".into() });
+            }
+            Ok(charged)
+        })
+        .await?;
+    steps
+        .run("ledger", |_| async {
+            runs[2].fetch_add(1, SeqCst);
+            Ok::<_, Error>(())
+        })
+        .await?;
+    Ok(charged)
+}
+
+async fn call(
+    store: &dyn LeaseStore,
+    id: &str,
+    lease: Duration,
+    bank: &Bank,
+    runs: &[AtomicUsize; 3],
+    fail_at: Option<&str>,
+) -> Result<u64, Error> {
+    match Guard::new("tests.steps.transfer").key(id).lease::<u64>(store, lease).await? {
+        Claim::Replay(charged) => Ok(charged),
+        Claim::Run(ticket) => ticket.run_steps(|steps| transfer(steps, bank, runs, fail_at)).await,
+    }
+}
+
+fn counts(runs: &[AtomicUsize; 3]) -> [usize; 3] {
+    [runs[0].load(SeqCst), runs[1].load(SeqCst), runs[2].load(SeqCst)]
+}
+
+fn charge_key(id: &str) -> StepKey {
+    // The key the body got for `charge`: Steps::key of the same call.
+    let scope = idem::key::stored_scope("tests.steps.transfer");
+    let key = idem::Key::new(id).unwrap();
+    steps_key(&scope, key.as_str(), "charge")
+}
+
+/// A step key as `Steps::key` makes it, for a store-level check.
+fn steps_key(scope: &str, key: &str, name: &str) -> StepKey {
+    idem::lease::StepKey::for_step(scope, key, name)
+}
+
+macro_rules! steps_suite {
+    (mod $m:ident; store = $store:expr;) => {
+        mod $m {
+            use super::*;
+
+            macro_rules! store {
+                () => {
+                    match $store {
+                        Some(store) => store,
+                        None => return,
+                    }
+                };
+            }
+
+            /// The body fails after the bank charged: its retry replays
+            /// `reserve` and `charge` from their records and runs `ledger`;
+            /// the bank was called once.
+            #[tokio::test]
+            async fn a_failed_body_is_retried_from_its_first_unfinished_step() {
+                let store: Store = store!();
+                let (id, bank, runs) = (unique("fail"), Bank::default(), Default::default());
+                let lease = Duration::from_secs(5);
+                let first = call(&*store, &id, lease, &bank, &runs, Some("charge")).await;
+                assert!(matches!(first, Err(Error::Store { .. })), "{first:?}");
+                assert_eq!(counts(&runs), [1, 1, 0], "reserve recorded; charge ran and failed");
+                // The charge failed after the bank took it: not recorded, so
+                // it runs again, with the same key (the bank deduplicates).
+                assert_eq!(call(&*store, &id, lease, &bank, &runs, None).await.unwrap(), 500);
+                assert_eq!(counts(&runs), [1, 2, 1], "reserve replayed, charge re-sent, ledger ran");
+                assert_eq!(bank.calls(&charge_key(&id)), 2, "the in-flight step re-sent with its key");
+                assert_eq!(bank.charges.load(SeqCst), 1, "charged once");
+                // Completed: the answer replays; nothing runs.
+                assert_eq!(call(&*store, &id, lease, &bank, &runs, None).await.unwrap(), 500);
+                assert_eq!(counts(&runs), [1, 2, 1]);
+                let scope = idem::key::stored_scope("tests.steps.transfer");
+                assert!(
+                    store.steps(&scope, idem::Key::new(&id).unwrap().as_str()).await.unwrap().is_empty(),
+                    "forgotten once completed"
+                );
+            }
+
+            /// A worker whose future is dropped after `charge` (a crash
+            /// mid-body): once its lease passes, the next call takes over,
+            /// replays `reserve` and `charge`, and runs `ledger` alone.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_take_over_resumes_where_the_dead_worker_stopped() {
+                let store: Store = store!();
+                let (id, bank, runs) = (unique("crash"), Bank::default(), Default::default());
+                let lease = Duration::from_millis(600);
+                let claim = Guard::new("tests.steps.transfer").key(&id).lease::<u64>(&*store, lease).await.unwrap();
+                let Claim::Run(ticket) = claim else { panic!("first call") };
+                let dying = ticket.run_steps(|steps| async { transfer_until_ledger(steps, &bank, &runs).await });
+                // The worker dies inside `ledger`, after `charge` was recorded.
+                assert!(tokio::time::timeout(Duration::from_millis(300), dying).await.is_err());
+                assert_eq!(counts(&runs), [1, 1, 1]);
+                let busy = call(&*store, &id, lease, &bank, &runs, None).await;
+                assert!(matches!(busy, Err(Error::InProgress { .. })), "{busy:?}");
+                tokio::time::sleep(lease + Duration::from_millis(200)).await;
+                assert_eq!(call(&*store, &id, lease, &bank, &runs, None).await.unwrap(), 500);
+                assert_eq!(counts(&runs), [1, 1, 2], "resumed at ledger, the step in flight");
+                assert_eq!(bank.calls(&charge_key(&id)), 1, "the recorded charge was not sent again");
+            }
+
+            /// A worker whose lease was taken over can no longer record a
+            /// step; the new owner can.
+            #[tokio::test]
+            async fn a_stale_owner_cannot_record_a_step() {
+                let store: Store = store!();
+                let (scope, key) = (unique("stale-scope"), unique("stale"));
+                let lease = Duration::from_millis(200);
+                let req = |owner| LeaseRequest {
+                    scope: &scope,
+                    key: &key,
+                    fingerprint: None,
+                    owner,
+                    lease,
+                    retention: Duration::from_secs(60),
+                };
+                let Ok(LeaseClaim::Acquired { fence: old, .. }) = store.claim(&req("old")).await else { panic!() };
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let held = |owner, fence| HeldLease {
+                    scope: &scope,
+                    key: &key,
+                    owner,
+                    fingerprint: None,
+                    fence,
+                    lease,
+                    retention: Duration::from_secs(60),
+                };
+                let step = NewStep { number: 0, name: "charge", result: "1" };
+                assert!(!store.record_step(&held("old", old), &step).await.unwrap(), "its lease passed");
+                let Ok(LeaseClaim::Acquired { fence: new, reclaimed: true }) = store.claim(&req("new")).await else {
+                    panic!()
+                };
+                assert!(!store.record_step(&held("old", old), &step).await.unwrap(), "taken over: fenced out");
+                assert!(store.record_step(&held("new", new), &step).await.unwrap());
+                let later = NewStep { number: 2, name: "ledger", result: "null" };
+                assert!(!store.record_step(&held("new", new), &later).await.unwrap(), "only the next step");
+                let steps = store.steps(&scope, &key).await.unwrap();
+                assert_eq!(steps.len(), 1);
+                assert_eq!((steps[0].name.as_str(), steps[0].result.as_str()), ("charge", "1"));
+                store.forget_steps(&scope, &key).await.unwrap();
+            }
+
+            /// A deploy reordered the steps: the resumed call is refused at
+            /// the first step that differs, nothing replayed there.
+            #[tokio::test]
+            async fn steps_changed_between_deploys_are_refused() {
+                let store: Store = store!();
+                let (id, bank, runs) = (unique("deploy"), Bank::default(), Default::default());
+                let lease = Duration::from_secs(5);
+                assert!(call(&*store, &id, lease, &bank, &runs, Some("charge")).await.is_err());
+                let claim = Guard::new("tests.steps.transfer").key(&id).lease::<u64>(&*store, lease).await.unwrap();
+                let Claim::Run(ticket) = claim else { panic!("a retry runs") };
+                let changed = ticket
+                    .run_steps(|steps| async move { steps.run("charge", |_| async { Ok::<u64, Error>(1) }).await })
+                    .await;
+                let Err(Error::StepsChanged { position, recorded, found, .. }) = changed else { panic!("{changed:?}") };
+                assert_eq!((position, recorded.as_str(), found.as_str()), (0, "reserve", "charge"));
+            }
+
+            /// 100 duplicates at once: one runs the steps, each step once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_hundred_concurrent_duplicates_run_each_step_once() {
+                let store: Store = store!();
+                let (id, bank, runs) = (unique("race"), Bank::default(), Default::default());
+                let lease = Duration::from_secs(5);
+                let report = idem::testing::Duplicates::new()
+                    .concurrent(100)
+                    .sequential(2)
+                    .fire(|_| async {
+                        let claim = Guard::new("tests.steps.transfer").key(&id);
+                        match claim.lease_or_wait::<u64>(&*store, lease, Duration::from_secs(10)).await? {
+                            Claim::Replay(charged) => Ok(charged),
+                            Claim::Run(ticket) => ticket.run_steps(|steps| transfer(steps, &bank, &runs, None)).await,
+                        }
+                    })
+                    .await;
+                report.assert_same_answers();
+                assert_eq!(counts(&runs), [1, 1, 1]);
+                assert_eq!(bank.charges.load(SeqCst), 1);
+            }
+
+            /// A name used twice in one body is refused before it runs.
+            #[tokio::test]
+            async fn a_step_name_used_twice_is_refused() {
+                let store: Store = store!();
+                let claim =
+                    Guard::new("tests.steps.twice").key(&unique("twice")).lease::<u8>(&*store, Duration::from_secs(5));
+                let Claim::Run(ticket) = claim.await.unwrap() else { panic!() };
+                let ran = &AtomicUsize::new(0);
+                let twice = ticket
+                    .run_steps(|steps| async move {
+                        steps.run("notify", |_| async { Ok::<u8, Error>(1) }).await?;
+                        steps.run("notify", |_| async { Ok::<u8, Error>(ran.fetch_add(1, SeqCst) as u8) }).await
+                    })
+                    .await;
+                let Err(Error::Step { step, reason, .. }) = twice else { panic!("{twice:?}") };
+                assert_eq!(step, "notify");
+                assert!(reason.contains("twice"), "{reason}");
+                assert_eq!(ran.load(SeqCst), 0);
+            }
+        }
+    };
+}
+
+/// `transfer` whose `ledger` step never ends (its worker dies in it).
+async fn transfer_until_ledger(steps: Steps<'_>, bank: &Bank, runs: &[AtomicUsize; 3]) -> Result<u64, Error> {
+    let held = steps
+        .run("reserve", |_| async {
+            runs[0].fetch_add(1, SeqCst);
+            Ok::<_, Error>(500u64)
+        })
+        .await?;
+    let charged = steps
+        .run("charge", |key| async move {
+            runs[1].fetch_add(1, SeqCst);
+            Ok::<_, Error>(bank.charge(&key, held))
+        })
+        .await?;
+    steps
+        .run("ledger", |_| async {
+            runs[2].fetch_add(1, SeqCst);
+            std::future::pending::<()>().await;
+            Ok::<_, Error>(())
+        })
+        .await?;
+    Ok(charged)
+}
+
+steps_suite! {
+    mod memory;
+    store = Some(Arc::new(idem::store::MemoryStore::new()) as Store);
+}
+
+steps_suite! {
+    mod redis;
+    store = common::redis().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-steps")))) as Store);
+}
+
+steps_suite! {
+    mod redis_cluster;
+    store = common::redis_cluster().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-steps")))) as Store);
+}
