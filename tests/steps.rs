@@ -304,3 +304,25 @@ steps_suite! {
     mod redis_cluster;
     store = common::redis_cluster().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-steps")))) as Store);
 }
+
+/// Through the attribute: `steps = "steps"` names the body's step log.
+#[idem::idempotent(key = "id", strategy = "lease", steps = "steps", store = "store", scope = "tests.steps.macro")]
+async fn booked(store: &dyn LeaseStore, id: &str, bank: &Bank, fail: bool) -> Result<u64, common::AppError> {
+    let cents = steps.run("quote", |_| async { Ok::<_, Error>(700u64) }).await?;
+    let charged = steps.run("charge", |key| async move { Ok::<_, Error>(bank.charge(&key, cents)) }).await?;
+    if fail {
+        return Err(common::AppError::Rule("the ledger is closed".into()));
+    }
+    Ok(charged)
+}
+
+#[tokio::test]
+async fn the_attribute_runs_a_body_in_recorded_steps() {
+    let (store, bank, id) = (idem::store::MemoryStore::new(), Bank::default(), unique("macro"));
+    assert!(booked(&store, &id, &bank, true).await.is_err());
+    assert_eq!(booked(&store, &id, &bank, false).await.unwrap(), 700);
+    assert_eq!(booked(&store, &id, &bank, false).await.unwrap(), 700);
+    let scope = idem::key::stored_scope("tests.steps.macro");
+    let charge = steps_key(&scope, idem::Key::new(&id).unwrap().as_str(), "charge");
+    assert_eq!(bank.calls(&charge), 1, "the recorded charge replayed on the retry");
+}

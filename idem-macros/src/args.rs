@@ -34,6 +34,8 @@ pub struct RawArgs {
     pub on_store_error: Option<SpannedValue<String>>,
     /// `"before"` (default) or `"after"` the body: when the dedup record is written.
     pub claim: Option<SpannedValue<String>>,
+    /// `lease`: the name the body gives its step log (`steps = "steps"`).
+    pub steps: Option<SpannedValue<String>>,
     /// `crate = "path"`: where the `idem` crate is, for a crate that
     /// re-exports it under another name (default `::idem`).
     #[darling(rename = "crate")]
@@ -63,6 +65,7 @@ pub const ARGUMENTS: &[Argument] = &[
     arg("claim", "\"before\" or \"after\"", "`claim = \"after\"`"),
     arg("transition", "a status change, as a string", "`transition = \"OrderStatus::WaitPay -> OrderStatus::Paid\"`"),
     arg("lease", "a duration", "`lease = \"30s\"`"),
+    arg("steps", "the name the body gives its step log", "`steps = \"steps\"`"),
     arg("store", "an expression naming a store", "`store = \"self.redis\"`"),
     arg("ttl", "a duration", "`ttl = \"30s\"`"),
     arg("wait", "a duration", "`wait = \"2s\"`"),

@@ -174,6 +174,21 @@ impl Expansion<'_> {
             }
         };
         let ret = &plan.ret;
+        if let Some(steps) = &plan.steps {
+            // The body's step log under the name it gave; moved into the
+            // body's future, which the ticket runs to the end.
+            let run = quote_spanned!(self.ret_span()=> __idem_ticket.run_steps(
+                |__idem_steps| async move { let #steps = &__idem_steps; #block }
+            ).await);
+            return quote! {
+                {
+                    #setup
+                    let __idem_ticket = #ticket;
+                    let __idem_result: #ret = #run;
+                    __idem_result
+                }
+            };
+        }
         let run = quote_spanned!(self.ret_span()=> __idem_ticket.run(__idem_body).await);
         quote! {
             {

@@ -7,6 +7,7 @@
 
 use darling::util::SpannedValue;
 use proc_macro2::Span;
+use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, ItemFn, Type};
 
@@ -46,6 +47,8 @@ pub struct Plan {
     /// `precheck`, the marker's TTL.
     pub ttl_ms: Option<u64>,
     pub wait_ms: Option<u64>,
+    /// `lease` with `steps = "name"`: the step log's binding in the body.
+    pub steps: Option<Ident>,
     pub ret: Type,
     /// Where the `idem` crate is (`crate = "..."`, default `::idem`).
     pub krate: syn::Path,
@@ -101,6 +104,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
     check_scope(&input, errors);
     check_method_scope(&input, errors);
     let claim_after = check_claim(&input, errors);
+    let steps = spec.and_then(|spec| check_steps(&input, spec, errors));
     let (Some(spec), Some(checked), Some(ret), true) = (spec, checked, ret, errors.is_empty()) else { return None };
     let precheck = input.precheck();
     Some(Plan {
@@ -120,6 +124,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
         precheck,
         ttl_ms: checked.ttl_ms,
         wait_ms: checked.wait_ms,
+        steps,
         ret,
         krate: raw.krate.unwrap_or_else(|| syn::parse_quote!(::idem)),
     })
@@ -302,6 +307,62 @@ fn check_concurrency_only(input: &Input, spec: &Spec, errors: &mut Errors) {
         let help = "add `concurrency_only = true` to accept that, or use `lock+dedup` / `lock+state`";
         errors.at(input.strategy_span(), what, help);
     }
+}
+
+/// `steps = "name"`: on `lease` only, a name the body can bind, and no
+/// step name (a literal in `name.run("...", ...)`) run twice in the body.
+fn check_steps(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<Ident> {
+    let name = input.raw.steps.as_ref()?;
+    if spec.strategy != Strategy::Lease {
+        let what = format!(
+            "`steps` records the steps of a `lease` body; with `{}` the body's writes are in your transaction, \
+             which already makes them happen once",
+            spec.name
+        );
+        errors.at(name.span(), what, "use `strategy = \"lease\"` for work outside the database, or remove `steps`");
+        return None;
+    }
+    let Ok(mut ident) = syn::parse_str::<Ident>(name.as_str()) else {
+        errors.at(name.span(), "`steps` takes the name the body gives its step log", "e.g. `steps = \"steps\"`");
+        return None;
+    };
+    ident.set_span(name.span());
+    let mut seen: Vec<String> = Vec::new();
+    for (step, span) in step_names(input.func.block.to_token_stream(), &ident) {
+        if seen.contains(&step) {
+            let what = format!("step `{step}` is run twice in this body");
+            let help = "give each step its own name: a resumed call finds each recorded result by its name and place";
+            errors.at(span, what, help);
+        }
+        seen.push(step);
+    }
+    Some(ident)
+}
+
+/// The literal names of `steps.run("name", ...)` calls in `tokens`, in order.
+fn step_names(tokens: proc_macro2::TokenStream, steps: &Ident) -> Vec<(String, Span)> {
+    use proc_macro2::TokenTree;
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    let mut names = Vec::new();
+    for (i, tree) in trees.iter().enumerate() {
+        if let TokenTree::Group(group) = tree {
+            names.extend(step_names(group.stream(), steps));
+        }
+        let [TokenTree::Ident(log), TokenTree::Punct(dot), TokenTree::Ident(run), TokenTree::Group(args)] =
+            &trees[i..trees.len().min(i + 4)]
+        else {
+            continue;
+        };
+        if log != steps || dot.as_char() != '.' || run != "run" {
+            continue;
+        }
+        if let Some(TokenTree::Literal(lit)) = args.stream().into_iter().next()
+            && let Ok(name) = syn::parse_str::<syn::LitStr>(&lit.to_string())
+        {
+            names.push((name.value(), lit.span()));
+        }
+    }
+    names
 }
 
 /// `key`: given (or, for `token`, not), not empty, and built from the
