@@ -166,7 +166,7 @@ pub mod sql {
     pub use idem_runtime::sql::begin_with;
     pub use idem_runtime::sql::{
         DedupRecord, PurgeOptions, PurgeReport, RECORD_TABLE, RecordTable, SqlBackend, TxContext, find_record,
-        migrator, purge_expired, record_table, set_record_table,
+        migrator, purge_expired,
     };
 }
 

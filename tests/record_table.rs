@@ -1,7 +1,7 @@
-//! Records in a table the application names (`idem::sql::set_record_table`):
-//! guards, lease records, migrations, `migrator()` and purging all use it,
-//! and `idem_records` is never touched. The table is fixed per process, so
-//! this binary runs with `idem_custom_records` only.
+//! Records in a table the application names (`StoresBuilder::record_table`,
+//! installed): guards, lease records, migrations, `migrator()` and purging
+//! all use it, and `idem_records` is never touched. The table is fixed per
+//! process, so this binary runs with `idem_custom_records` only.
 
 use idem_test_support as common;
 
@@ -14,8 +14,14 @@ use sqlx::Transaction;
 
 const TABLE: &str = "idem_custom_records";
 
+/// This binary's stores: none of their own, the record table named. Every
+/// test installs them before its first SQL step.
 fn named() {
-    idem::sql::set_record_table(TABLE).expect("the same name, however often");
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let table = idem::sql::RecordTable::new(TABLE).unwrap();
+        idem::Stores::builder().record_table(table).install().expect("installed before any SQL step");
+    });
 }
 
 #[idempotent(key = "id", scope = "tests.table.dedup")]
@@ -83,11 +89,13 @@ backend!(postgres, common::postgres().await, "$1");
 backend!(mysql, common::mysql().await, "?");
 
 #[test]
-fn another_name_is_refused_once_one_is_in_use() {
+fn the_table_is_the_installed_stores_and_stays() {
     named();
-    let e = idem::sql::set_record_table("other_records").unwrap_err();
-    assert!(e.to_string().contains("already `idem_custom_records`"), "{e}");
-    let e = idem::sql::set_record_table("records; DROP TABLE x").unwrap_err();
+    assert_eq!(idem::Stores::installed().unwrap().record_table().qualified(), TABLE);
+    let other = idem::sql::RecordTable::new("other_records").unwrap();
+    let e = idem::Stores::builder().record_table(other).install().unwrap_err();
+    assert!(matches!(e, idem::Error::StoresAlreadyInstalled), "{e}");
+    let e = idem::sql::RecordTable::new("records; DROP TABLE x").unwrap_err();
     assert!(e.to_string().contains("ASCII letters"), "{e}");
 }
 

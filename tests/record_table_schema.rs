@@ -13,6 +13,16 @@ use sqlx::Transaction;
 /// On MySQL the schema is the database `test` the tests use.
 const TABLE: &str = "test.idem_schema_records";
 
+/// The stores of this binary, naming the table: installed by every test
+/// before its first SQL step.
+fn named() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let table = idem::sql::RecordTable::new(TABLE).unwrap();
+        idem::Stores::builder().record_table(table).install().unwrap();
+    });
+}
+
 #[idempotent(key = "id", scope = "tests.table.schema")]
 async fn grant<DB: idem::sql::SqlBackend>(
     tx: &mut Transaction<'_, DB>,
@@ -41,7 +51,7 @@ macro_rules! runs_once {
 
 #[tokio::test]
 async fn postgres() {
-    idem::sql::set_record_table(TABLE).unwrap();
+    named();
     let url = std::env::var("IDEM_PG_URL").unwrap_or_else(|_| common::DEFAULT_PG_URL.to_owned());
     if let Ok(pool) = sqlx::PgPool::connect(&url).await {
         // The schema must exist before idem's migration (it creates tables, not schemas).
@@ -53,14 +63,14 @@ async fn postgres() {
 
 #[tokio::test]
 async fn mysql() {
-    idem::sql::set_record_table(TABLE).unwrap();
+    named();
     let Some(pool) = common::mysql().await else { return };
     runs_once!(pool, "?");
 }
 
 #[tokio::test]
 async fn sqlite_refuses_a_schema_and_says_so() {
-    idem::sql::set_record_table(TABLE).unwrap();
+    named();
     let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
     let e = idem::migrate(&pool).await.unwrap_err();
     assert!(e.to_string().contains("on SQLite name the table alone"), "{e}");

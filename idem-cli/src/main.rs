@@ -92,7 +92,11 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
     }
 }
 
-/// The record table the application names (`--table`).
+/// The record table the application names (`--table`), for every SQL step
+/// of this run: installed as the application installs it.
 fn use_table(table: &str) -> Result<(), Failure> {
-    idem_runtime::sql::set_record_table(table).map_err(|e| Failure::usage(e.to_string()))
+    let usage = |e: idem_runtime::Error| Failure::usage(e.to_string());
+    let table = idem_runtime::sql::RecordTable::new(table).map_err(usage)?;
+    idem_runtime::Stores::builder().record_table(table).install().map_err(usage)?;
+    Ok(())
 }

@@ -39,7 +39,7 @@ pub(crate) struct Cli {
     pub(crate) stores: StoreArgs,
 
     /// The record table, if the application names another than
-    /// `idem_records` (`idem::sql::set_record_table`): `name` or `schema.name`.
+    /// `idem_records` (`StoresBuilder::record_table`): `name` or `schema.name`.
     #[arg(
         long,
         env = "IDEM_RECORD_TABLE",

@@ -319,8 +319,8 @@ pub enum Error {
     },
 
     /// A record table name that is not a plain `name` or `schema.name`, or
-    /// another name than the one this process already uses
-    /// ([`set_record_table`](crate::sql::set_record_table)).
+    /// one installed after this process already used `idem_records`
+    /// ([`StoresBuilder::record_table`](crate::StoresBuilder::record_table)).
     #[error("invalid record table `{table}`: {reason}")]
     InvalidTable {
         /// The name given.

@@ -17,13 +17,15 @@
 //! - `tx`: [`Tx`] (feature `tx`), which overrides the transaction's steps
 //!   to send the claim with `BEGIN` and the answer with `COMMIT`;
 //! - [`store`]: the stores, one folder each (`memory`, `redis` with its Lua
-//!   in `.lua` files, `store/sql`: PostgreSQL, MySQL/MariaDB and SQLite,
-//!   and the SQL lease store), `routed`, and the record names of key-value
+//!   in `.lua` files, `store/sql`: the SQL of each concern written once
+//!   over a dialect per database (PostgreSQL, MySQL/MariaDB, SQLite), and
+//!   the SQL lease store), `routed`, and the record names of key-value
 //!   stores (`keyspace`); a store implements the strategies' store traits
-//!   and knows no strategy's logic. What users call of `store/sql` is
-//!   listed by the root's `sql` and `admin` modules (and `migrate` at the
-//!   root);
-//! - [`Stores`]: which stores guards use when they name none;
+//!   and knows no strategy's logic (the state machines' SQL is
+//!   `state/sql.rs`). What users call of `store/sql` is listed by the
+//!   root's `sql` and `admin` modules (and `migrate` at the root);
+//! - [`Stores`]: which stores guards use when they name none, and the
+//!   record table of SQL records with its statements;
 //! - [`batch`]: a broker's batch, each message under its own dedup guard
 //!   (feature `sql`);
 //! - `http`: the `Idempotency-Key` layer (feature `http`); `grpc`: the
@@ -32,9 +34,10 @@
 //!   guarded call from claim to answer), so neither imports the other;
 //! - [`testing`]: duplicates fired at an operation, and stores with faults
 //!   injected (feature `testing`), for users' tests of their own code;
-//! - `error`, [`key`], `record`, `machine`, `future`: the error type, key
-//!   parts and fingerprints, a record as stores keep it, a state machine as
-//!   its derive describes it, the future store traits return; `replay`: what an answer
+//! - `error`, [`key`], `record`, `machine`, `future`, `table`: the error
+//!   type, key parts and fingerprints, a record as stores keep it, a state
+//!   machine as its derive describes it, the future store traits return,
+//!   the record table's name; `replay`: what an answer
 //!   must be to replay exactly ([`Replayable`]); `telemetry`: whether a
 //!   call ran or replayed ([`observe`]), events and metrics; `canonical`:
 //!   the one canonical JSON every fingerprint hashes. These leaves import
@@ -73,6 +76,8 @@ mod replay;
 pub mod state;
 pub mod store;
 mod stores;
+#[cfg(feature = "sql")]
+mod table;
 mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -126,10 +131,10 @@ pub mod admin {
 pub mod sql {
     pub use crate::dedup::context::TxContext;
     pub use crate::record::DedupRecord;
-    pub use crate::store::sql::table::{RecordTable, record_table, set_record_table};
     pub use crate::store::sql::{
         PurgeOptions, PurgeReport, RECORD_TABLE, SqlBackend, find_record, migrator, purge_expired,
     };
+    pub use crate::table::RecordTable;
     #[cfg(feature = "tx")]
     pub use crate::tx::begin_with;
 }

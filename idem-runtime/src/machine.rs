@@ -1,8 +1,9 @@
 //! What `#[derive(idem::StateMachine)]` generates, as plain data: the
 //! entity's table, key and status columns, its states and how each is
 //! stored ([`StateTable`]), a status as read back ([`StoredState`]), and a
-//! move between states checked at compile time ([`Transition`]).
-//! The SQL backends read it; the `state` strategies move entities by it.
+//! move between states checked at compile time ([`Transition`]); and one
+//! move of one entity as a guard makes it ([`Cas`]). The `state`
+//! strategies move entities by it (their SQL is `state::sql`).
 
 /// How one state is stored in the status column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -287,4 +288,18 @@ impl Transition {
     pub(crate) fn qualified_from(&self) -> String {
         self.source_indexes().map(|i| self.qualified(i)).collect::<Vec<_>>().join(" | ")
     }
+}
+
+/// A compare-and-set on an entity's status: from one of `from` to `to`, on
+/// the entity its key selects.
+#[cfg(feature = "sql")]
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Cas<'a> {
+    pub states: &'static StateTable,
+    /// The states the entity may be in for the move to happen.
+    pub from: &'a [StateCode],
+    pub to: StateCode,
+    /// One value per key column.
+    pub key: &'a [crate::key::SqlKey],
 }

@@ -22,6 +22,13 @@
 //! deduplicate per process, and a service of several instances would run a
 //! repeat once per instance.) [`MemoryStore`](crate::store::MemoryStore) is there
 //! for tests and one-process services, chosen like any other store.
+//!
+//! The installed `Stores` also name the record table of the process's SQL
+//! records ([`StoresBuilder::record_table`], `idem_records` by default),
+//! and hold the statements built for it: guards in your transaction,
+//! [`SqlStore`](crate::store::SqlStore), migrations, purges and the admin
+//! functions all take them from here (from a default `Stores` on
+//! `idem_records` while none is installed).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -32,6 +39,8 @@ use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::lock::store::{LockAttempt, LockStore};
 use crate::precheck::store::PrecheckStore;
+#[cfg(feature = "sql")]
+use crate::table::{RecordSql, RecordTable};
 use crate::token::store::TokenStore;
 
 /// The stores guards use when the attribute names no `store`: one per role
@@ -47,16 +56,22 @@ pub struct Stores {
     token: Option<Arc<dyn TokenStore>>,
     lock: Option<Arc<dyn LockStore>>,
     precheck: Option<Arc<dyn PrecheckStore>>,
+    /// The record table and the statements built for it.
+    #[cfg(feature = "sql")]
+    records: Arc<RecordSql>,
 }
 
 impl std::fmt::Debug for Stores {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stores")
+        let mut stores = f.debug_struct("Stores");
+        stores
             .field("lease", &self.lease.as_ref().map(|s| s.kind()))
             .field("token", &self.token.as_ref().map(|s| s.kind()))
             .field("lock", &self.lock.as_ref().map(|s| s.kind()))
-            .field("precheck", &self.precheck.as_ref().map(|s| s.kind()))
-            .finish()
+            .field("precheck", &self.precheck.as_ref().map(|s| s.kind()));
+        #[cfg(feature = "sql")]
+        stores.field("record_table", &self.records.table().qualified());
+        stores.finish()
     }
 }
 
@@ -68,6 +83,18 @@ pub struct StoresBuilder {
 }
 
 static INSTALLED: OnceLock<Stores> = OnceLock::new();
+
+/// The record table's statements SQL steps used while no `Stores` was
+/// installed (`idem_records`); once used, a `Stores` naming another table
+/// can no longer be installed.
+#[cfg(feature = "sql")]
+static DEFAULT_RECORDS: OnceLock<RecordSql> = OnceLock::new();
+
+/// Held while a SQL step settles for the default table and while `Stores`
+/// are installed, so that a step cannot use `idem_records` after another
+/// table was installed.
+#[cfg(feature = "sql")]
+static SETTLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Stores {
     /// A configuration with no store yet.
@@ -110,6 +137,13 @@ impl Stores {
     /// The precheck store, or [`Error::NoStore`].
     pub fn precheck(&self) -> Result<&dyn PrecheckStore, Error> {
         self.precheck.as_deref().ok_or(Error::NoStore { role: "precheck" })
+    }
+
+    /// The record table of SQL records: `idem_records` unless
+    /// [`StoresBuilder::record_table`] named another.
+    #[cfg(feature = "sql")]
+    pub fn record_table(&self) -> &RecordTable {
+        self.records.table()
     }
 
     fn lease_or_missing(&self) -> &dyn LeaseStore {
@@ -168,6 +202,30 @@ impl StoresBuilder {
         self.lease(store.clone()).token(store.clone()).lock(store.clone()).precheck(store)
     }
 
+    /// Keep SQL records in `table` instead of `idem_records` (e.g.
+    /// `RecordTable::new("billing.idem_records")?`; the archive goes to
+    /// `<table>_archive`): dedup and state records, lease records of a
+    /// [`SqlStore`](crate::store::SqlStore), migrations
+    /// ([`migrate`](crate::migrate), [`migrator`](crate::sql::migrator)),
+    /// purges and the admin functions.
+    ///
+    /// It takes effect when these stores are [installed](Self::install),
+    /// for the whole process: guards in your transaction name no store, so
+    /// one table serves them all (a `Stores` that is only
+    /// [built](Self::build) does not change it). Install them at start-up, before the
+    /// first migration or guard: once a SQL step has used `idem_records`,
+    /// installing another table is [`Error::InvalidTable`], since guards
+    /// writing to two tables would run a repeat of a call the other table
+    /// saw. Every process of a service must name the same table.
+    ///
+    /// On SQLite a table takes no schema (`"name"` only); on PostgreSQL the
+    /// schema must exist; on MySQL/MariaDB the schema is a database.
+    #[cfg(feature = "sql")]
+    pub fn record_table(mut self, table: RecordTable) -> StoresBuilder {
+        self.stores.records = Arc::new(RecordSql::new(table));
+        self
+    }
+
     /// The configuration as a value, for `store = "..."` on guards (or
     /// several configurations in one process, as tests have).
     pub fn build(self) -> Stores {
@@ -177,14 +235,50 @@ impl StoresBuilder {
     /// Make this the configuration of every guard that names no `store`,
     /// for the rest of the process. Once: a second call is
     /// [`Error::StoresAlreadyInstalled`] and changes nothing (guards may
-    /// already have used the first configuration).
+    /// already have used the first configuration). A record table other
+    /// than `idem_records` after a SQL step has used that one is
+    /// [`Error::InvalidTable`] (see [`record_table`](Self::record_table)).
     pub fn install(self) -> Result<&'static Stores, Error> {
+        #[cfg(feature = "sql")]
+        let _settling = SETTLING.lock().unwrap_or_else(|e| e.into_inner());
+        if INSTALLED.get().is_some() {
+            return Err(Error::StoresAlreadyInstalled);
+        }
+        #[cfg(feature = "sql")]
+        if let Some(used) = DEFAULT_RECORDS.get().filter(|_| !self.stores.record_table().is_default()) {
+            return Err(Error::InvalidTable {
+                table: self.stores.record_table().to_string(),
+                reason: format!(
+                    "this process already keeps its records in `{}` (install the stores, with their record table, \
+                     at start-up, before the first migration or guard)",
+                    used.table()
+                ),
+            });
+        }
         let mut fresh = false;
         let stores = INSTALLED.get_or_init(|| {
             fresh = true;
             self.stores
         });
         if fresh { Ok(stores) } else { Err(Error::StoresAlreadyInstalled) }
+    }
+}
+
+/// The record table of this process and its statements: the installed
+/// `Stores`' or, while none is installed, the default (`idem_records`),
+/// which is then fixed (see [`StoresBuilder::record_table`]).
+#[cfg(feature = "sql")]
+pub(crate) fn record_sql() -> &'static RecordSql {
+    if let Some(stores) = INSTALLED.get() {
+        return &stores.records;
+    }
+    if let Some(default) = DEFAULT_RECORDS.get() {
+        return default;
+    }
+    let _settling = SETTLING.lock().unwrap_or_else(|e| e.into_inner());
+    match INSTALLED.get() {
+        Some(stores) => &stores.records,
+        None => DEFAULT_RECORDS.get_or_init(RecordSql::default),
     }
 }
 

@@ -10,9 +10,8 @@ use std::future::Future;
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::guard::Prepared;
-use crate::store::sql::{
-    Cas, ClaimResult, ExistingRecord, NewRecord, SqlBackend, classify, classify_state, in_transaction,
-};
+use crate::machine::Cas;
+use crate::store::sql::{ClaimResult, ExistingRecord, NewRecord, SqlBackend, classify, in_transaction, record};
 
 /// Claims can loop when a record disappears between statements (its
 /// transaction rolled back, or it expired and was purged). Bounded.
@@ -82,7 +81,7 @@ pub trait TxContext: Send {
     #[doc(hidden)]
     fn restart(&mut self) -> impl Future<Output = Result<(), Error>> + Send {
         let conn = self.guard_connection();
-        async move { <Self::Db as crate::store::sql::RecordSql>::restart(conn).await.map_err(classify::<Self::Db>) }
+        async move { record::restart::<Self::Db>(conn).await.map_err(classify::<Self::Db>) }
     }
 
     /// A guarded body starts running on this transaction (its claim said
@@ -104,6 +103,25 @@ where
     }
 }
 
+/// How the record's steps make a `dedup+state` transition ([`Cas`]): with
+/// the claim (in the claim's own statement where the database can), after
+/// a claim of its own, and back when the body fails. Implemented by the
+/// state strategies' SQL (`state::sql`), which the record's steps do not
+/// otherwise see.
+pub(crate) trait EntityMove<DB: SqlBackend> {
+    /// Claim `record` and, only if this call inserted it, make the move: the
+    /// claim and the rows moved. A move that fails leaves no claimed record
+    /// behind where the transaction survives the failure.
+    fn claim_and_move<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        record: &'a NewRecord<'a>,
+    ) -> impl Future<Output = Result<(ClaimResult, u64), Error>> + Send + 'a;
+
+    /// Make the move: the rows moved.
+    fn make<'a>(&'a self, conn: &'a mut DB::Connection) -> impl Future<Output = Result<u64, Error>> + Send + 'a;
+}
+
 /// What [`TxContext::claim_record`] found.
 pub enum Claimed {
     /// This call inserted the record; with a transition, the rows it moved.
@@ -122,22 +140,22 @@ pub(crate) async fn claim<DB: SqlBackend>(
     p: &Prepared,
     cas: Option<&Cas<'_>>,
 ) -> Result<Claimed, Error> {
-    let record = new_record(p);
+    let new = new_record(p);
     for _ in 0..MAX_ATTEMPTS {
         let (claim, moved) = match cas {
-            None => (DB::claim(conn, &record).await.map_err(classify::<DB>)?, 0),
-            Some(cas) => DB::claim_transition(conn, &record, cas).await.map_err(classify_state::<DB>(cas.states))?,
+            None => (record::claim::<DB>(conn, &new).await.map_err(classify::<DB>)?, 0),
+            Some(cas) => EntityMove::<DB>::claim_and_move(cas, conn, &new).await?,
         };
         if claim == ClaimResult::Claimed {
             return Ok(Claimed::Fresh { moved });
         }
-        let Some(existing) = DB::read(conn, record.scope, record.key).await.map_err(classify::<DB>)? else {
+        let Some(existing) = record::read::<DB>(conn, new.scope, new.key).await.map_err(classify::<DB>)? else {
             continue; // the holder rolled back, or the record was purged: claim again
         };
         if existing.expired {
             // Past retention but not yet purged: the old answer no longer
             // counts. Remove it (only if still expired) and claim afresh.
-            DB::discard_expired(conn, record.scope, record.key).await.map_err(classify::<DB>)?;
+            record::discard_expired::<DB>(conn, new.scope, new.key).await.map_err(classify::<DB>)?;
             continue;
         }
         return Ok(Claimed::Existing(existing));
@@ -151,7 +169,7 @@ pub(crate) async fn store_answer<DB: SqlBackend>(
     p: &Prepared,
     json: Option<String>,
 ) -> Result<(), Error> {
-    match DB::complete(conn, &p.stored_scope, p.key.as_str(), json.as_deref()).await {
+    match record::complete::<DB>(conn, &p.stored_scope, p.key.as_str(), json.as_deref()).await {
         Ok(1) => Ok(()),
         Ok(_) => Err(Error::RecordVanished { scope: p.scope.to_string() }),
         Err(e) => Err(classify::<DB>(e)),

@@ -7,7 +7,7 @@ use crate::guard::{Prepared, replayed};
 use crate::precheck::{PrecheckStore, Sight, confirmed as precheck_confirmed, look};
 use crate::record::RecordStatus;
 use crate::replay::Replayable;
-use crate::store::sql::{ExistingRecord, SqlBackend, classify};
+use crate::store::sql::{ExistingRecord, SqlBackend, classify, record};
 
 /// `precheck`: a "seen" marker first; a seen key whose completed record is
 /// there replays from a plain read (SQLite: taking the write lock first),
@@ -19,7 +19,8 @@ pub(crate) async fn prechecked<T: Replayable, DB: SqlBackend>(
 ) -> Result<Option<T>, Error> {
     let Some((store, ttl)) = precheck else { return Ok(None) };
     if let Sight::Seen = look(store, &p.stored_scope, p.key.as_str(), ttl, &p.scope).await? {
-        let existing = DB::read_then_claim(conn, &p.stored_scope, p.key.as_str()).await.map_err(classify::<DB>)?;
+        let read = record::read_then_claim::<DB>(conn, &p.stored_scope, p.key.as_str()).await;
+        let existing = read.map_err(classify::<DB>)?;
         match existing {
             Some(existing)
                 if !existing.expired && RecordStatus::parse(&existing.status) == Some(RecordStatus::Done) =>
@@ -61,7 +62,7 @@ pub(crate) async fn discard<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepa
     // If this fails the transaction is unusable (PostgreSQL aborts it after a
     // failed statement; a lost connection cannot commit): the record cannot
     // be committed either, so the body's error is the one to return.
-    match DB::discard(conn, &p.stored_scope, p.key.as_str()).await {
+    match record::discard::<DB>(conn, &p.stored_scope, p.key.as_str()).await {
         Ok(0) => {
             // The record claimed in this transaction is not there: the
             // server rolled the transaction back (a deadlock victim), or the

@@ -4,14 +4,14 @@
 
 use std::marker::PhantomData;
 
-use crate::dedup::context::{TxContext, new_record};
+use crate::dedup::context::{EntityMove, TxContext, new_record};
 use crate::dedup::record::{SURE_FIT, discard, judge};
 use crate::error::Error;
 use crate::guard::keep;
 use crate::guard::{GuardError, Prepared};
-use crate::machine::Transition;
+use crate::machine::{Cas, Transition};
 use crate::replay::Replayable;
-use crate::store::sql::{Cas, InsertDone, RecordSql, SqlBackend, classify};
+use crate::store::sql::{InsertDone, SqlBackend, classify, record as sql_record};
 use crate::telemetry::Outcome;
 
 /// The right to run the body once, in the caller's transaction: hand the
@@ -135,7 +135,7 @@ async fn complete_after<T: Replayable, E, C: TxContext + ?Sized>(
     value: T,
     json: Option<&str>,
 ) -> Result<Result<T, E>, Error> {
-    let inserted = <C::Db as RecordSql>::insert_done(tx.guard_connection(), &new_record(p), json).await;
+    let inserted = sql_record::insert_done::<C::Db>(tx.guard_connection(), &new_record(p), json).await;
     match inserted.map_err(classify::<C::Db>)? {
         InsertDone::Written => {
             p.report(Outcome::Executed);
@@ -170,7 +170,7 @@ async fn replay_after_restart<T: Replayable, E, C: TxContext + ?Sized>(
     p: &Prepared,
 ) -> Result<Option<Result<T, E>>, Error> {
     tx.restart().await?;
-    let read = <C::Db as RecordSql>::read(tx.guard_connection(), &p.stored_scope, p.key.as_str()).await;
+    let read = sql_record::read::<C::Db>(tx.guard_connection(), &p.stored_scope, p.key.as_str()).await;
     match read.map_err(classify::<C::Db>)? {
         // Expired: another caller's take-over won, or is about to; retry.
         Some(existing) if existing.expired => Err(p.in_progress(Some(std::time::Duration::ZERO))),
@@ -217,7 +217,7 @@ pub(crate) async fn revert<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepar
     let from = [states.codes[moved.transition.to_index()]];
     let cas = Cas { states, from: &from, to: states.codes[moved.from], key: &p.entity };
     // As with a record's removal: if this fails the transaction cannot commit.
-    if let Err(e) = DB::transition(conn, &cas).await {
+    if let Err(e) = EntityMove::<DB>::make(&cas, conn).await {
         tracing::debug!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
             "transition not undone after the body failed; the transaction cannot commit it");
     }

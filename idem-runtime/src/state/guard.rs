@@ -18,10 +18,10 @@ use crate::dedup::ticket::Ticket;
 use crate::error::Error;
 use crate::guard::Claim;
 use crate::guard::Guard;
+use crate::machine::Cas;
 use crate::replay::Replayable;
 use crate::state::transition::{Step, check_key, move_entity, silent_repeat};
 use crate::state::{SilentRepeat, Transition};
-use crate::store::sql::Cas;
 
 impl Guard<'_> {
     /// `state`: move the entity the key selects along `transition`, with a

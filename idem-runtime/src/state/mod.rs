@@ -10,6 +10,8 @@
 #[cfg(feature = "sql")]
 pub(crate) mod guard;
 #[cfg(feature = "sql")]
+pub(crate) mod sql;
+#[cfg(feature = "sql")]
 pub(crate) mod transition;
 
 pub use crate::machine::{StateCode, StateTable, StoredState, Transition};

@@ -4,8 +4,10 @@
 use crate::dedup::context::MAX_ATTEMPTS;
 use crate::error::Error;
 use crate::guard::Prepared;
+use crate::machine::Cas;
+use crate::state::sql::{read_state, transition};
 use crate::state::{SilentRepeat, StateCode, StoredState, Transition};
-use crate::store::sql::{Cas, ReadMode, SqlBackend, classify_state};
+use crate::store::sql::{ReadMode, SqlBackend};
 use crate::telemetry::Outcome;
 
 /// What the compare-and-set decided.
@@ -95,7 +97,7 @@ impl<'a> Entity<'a> {
 
     /// The compare-and-set from any of `from`: the rows it moved.
     async fn transition<DB: SqlBackend>(&self, conn: &mut DB::Connection, from: &[StateCode]) -> Result<u64, Error> {
-        DB::transition(conn, &self.cas(from)).await.map_err(classify_state::<DB>(self.t.states))
+        transition::<DB>(conn, &self.cas(from)).await
     }
 
     /// Read the entity's status with `mode` and [`decide`] by it.
@@ -106,7 +108,7 @@ impl<'a> Entity<'a> {
         ignore_case: bool,
     ) -> Result<Decision, Error> {
         let cas = self.cas(&self.all_from);
-        let current = DB::read_state(conn, &cas, mode).await.map_err(classify_state::<DB>(self.t.states))?;
+        let current = read_state::<DB>(conn, &cas, mode).await?;
         decide(self.p, self.t, ignore_case, current)
     }
 }

@@ -6,11 +6,12 @@
 
 use super::Tx;
 use super::core::INLINE_ANSWER_MAX;
-use crate::dedup::context::{self, Claimed, MAX_ATTEMPTS, TxContext, new_record, require_transaction};
+use crate::dedup::context::{self, Claimed, EntityMove, MAX_ATTEMPTS, TxContext, new_record, require_transaction};
 use crate::error::Error;
 use crate::guard::Prepared;
-use crate::store::sql::texts::Texts;
-use crate::store::sql::{Cas, ExistingRecord, NewRecord, SqlBackend, classify, classify_state};
+use crate::machine::Cas;
+use crate::store::sql::texts::{Texts, texts};
+use crate::store::sql::{ExistingRecord, NewRecord, SqlBackend, classify, record};
 
 /// Deadlock victims among claims a `Tx` sends again (see [`claim_with_begin`]).
 const MAX_DEADLOCKS: u64 = 10;
@@ -36,7 +37,7 @@ where
     /// Otherwise begin now (and send what is queued for `COMMIT` first, so
     /// that this guard sees the answers of the ones before it).
     async fn ready_for_guard(&mut self, p: &Prepared, claim_next: bool) -> Result<(), Error> {
-        if claim_next && DB::TEXTS.is_some() && self.core.is_deferred() {
+        if claim_next && texts::<DB>().is_some() && self.core.is_deferred() {
             return Ok(());
         }
         self.core.ready::<DB>(&mut self.conn).await?;
@@ -44,7 +45,7 @@ where
     }
 
     async fn claim_record(&mut self, p: &Prepared, cas: Option<&Cas<'_>>) -> Result<Claimed, Error> {
-        match DB::TEXTS.filter(|_| self.core.is_deferred()) {
+        match texts::<DB>().filter(|_| self.core.is_deferred()) {
             Some(texts) => claim_with_begin(self, texts, p, cas).await,
             None => context::claim::<DB>(&mut self.conn, p, cas).await,
         }
@@ -53,9 +54,9 @@ where
     /// An answer of a claim that rode on `BEGIN` goes out with `COMMIT`,
     /// in a text that fails before its `COMMIT` if the record is gone.
     async fn store_answer(&mut self, p: &Prepared, json: Option<String>) -> Result<(), Error> {
-        match (DB::TEXTS.filter(|_| self.core.is_open()), json) {
+        match (texts::<DB>().filter(|_| self.core.is_open()), json) {
             (Some(texts), Some(json)) if json.len() <= INLINE_ANSWER_MAX => {
-                self.core.queue(&(texts.complete)(&p.stored_scope, p.key.as_str(), &json), &p.scope);
+                self.core.queue(&(texts.complete)(texts, &p.stored_scope, p.key.as_str(), &json), &p.scope);
                 Ok(())
             }
             (_, json) => context::store_answer::<DB>(&mut self.conn, p, json).await,
@@ -130,16 +131,16 @@ async fn claim_once<DB: SqlBackend>(
 /// `dedup+state`: the transition after a claim that rode on `BEGIN`.
 async fn transition_after_claim<DB: SqlBackend>(
     tx: &mut Tx<DB>,
-    record: &NewRecord<'_>,
+    new: &NewRecord<'_>,
     cas: Option<&Cas<'_>>,
 ) -> Result<Claimed, Error> {
     let Some(cas) = cas else { return Ok(Claimed::Fresh { moved: 0 }) };
-    match DB::transition(&mut tx.conn, cas).await {
+    match EntityMove::<DB>::make(cas, &mut tx.conn).await {
         Ok(moved) => Ok(Claimed::Fresh { moved }),
         Err(e) => {
             // Leave no PROCESSING record to a caller that commits anyway.
-            let _ = DB::discard(&mut tx.conn, record.scope, record.key).await;
-            Err(classify_state::<DB>(cas.states)(e))
+            let _ = record::discard::<DB>(&mut tx.conn, new.scope, new.key).await;
+            Err(e)
         }
     }
 }

@@ -4,7 +4,7 @@
 use sqlx_core::transaction::TransactionManager;
 
 use crate::error::Error;
-use crate::store::sql::texts::Texts;
+use crate::store::sql::texts::{Texts, read_text_record, texts};
 use crate::store::sql::{ExistingRecord, NewRecord, SqlBackend, classify};
 
 type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
@@ -163,7 +163,7 @@ impl TxCore {
         self.state = State::Busy;
         let found = match read {
             None => DB::execute_text(&mut *conn, sql(DB::ROLLBACK.to_owned())).await.map(|_| None),
-            Some(read) => DB::read_text_record(&mut *conn, sql(format!("{}; {read}", DB::ROLLBACK))).await,
+            Some(read) => read_text_record::<DB>(&mut *conn, sql(format!("{}; {read}", DB::ROLLBACK))).await,
         };
         // Only an I/O error leaves the server's state unknown; an error of
         // the read itself (a missing table) came after the ROLLBACK.
@@ -244,7 +244,7 @@ impl TxCore {
         prepare_first: bool,
     ) -> String {
         let mut text = String::new();
-        let prepare = texts.prepared.as_ref().filter(|_| prepare_first).map(|p| (p.claim)());
+        let prepare = texts.prepared.as_ref().filter(|_| prepare_first).map(|p| p.claim.as_str());
         if prepare.is_some() {
             text.push_str(DB::ROLLBACK);
             text.push_str("; ");
@@ -256,14 +256,14 @@ impl TxCore {
         // isolation level could no longer be set (25001). A statement
         // prepared in a transaction stays when it rolls back.
         if let Some(prepare) = prepare {
-            text.push_str(&prepare);
+            text.push_str(prepare);
             text.push_str("; ");
         }
         if take_over {
-            text.push_str(&(texts.discard_expired)(record.scope, record.key));
+            text.push_str(&(texts.discard_expired)(texts, record.scope, record.key));
             text.push_str("; ");
         }
-        text.push_str(&(texts.claim)(record, exec));
+        text.push_str(&(texts.claim)(texts, record, exec));
         text
     }
 
@@ -280,18 +280,18 @@ impl TxCore {
         record: &NewRecord<'_>,
         exec: bool,
     ) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let read = |prepared| (texts.read)(record.scope, record.key, prepared);
+        let read = |prepared| (texts.read)(texts, record.scope, record.key, prepared);
         let found = self.end_failed_begin::<DB>(conn, Some(read(exec))).await;
         match &found {
             Err(e) if exec && self.state == State::Deferred && of_the_statement(e) => {
                 if let Some(p) = texts.prepared.as_ref().filter(|p| (p.is_unprepared)(e)) {
-                    let text = format!("{}; {}", (p.read)(), read(true));
-                    match DB::read_text_record(&mut *conn, sql(text)).await {
+                    let text = format!("{}; {}", p.read, read(true));
+                    match read_text_record::<DB>(&mut *conn, sql(text)).await {
                         Err(e) if of_the_statement(&e) => {}
                         found => return found,
                     }
                 }
-                DB::read_text_record(&mut *conn, sql(read(false))).await
+                read_text_record::<DB>(&mut *conn, sql(read(false))).await
             }
             _ => found,
         }
@@ -302,7 +302,7 @@ impl TxCore {
     /// level); the answers queued for `COMMIT` went with the rollback.
     pub(crate) async fn restart<DB: SqlBackend>(&mut self, conn: &mut DB::Connection) -> Result<(), sqlx::Error> {
         if Tm::<DB>::get_transaction_depth(conn) > 1 {
-            return DB::restart(conn).await;
+            return crate::store::sql::record::restart::<DB>(conn).await;
         }
         self.take_pending();
         self.state = State::Busy;
@@ -334,7 +334,7 @@ pub(super) fn sql(text: String) -> sqlx::SqlStr {
 /// says so with the error its text raises on purpose
 /// ([`Texts::no_record`]).
 pub(crate) fn pending_error<DB: SqlBackend>(e: sqlx::Error, scope: &str) -> Error {
-    let ours = DB::TEXTS.map(|t| t.no_record);
+    let ours = texts::<DB>().map(|t| t.no_record);
     if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| Some(c.as_ref()) == ours) {
         return Error::RecordVanished { scope: scope.to_owned() };
     }

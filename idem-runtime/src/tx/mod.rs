@@ -222,7 +222,7 @@ impl<DB: SqlBackend> Tx<DB> {
         self.core.state = State::Busy;
         let conn = &mut *self.conn;
         let (pending, scopes) = self.core.take_pending();
-        let Some(texts) = DB::TEXTS.filter(|_| !pending.is_empty()) else {
+        let Some(texts) = crate::store::sql::texts::texts::<DB>().filter(|_| !pending.is_empty()) else {
             Tm::<DB>::commit(conn).await.map_err(classify::<DB>)?;
             self.core.state = State::Closed;
             return Ok(());

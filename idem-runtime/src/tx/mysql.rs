@@ -4,65 +4,56 @@
 //! without session variables.
 
 use sqlx::MySql;
-use sqlx::mysql::MySqlConnection;
 
-use crate::store::sql::mysql::Utf8;
+use crate::store::sql::NewRecord;
 use crate::store::sql::texts::{Texts, TxSql};
-use crate::store::sql::{ExistingRecord, NewRecord};
+use crate::table::RecordTable;
 
 impl TxSql for MySql {
-    const TEXTS: Option<&'static Texts> = Some(&Texts {
-        commit: "COMMIT AND NO CHAIN NO RELEASE",
-        prepared: None,
-        claim,
-        read,
-        discard_expired,
-        complete,
-        // The scalar subquery of two rows (error 1242).
-        no_record: "21000",
-    });
+    fn texts(t: &RecordTable) -> Option<Texts> {
+        Some(Texts {
+            commit: "COMMIT AND NO CHAIN NO RELEASE",
+            table: t.qualified().to_owned(),
+            prepared: None,
+            claim,
+            read,
+            discard_expired,
+            complete,
+            // The scalar subquery of two rows (error 1242).
+            no_record: "21000",
+        })
+    }
+
     const ROLLBACK: &'static str = "ROLLBACK AND NO CHAIN NO RELEASE";
-
-    async fn execute_text(conn: &mut MySqlConnection, text: sqlx::SqlStr) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::raw_sql(text).execute(conn).await?.rows_affected())
-    }
-
-    async fn read_text_record(
-        conn: &mut MySqlConnection,
-        text: sqlx::SqlStr,
-    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let row = sqlx::raw_sql(text).fetch_optional(conn).await?;
-        row.map(|row| crate::store::sql::decode_existing_as::<Utf8, _>(&row)).transpose()
-    }
 }
 
-fn claim(r: &NewRecord<'_>, _prepared: bool) -> String {
+fn claim(texts: &Texts, r: &NewRecord<'_>, _prepared: bool) -> String {
     format!(
         "INSERT INTO {} (scope, idem_key, status, fingerprint, created_at, updated_at, expires_at) \
          VALUES ({}, {}, 'PROCESSING', {}, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
          UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)",
-        table(),
+        texts.table,
         bytes(r.scope),
         bytes(r.key),
         r.fingerprint.map_or_else(|| "NULL".to_owned(), text),
-        crate::store::sql::retention_us(r.retention),
+        i64::try_from(r.retention.as_micros()).unwrap_or(i64::MAX),
     )
 }
 
-fn read(scope: &str, key: &str, _prepared: bool) -> String {
+fn read(texts: &Texts, scope: &str, key: &str, _prepared: bool) -> String {
     format!(
         "SELECT CAST(status AS BINARY), CAST(fingerprint AS BINARY), CAST(response AS BINARY), \
          CAST(expires_at <= UTC_TIMESTAMP(6) AS SIGNED) FROM {} WHERE {}",
-        table(),
+        texts.table,
         key_where(scope, key)
     )
 }
 
-fn discard_expired(scope: &str, key: &str) -> String {
-    format!("DELETE FROM {} WHERE {} AND expires_at <= UTC_TIMESTAMP(6)", table(), key_where(scope, key))
+fn discard_expired(texts: &Texts, scope: &str, key: &str) -> String {
+    format!("DELETE FROM {} WHERE {} AND expires_at <= UTC_TIMESTAMP(6)", texts.table, key_where(scope, key))
 }
 
-fn complete(scope: &str, key: &str, response: &str) -> String {
+fn complete(texts: &Texts, scope: &str, key: &str, response: &str) -> String {
     // No record updated: the scalar subquery returns two rows (error
     // 1242), which stops the text before its COMMIT. A `SELECT` of its
     // own, so that no variable of the session's is set (a `SET
@@ -71,15 +62,10 @@ fn complete(scope: &str, key: &str, response: &str) -> String {
     format!(
         "UPDATE {} SET status = 'DONE', response = {}, updated_at = UTC_TIMESTAMP(6) WHERE {}; \
          SELECT (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> 1)",
-        table(),
+        texts.table,
         text(response),
         key_where(scope, key)
     )
-}
-
-/// The record table as written into text statements (a validated name).
-fn table() -> &'static str {
-    crate::store::sql::table::record_table().qualified()
 }
 
 /// A `VARBINARY` value as a text statement carries it: a hexadecimal

@@ -3,61 +3,76 @@
 //! server) that nothing of the value can break out of.
 
 use sqlx::Postgres;
-use sqlx::postgres::PgConnection;
 
+use crate::store::sql::NewRecord;
 use crate::store::sql::texts::{Prepared, Texts, TxSql};
-use crate::store::sql::{ExistingRecord, NewRecord};
+use crate::table::RecordTable;
 
 impl TxSql for Postgres {
-    const TEXTS: Option<&'static Texts> = Some(&Texts {
-        commit: "COMMIT; BEGIN",
-        prepared: Some(Prepared {
-            claim: || session_statements().prepare_claim.clone(),
-            read: || session_statements().prepare_read.clone(),
+    /// The statements prepared once per session are named with a hash of
+    /// their text (the record table's name included): a session prepared by
+    /// another version of idem, or by a service keeping its records in
+    /// another table (sessions handed between applications by a
+    /// transaction-mode pooler), holds other names, never a statement that
+    /// writes elsewhere. Each is prepared on its own when a text finds it
+    /// missing: a session that lost one (an application's `DEALLOCATE
+    /// name`) prepares that one, not both (preparing one that is there
+    /// would fail).
+    fn texts(t: &RecordTable) -> Option<Texts> {
+        use sha2::Digest as _;
+        let table = t.qualified().to_owned();
+        let claim = claim_sql(&table, "$1", "$2", "$3", "$4");
+        let read = read_sql(&table, "$1", "$2");
+        let digest = sha2::Sha256::digest(format!("{claim}\n{read}"));
+        let tag = crate::key::hex(&digest[..6]);
+        let (claim_name, read_name) = (format!("idem_claim_{tag}"), format!("idem_read_{tag}"));
+        let prepared = Prepared {
+            claim: format!("PREPARE {claim_name} (text, text, text, int8) AS {claim}"),
+            read: format!("PREPARE {read_name} (text, text) AS {read}"),
+            claim_name,
+            read_name,
             is_unprepared: |e| e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "26000"),
-        }),
-        claim,
-        read,
-        discard_expired,
-        complete,
-        // `1 / count(*)` of no rows: division by zero.
-        no_record: "22012",
-    });
-
-    async fn execute_text(conn: &mut PgConnection, text: sqlx::SqlStr) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::raw_sql(text).execute(conn).await?.rows_affected())
-    }
-
-    async fn read_text_record(
-        conn: &mut PgConnection,
-        text: sqlx::SqlStr,
-    ) -> Result<Option<ExistingRecord>, sqlx::Error> {
-        let row = sqlx::raw_sql(text).fetch_optional(conn).await?;
-        row.map(|row| crate::store::sql::decode_existing(&row)).transpose()
+        };
+        Some(Texts {
+            commit: "COMMIT; BEGIN",
+            table,
+            prepared: Some(prepared),
+            claim: claim_text,
+            read: read_text,
+            discard_expired,
+            complete,
+            // `1 / count(*)` of no rows: division by zero.
+            no_record: "22012",
+        })
     }
 }
 
-fn claim(r: &NewRecord<'_>, prepared: bool) -> String {
+/// The name a text gives a prepared statement of `texts`.
+fn prepared(texts: &Texts, name: fn(&Prepared) -> &str) -> &str {
+    texts.prepared.as_ref().map(name).expect("PostgreSQL's texts prepare their statements")
+}
+
+fn claim_text(texts: &Texts, r: &NewRecord<'_>, prepared_claim: bool) -> String {
     let (scope, key) = (text(r.scope), text(r.key));
     let fingerprint = r.fingerprint.map_or_else(|| "NULL".to_owned(), text);
     let us = retention_us(r.retention);
-    if prepared {
-        return format!("EXECUTE {}({scope}, {key}, {fingerprint}, {us})", session_statements().claim);
+    if prepared_claim {
+        return format!("EXECUTE {}({scope}, {key}, {fingerprint}, {us})", prepared(texts, |p| p.claim_name.as_str()));
     }
-    claim_sql(table(), &scope, &key, &fingerprint, &us.to_string())
+    claim_sql(&texts.table, &scope, &key, &fingerprint, &us.to_string())
 }
 
-fn read(scope: &str, key: &str, prepared: bool) -> String {
-    if prepared {
-        return format!("EXECUTE {}({}, {})", session_statements().read, text(scope), text(key));
+fn read_text(texts: &Texts, scope: &str, key: &str, prepared_read: bool) -> String {
+    if prepared_read {
+        return format!("EXECUTE {}({}, {})", prepared(texts, |p| p.read_name.as_str()), text(scope), text(key));
     }
-    read_sql(table(), &key_text(scope), &key_text(key))
+    read_sql(&texts.table, &key_text(scope), &key_text(key))
 }
 
-fn discard_expired(scope: &str, key: &str) -> String {
+fn discard_expired(texts: &Texts, scope: &str, key: &str) -> String {
     format!(
         "DELETE FROM {} WHERE scope = {} AND idem_key = {} AND expires_at <= now()",
-        table(),
+        texts.table,
         key_text(scope),
         key_text(key)
     )
@@ -70,42 +85,8 @@ fn discard_expired(scope: &str, key: &str) -> String {
 /// body's writes, with nothing left to retry. (A savepoint around it
 /// would allow the retry, at the price of a subtransaction in every
 /// transaction.)
-fn complete(scope: &str, key: &str, response: &str) -> String {
-    complete_sql(table(), &key_text(scope), &key_text(key), &text(response))
-}
-
-/// The statements an `idem::Tx` prepares once per session, under names
-/// that carry a hash of their text (the record table's name included): a
-/// session prepared by another version of idem, or by a service keeping
-/// its records in another table (sessions handed between applications by
-/// a transaction-mode pooler), holds other names, never a statement that
-/// writes elsewhere. Each is prepared on its own when a text finds it
-/// missing: a session that lost one (an application's `DEALLOCATE name`)
-/// prepares that one, not both (preparing one that is there would fail).
-struct SessionStatements {
-    claim: String,
-    read: String,
-    prepare_claim: String,
-    prepare_read: String,
-}
-
-fn session_statements() -> &'static SessionStatements {
-    static STATEMENTS: std::sync::OnceLock<SessionStatements> = std::sync::OnceLock::new();
-    STATEMENTS.get_or_init(|| {
-        use sha2::Digest as _;
-        let t = table();
-        let claim = claim_sql(t, "$1", "$2", "$3", "$4");
-        let read = read_sql(t, "$1", "$2");
-        let digest = sha2::Sha256::digest(format!("{claim}\n{read}"));
-        let tag = crate::key::hex(&digest[..6]);
-        let (claim_name, read_name) = (format!("idem_claim_{tag}"), format!("idem_read_{tag}"));
-        SessionStatements {
-            prepare_claim: format!("PREPARE {claim_name} (text, text, text, int8) AS {claim}"),
-            prepare_read: format!("PREPARE {read_name} (text, text) AS {read}"),
-            claim: claim_name,
-            read: read_name,
-        }
-    })
+fn complete(texts: &Texts, scope: &str, key: &str, response: &str) -> String {
+    complete_sql(&texts.table, &key_text(scope), &key_text(key), &text(response))
 }
 
 fn claim_sql(table: &str, scope: &str, key: &str, fingerprint: &str, retention_us: &str) -> String {
@@ -130,11 +111,6 @@ fn complete_sql(table: &str, scope: &str, key: &str, response: &str) -> String {
         "WITH done AS (UPDATE {table} SET status = 'DONE', response = {response} \
          WHERE scope = {scope} AND idem_key = {key} RETURNING 1) SELECT 1 / count(*) FROM done"
     )
-}
-
-/// The record table as written into text statements (a validated name).
-fn table() -> &'static str {
-    crate::store::sql::table::record_table().qualified()
 }
 
 /// A string as a text statement carries it, so that nothing of the value

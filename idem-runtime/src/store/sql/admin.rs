@@ -3,8 +3,8 @@
 //! (the `idem-cli` package) does, as functions a program can call.
 //!
 //! The SQL functions work on PostgreSQL, MySQL/MariaDB and SQLite, on the
-//! record table ([`record_table`]: `idem_records` unless
-//! the application named another); the lease records
+//! record table of the installed [`Stores`](crate::Stores) (`idem_records`
+//! unless the application named another); the lease records
 //! in Redis have their counterparts on [`RedisStore`](crate::store::RedisStore)
 //! (`inspect_lease`, `stuck_leases`, `release_lease`). Purging is
 //! [`purge_expired`](crate::sql::purge_expired), with
@@ -53,12 +53,12 @@
 //! # Ok(()) }
 //! ```
 
-use std::future::Future;
-
-use super::table::record_table;
-use super::{PurgeOptions, SqlBackend, classify};
+use super::dialect::{Arg, Dialect, Stmt, text};
+use super::schema::PurgeBatch;
+use super::{PurgeOptions, SqlBackend, classify, statements};
 use crate::error::Error;
 pub use crate::record::{Record, RecordId, RecordState, RecordStatus, Release, StuckQuery};
+use crate::table::RecordTable;
 
 /// What [`purge_preview`] counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,63 +70,39 @@ pub struct PurgePreview {
     pub archived: u64,
 }
 
-/// Which records a purge deletes: on `table`, past their retention, or
-/// (with `older_than`) created before the cut-off and not `PROCESSING`;
-/// optionally one scope (as stored).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug)]
-pub struct PurgeFilter<'a> {
-    pub table: &'a str,
-    /// Where `archive` copies completed records.
-    pub archive_table: &'a str,
-    pub scope: Option<&'a str>,
-    pub older_than: Option<std::time::Duration>,
+/// The admin functions' statements, on the statement's clock (PostgreSQL:
+/// `now()`, an autocommit statement's start). Scopes and keys are always
+/// bound. Their values: `$1` scope, `$2` key, `$3` fence (release); `$1`
+/// scope, `$2, $3` the last record of the page before, `$4` the limit
+/// (a page of stuck records).
+pub(crate) struct AdminStatements {
+    fetch: Stmt,
+    stuck: Stmt,
+    release: Stmt,
 }
 
-/// The statements of the admin functions. Sealed: implemented for the
-/// supported databases only. `table` is a plain identifier, written into the
-/// SQL as it is (never user input); scopes and keys are always bound.
-#[doc(hidden)]
-pub trait AdminSql: sqlx::Database + super::sealed::Sealed {
-    /// One record with the clock and its state.
-    #[doc(hidden)]
-    fn admin_fetch(
-        conn: &mut Self::Connection,
-        table: &str,
-        id: &RecordId,
-    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send;
-
-    /// A page of stuck records, in (scope, key) order.
-    #[doc(hidden)]
-    fn admin_stuck(
-        conn: &mut Self::Connection,
-        table: &str,
-        scope: Option<&str>,
-        after: Option<&RecordId>,
-        limit: u32,
-    ) -> impl Future<Output = Result<Vec<Record>, sqlx::Error>> + Send;
-
-    /// Delete the record only if it is stuck with this fence; rows deleted.
-    #[doc(hidden)]
-    fn admin_release(
-        conn: &mut Self::Connection,
-        table: &str,
-        id: &RecordId,
-        fence: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
-
-    /// The records a purge would delete now, and the `DONE` ones among them.
-    #[doc(hidden)]
-    fn purge_count(
-        conn: &mut Self::Connection,
-        filter: &PurgeFilter<'_>,
-    ) -> impl Future<Output = Result<(u64, u64), sqlx::Error>> + Send;
+impl AdminStatements {
+    pub(crate) fn new<D: Dialect>(t: &RecordTable) -> AdminStatements {
+        let now = D::NOW;
+        let columns = format!("{}, {}, {}", super::record::columns::<D>(), D::epoch_ms(now), state_sql(now));
+        let stuck = stuck_sql(now);
+        AdminStatements {
+            fetch: Stmt::new::<D>(&format!("SELECT {columns} FROM {t} WHERE scope = $1 AND idem_key = $2")),
+            stuck: Stmt::new::<D>(&format!(
+                "SELECT {columns} FROM {t} WHERE {stuck} AND {page} ORDER BY scope, idem_key LIMIT $4",
+                page = D::PAGE
+            )),
+            release: Stmt::new::<D>(&format!(
+                "DELETE FROM {t} WHERE scope = $1 AND idem_key = $2 AND fence = $3 AND {stuck}"
+            )),
+        }
+    }
 }
 
 /// The state of a record as SQL computes it, with `now` the statement's
 /// clock in the table's time type: the one definition the reads and the
 /// release's compare-and-delete share (see [`stuck_sql`]).
-pub(crate) fn state_sql(now: &str) -> String {
+fn state_sql(now: &str) -> String {
     format!(
         "CASE WHEN expires_at <= {now} THEN 'expired' WHEN status = 'DONE' THEN 'done' \
          WHEN status = 'FAILED' THEN 'failed' WHEN lease_until IS NULL THEN 'unfinished' \
@@ -136,57 +112,35 @@ pub(crate) fn state_sql(now: &str) -> String {
 
 /// The condition of a stuck record: the states `unfinished` and
 /// `lease_passed` of [`state_sql`].
-pub(crate) fn stuck_sql(now: &str) -> String {
+fn stuck_sql(now: &str) -> String {
     format!("status = 'PROCESSING' AND expires_at > {now} AND (lease_until IS NULL OR lease_until <= {now})")
 }
 
-/// Decode the admin reads' columns, in that order: scope, key, status,
-/// fingerprint, response, owner, fence, lease_until, created_at, updated_at,
-/// expires_at, now (timestamps as epoch milliseconds), state.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) fn decode_admin<R>(row: &R) -> Result<Record, sqlx::Error>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    decode_admin_as::<String, R>(row)
-}
-
-/// [`decode_admin`] with the record's text columns read as `S` (MySQL:
-/// their bytes, whatever the session's charset); the state, a literal of
-/// idem's, as a `String`.
-pub(crate) fn decode_admin_as<S, R>(row: &R) -> Result<Record, sqlx::Error>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    S: Into<String>,
-    for<'r> S: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let text = |i: usize| row.try_get::<Option<S>, _>(i).map(|s| s.map(Into::into));
-    let status: String = row.try_get::<S, _>(2)?.into();
-    let state: String = row.try_get(12)?;
-    let bad = |what: &str, value: &str| sqlx::Error::ColumnDecode {
-        index: what.into(),
-        source: format!("unknown record {what} {value:?}").into(),
-    };
+/// Decode the admin reads' columns: the record's
+/// ([`decode_record`](super::record::decode_record)), then now (epoch
+/// milliseconds) and the state (a literal of idem's, read as a plain
+/// string).
+fn decode_admin<DB: SqlBackend>(row: &DB::Row) -> Result<Record, sqlx::Error> {
+    let r = super::record::decode_record::<DB>(row)?;
+    let state = DB::opt_string(row, 12)?.unwrap_or_default();
+    let state = RecordState::parse(&state).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: "state".into(),
+        source: format!("unknown record state {state:?}").into(),
+    })?;
     Ok(Record {
-        scope: row.try_get::<S, _>(0)?.into(),
-        key: row.try_get::<S, _>(1)?.into(),
-        status: RecordStatus::parse(&status).ok_or_else(|| bad("status", &status))?,
-        state: RecordState::parse(&state).ok_or_else(|| bad("state", &state))?,
-        fingerprint: text(3)?,
-        response: text(4)?,
-        owner: text(5)?,
-        fence: row.try_get(6)?,
-        lease_until_ms: row.try_get(7)?,
-        created_at_ms: Some(row.try_get(8)?),
-        updated_at_ms: Some(row.try_get(9)?),
-        expires_at_ms: Some(row.try_get(10)?),
-        now_ms: row.try_get(11)?,
+        scope: r.scope,
+        key: r.key,
+        status: r.status,
+        state,
+        fingerprint: r.fingerprint,
+        response: r.response,
+        owner: r.owner,
+        fence: r.fence,
+        lease_until_ms: r.lease_until_ms,
+        created_at_ms: Some(r.created_at_ms),
+        updated_at_ms: Some(r.updated_at_ms),
+        expires_at_ms: Some(r.expires_at_ms),
+        now_ms: DB::int(row, 11)?,
     })
 }
 
@@ -196,7 +150,7 @@ where
 /// record means now ([`Record::state`]).
 pub async fn inspect<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId) -> Result<Option<Record>, Error> {
     let mut conn = pool.acquire().await?;
-    DB::admin_fetch(&mut conn, record_table().qualified(), id).await.map_err(classify::<DB>)
+    fetch::<DB>(&mut conn, id).await
 }
 
 /// One page of stuck records (see the [module](self) docs): `PROCESSING`
@@ -210,9 +164,16 @@ pub async fn inspect<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId) -> Re
 pub async fn stuck<DB: SqlBackend>(pool: &sqlx::Pool<DB>, query: &StuckQuery) -> Result<Vec<Record>, Error> {
     let mut conn = pool.acquire().await?;
     let scope = query.scope.as_deref().map(crate::key::stored_scope);
-    DB::admin_stuck(&mut conn, record_table().qualified(), scope.as_deref(), query.after.as_ref(), query.limit.max(1))
-        .await
-        .map_err(classify::<DB>)
+    let after = query.after.as_ref();
+    let values = [
+        Arg::Text(scope.as_deref()),
+        Arg::Text(after.map(RecordId::scope)),
+        Arg::Text(after.map(RecordId::key)),
+        Arg::Int(query.limit.max(1).into()),
+    ];
+    let page = statements::<DB>().admin.stuck.query::<DB>(&values);
+    let rows = DB::fetch_all(&mut conn, page).await.map_err(classify::<DB>)?;
+    rows.iter().map(decode_admin::<DB>).collect::<Result<_, _>>().map_err(classify::<DB>)
 }
 
 /// Delete one stuck record so the next call of its key runs again, only if
@@ -235,7 +196,9 @@ pub async fn release<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId, fence
     if !seen.state.is_stuck() {
         return Ok(Release::NotStuck(seen));
     }
-    if DB::admin_release(&mut conn, record_table().qualified(), id, fence).await.map_err(classify::<DB>)? == 1 {
+    let values = [text(id.scope()), text(id.key()), Arg::Int(fence)];
+    let gone = DB::execute(&mut conn, statements::<DB>().admin.release.query::<DB>(&values)).await;
+    if DB::rows(&gone.map_err(classify::<DB>)?) == 1 {
         return Ok(Release::Released(seen));
     }
     // Changed between the read and the delete: say how.
@@ -247,7 +210,9 @@ pub async fn release<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId, fence
 }
 
 async fn fetch<DB: SqlBackend>(conn: &mut DB::Connection, id: &RecordId) -> Result<Option<Record>, Error> {
-    DB::admin_fetch(conn, record_table().qualified(), id).await.map_err(classify::<DB>)
+    let read = statements::<DB>().admin.fetch.query::<DB>(&[text(id.scope()), text(id.key())]);
+    let row = DB::fetch_optional(conn, read).await.map_err(classify::<DB>)?;
+    row.map(|row| decode_admin::<DB>(&row)).transpose().map_err(classify::<DB>)
 }
 
 /// Count what [`purge_expired`](crate::sql::purge_expired) with `options` would
@@ -258,15 +223,17 @@ pub async fn purge_preview<DB: SqlBackend>(
     options: &PurgeOptions,
 ) -> Result<PurgePreview, Error> {
     let scope = options.scope.as_deref().map(crate::key::stored_scope);
-    let filter = purge_filter(scope.as_deref(), options)?;
+    let purge = PurgeBatch::new(&statements::<DB>().table, scope.as_deref(), options)?;
+    let count = format!(
+        "SELECT count(*), {} FROM {} WHERE {}",
+        DB::int8("coalesce(sum(CASE WHEN status = 'DONE' THEN 1 ELSE 0 END), 0)"),
+        purge.table,
+        purge.condition::<DB>(DB::NOW)
+    );
     let mut conn = pool.acquire().await?;
-    let (deleted, done) = DB::purge_count(&mut conn, &filter).await.map_err(classify::<DB>)?;
+    let query = Stmt::new::<DB>(&count).query::<DB>(&purge.args(None));
+    let row = DB::fetch_one(&mut conn, query).await.map_err(classify::<DB>)?;
+    let count = |i| DB::int(&row, i).map(|n| u64::try_from(n).unwrap_or(0)).map_err(classify::<DB>);
+    let (deleted, done) = (count(0)?, count(1)?);
     Ok(PurgePreview { deleted, archived: if options.archive { done } else { 0 } })
-}
-
-/// The filter of a purge with `options` on the record table.
-pub(crate) fn purge_filter<'a>(scope: Option<&'a str>, options: &PurgeOptions) -> Result<PurgeFilter<'a>, Error> {
-    let older_than = options.older_than.map(|d| crate::error::check_ttl("older_than", d)).transpose()?;
-    let table = record_table();
-    Ok(PurgeFilter { table: table.qualified(), archive_table: table.archive(), scope, older_than })
 }

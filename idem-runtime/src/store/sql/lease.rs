@@ -1,19 +1,26 @@
-//! Lease records in SQLite, PostgreSQL or MySQL/MariaDB: the `idem_records`
-//! table of the dedup strategy, each step its own short autocommit statement.
+//! Lease records in SQLite, PostgreSQL or MySQL/MariaDB: the record table
+//! of the dedup strategy, each step its own short autocommit statement.
+//! Completing, releasing and extending are written once here; a claim is
+//! each database's own (see their dialects), reading the holder with
+//! [`read_holder`].
 
+use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use tokio::time::Instant;
 
-use super::{SqlBackend, classify};
+use super::dialect::{Arg, Dialect, Stmt, text};
+use super::{SqlBackend, classify, statements};
 use crate::error::Error;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::store::BoxFuture;
+use crate::table::RecordTable;
 
-/// Lease records in a SQL database, through a connection pool. The lease
-/// deadline and expiry use the database's clock.
+/// Lease records in a SQL database, through a connection pool, in the
+/// record table of the installed [`Stores`](crate::Stores) (`idem_records`
+/// by default). The lease deadline and expiry use the database's clock.
 ///
 /// ```no_run
 /// # extern crate idem_runtime as idem;
@@ -86,37 +93,128 @@ impl<DB: SqlBackend> SqlStore<DB> {
 }
 
 /// What a lease-finishing statement does.
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug)]
-pub enum LeaseAction<'a> {
+enum LeaseAction<'a> {
     /// The answer, or `None`: completed, answer not kept.
     Complete(Option<&'a str>),
     Release,
     Extend,
 }
 
-/// An existing record a claim did not take over.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+/// What a database's lease claim found: `None` when the holder is not
+/// visible yet (ask again).
 #[doc(hidden)]
-#[derive(Debug)]
-pub struct LeaseRow {
-    pub status: String,
-    pub fingerprint: Option<String>,
-    pub response: Option<String>,
-    /// Milliseconds left on the lease by the database's clock (may be negative).
-    pub lease_left_ms: Option<i64>,
+pub type LeaseClaimed = Result<Option<LeaseClaim>, sqlx::Error>;
+
+/// A lease claim, each database's own (the steps differ: see the
+/// dialects), with [`claim_args`] and [`read_holder`] written once here.
+#[doc(hidden)]
+pub trait LeaseClaimSql: Dialect {
+    /// The claim's statements, built once for a table.
+    type Claim: Send + Sync + 'static;
+    fn claim_statements(table: &RecordTable) -> Self::Claim;
+
+    /// `strategy = "lease"`: claim in autocommit, taking over a record whose
+    /// lease or retention has passed, or report what holds the key.
+    fn lease_claim<'a>(
+        conn: &'a mut Self::Connection,
+        s: &'a LeaseStatements<Self>,
+        req: &'a LeaseRequest<'a>,
+    ) -> impl Future<Output = LeaseClaimed> + Send + 'a;
 }
 
-/// The columns of the backends' lease reads, in order: status, fingerprint,
-/// response, milliseconds left on the lease.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) type LeaseRowColumns = (String, Option<String>, Option<String>, Option<i64>);
+/// The statements written once for every database. Their values: `$1`
+/// scope, `$2` key, `$3` owner, `$4` fence, then `$5` the answer and `$6`
+/// the retention (completion) or `$5` the lease (extension).
+#[doc(hidden)]
+pub struct LeaseStatements<D: LeaseClaimSql> {
+    /// The database's own claim.
+    pub(crate) claim: D::Claim,
+    complete: Stmt,
+    release: Stmt,
+    extend: Stmt,
+    /// The holder of a key: status, fingerprint, response, milliseconds
+    /// left on the lease, past retention (0 or 1).
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    holder: Stmt,
+}
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-impl From<LeaseRowColumns> for LeaseRow {
-    fn from((status, fingerprint, response, lease_left_ms): LeaseRowColumns) -> LeaseRow {
-        LeaseRow { status, fingerprint, response, lease_left_ms }
+impl<D: LeaseClaimSql> LeaseStatements<D> {
+    pub(crate) fn new(t: &RecordTable) -> LeaseStatements<D> {
+        let clock = D::CLOCK;
+        let held = "scope = $1 AND idem_key = $2 AND owner = $3 AND fence = $4";
+        let lease = D::after(clock, "$5");
+        LeaseStatements {
+            claim: D::claim_statements(t),
+            // Completion may be repeated by the same holder (its reply was
+            // lost): the owner and fence stay on the completed row, so the
+            // repeat matches it.
+            complete: Stmt::new::<D>(&format!(
+                "UPDATE {t} SET status = 'DONE', response = {answer}, lease_until = NULL, updated_at = {clock}, \
+                 expires_at = {expires} WHERE {held} AND status IN ('PROCESSING', 'DONE')",
+                answer = D::text_value("$5"),
+                expires = D::after(clock, "$6"),
+            )),
+            release: Stmt::new::<D>(&format!("DELETE FROM {t} WHERE {held} AND status = 'PROCESSING'")),
+            extend: Stmt::new::<D>(&format!(
+                "UPDATE {t} SET lease_until = {lease}, updated_at = {clock}, \
+                 expires_at = {greatest}(expires_at, {lease}) WHERE {held} AND status = 'PROCESSING'",
+                greatest = D::GREATEST,
+            )),
+            #[cfg(any(feature = "mysql", feature = "sqlite"))]
+            holder: Stmt::new::<D>(&format!(
+                "SELECT {}, {}, {}, {}, {} FROM {t} WHERE scope = $1 AND idem_key = $2",
+                D::text_column("status"),
+                D::text_column("fingerprint"),
+                D::text_column("response"),
+                D::ms_until("lease_until"),
+                D::flag(&format!("expires_at <= {clock}")),
+            )),
+        }
     }
+}
+
+/// An existing record a claim did not take over.
+#[derive(Debug)]
+pub(crate) struct LeaseRow {
+    pub(crate) status: String,
+    pub(crate) fingerprint: Option<String>,
+    pub(crate) response: Option<String>,
+    /// Milliseconds left on the lease by the database's clock (may be negative).
+    pub(crate) lease_left_ms: Option<i64>,
+}
+
+/// The values of a lease claim: `$1` scope, `$2` key, `$3` fingerprint,
+/// `$4` owner, `$5` lease, `$6` retention.
+pub(crate) fn claim_args<'a>(req: &LeaseRequest<'a>) -> [Arg<'a>; 6] {
+    [
+        text(req.scope),
+        text(req.key),
+        Arg::Text(req.fingerprint),
+        text(req.owner),
+        Arg::Span(req.lease),
+        Arg::Span(req.retention),
+    ]
+}
+
+/// The record that holds `req`'s key, with whether it is past its
+/// retention; `None`: there is none.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn read_holder<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    s: &LeaseStatements<DB>,
+    req: &LeaseRequest<'_>,
+) -> Result<Option<(LeaseRow, bool)>, sqlx::Error> {
+    let query = s.holder.query::<DB>(&[text(req.scope), text(req.key)]);
+    let Some(row) = DB::fetch_optional(conn, query).await? else { return Ok(None) };
+    use super::dialect::{read_required, read_text};
+    let holder = LeaseRow {
+        status: read_required::<DB>(&row, 0)?,
+        fingerprint: read_text::<DB>(&row, 1)?,
+        response: read_text::<DB>(&row, 2)?,
+        lease_left_ms: DB::opt_int(&row, 3)?,
+    };
+    Ok(Some((holder, DB::int(&row, 4)? != 0)))
 }
 
 /// The fingerprint first, then completed, then busy.
@@ -175,7 +273,8 @@ where
             // own, so it is sent again, within the store's bound.
             let (mut unseen, mut deadlocks) = (0, 0);
             while unseen < 5 {
-                let done = tokio::time::timeout_at(deadline, DB::lease_claim(&mut conn, req)).await;
+                let claim = DB::lease_claim(&mut conn, &statements::<DB>().lease, req);
+                let done = tokio::time::timeout_at(deadline, claim).await;
                 match self.settle(&mut conn, done) {
                     Ok(Some(claim)) => return Ok(claim),
                     Ok(None) => unseen += 1,
@@ -210,7 +309,8 @@ where
         Box::pin(async move {
             let deadline = Instant::now() + self.timeout;
             let mut conn = self.acquire(deadline).await?;
-            let done = tokio::time::timeout_at(deadline, DB::read(&mut conn, req.scope, req.key)).await;
+            let read = super::record::read::<DB>(&mut conn, req.scope, req.key);
+            let done = tokio::time::timeout_at(deadline, read).await;
             let existing = self.settle(&mut conn, done)?;
             Ok(existing.filter(|e| !e.expired).and_then(|e| {
                 if let (Some(ours), Some(theirs)) = (req.fingerprint, e.fingerprint.as_deref())
@@ -234,7 +334,24 @@ where
     async fn finish(&self, held: &HeldLease<'_>, action: LeaseAction<'_>) -> Result<bool, Error> {
         let deadline = Instant::now() + self.timeout;
         let mut conn = self.acquire(deadline).await?;
-        let done = tokio::time::timeout_at(deadline, DB::lease_finish(&mut conn, held, action)).await;
+        let done = tokio::time::timeout_at(deadline, finish::<DB>(&mut conn, held, action)).await;
         self.settle(&mut conn, done)
     }
+}
+
+/// Complete, release or extend a lease, only if `held` still holds it.
+async fn finish<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    held: &HeldLease<'_>,
+    action: LeaseAction<'_>,
+) -> Result<bool, sqlx::Error> {
+    let s = &statements::<DB>().lease;
+    let (statement, fifth, sixth) = match action {
+        LeaseAction::Complete(answer) => (&s.complete, Arg::Text(answer), Arg::Span(held.retention)),
+        LeaseAction::Release => (&s.release, Arg::Text(None), Arg::Text(None)),
+        LeaseAction::Extend => (&s.extend, Arg::Span(held.lease), Arg::Text(None)),
+    };
+    let values = [text(held.scope), text(held.key), text(held.owner), Arg::Int(held.fence), fifth, sixth];
+    let done = DB::execute(conn, statement.query::<DB>(&values)).await?;
+    Ok(DB::rows(&done) == 1)
 }

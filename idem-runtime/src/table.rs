@@ -1,13 +1,11 @@
-//! The name of the record table: `idem_records` unless the application
-//! names another (a schema of its own, a prefix its conventions want)
-//! with [`set_record_table`], once, at start-up.
-//!
-//! The statements are written against `idem_records`; with another name
-//! each is rewritten once, on first use, and kept (the default costs one
-//! atomic load per statement).
+//! The record table: its name ([`RecordTable`]: `idem_records` unless the
+//! application names another) and what is built for it ([`RecordSql`]:
+//! each database's statements, built on first use). The installed
+//! [`Stores`](crate::Stores) hold one, and every SQL step of idem takes its
+//! statements from there.
 
-use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::any::{Any, TypeId};
+use std::sync::OnceLock;
 
 use crate::error::Error;
 
@@ -19,6 +17,9 @@ const DEFAULT: &str = "idem_records";
 /// digit, at most 48 bytes so that `<name>_archive` and
 /// `<name>_expires_at` fit every database's limit). The archive table is
 /// `<table>_archive`, beside it.
+///
+/// A process keeps its records in one table, the one of the installed
+/// [`Stores`](crate::Stores) ([`StoresBuilder::record_table`](crate::StoresBuilder::record_table)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordTable {
     schema: Option<String>,
@@ -82,7 +83,8 @@ impl RecordTable {
         &self.archive
     }
 
-    fn is_default(&self) -> bool {
+    /// `idem_records`, no schema.
+    pub(crate) fn is_default(&self) -> bool {
         self.schema.is_none() && self.name == DEFAULT
     }
 }
@@ -99,84 +101,70 @@ impl std::fmt::Display for RecordTable {
     }
 }
 
-static TABLE: OnceLock<RecordTable> = OnceLock::new();
-
-/// Keep records in `table` instead of `idem_records` (e.g.
-/// `"billing.idem_records"`; the archive goes to `<table>_archive`), for
-/// every guard, store, migration and purge of this process.
-///
-/// Call it once at start-up, before [`migrate`](crate::migrate) and the
-/// first guard: the name is fixed at its first use. Calling it again with
-/// the same name is harmless; another name, or any name once the default
-/// was used, is [`Error::InvalidTable`]: a process whose guards wrote to
-/// two tables would run a repeat of a call the other table saw. Every
-/// process of a service must name the same table.
-///
-/// On SQLite a table takes no schema (`"name"` only); on PostgreSQL the
-/// schema must exist; on MySQL/MariaDB the schema is a database.
-pub fn set_record_table(table: &str) -> Result<(), Error> {
-    let wanted = RecordTable::new(table)?;
-    let fixed = TABLE.get_or_init(|| wanted.clone());
-    if *fixed == wanted {
-        return Ok(());
-    }
-    Err(Error::InvalidTable {
-        table: table.to_owned(),
-        reason: format!(
-            "the record table is already `{fixed}` in this process (set it once, at start-up, before the first guard)"
-        ),
-    })
-}
-
-/// The record table of this process (fixed from here on).
-pub fn record_table() -> &'static RecordTable {
-    TABLE.get_or_init(RecordTable::default)
-}
-
-/// Rewritten statements, by the address and length of their text.
-static REWRITTEN: OnceLock<RwLock<HashMap<(usize, usize), &'static str>>> = OnceLock::new();
-
-/// `statement` for this process's table.
-pub(crate) fn sql(statement: &'static str) -> &'static str {
-    let table = record_table();
-    if table.is_default() {
-        return statement;
-    }
-    let id = (statement.as_ptr() as usize, statement.len());
-    let cache = REWRITTEN.get_or_init(Default::default);
-    if let Some(done) = cache.read().unwrap_or_else(|e| e.into_inner()).get(&id) {
-        return done;
-    }
-    // Each distinct statement is leaked once: a fixed, small set.
-    let done: &'static str = Box::leak(rewrite(statement, table).into_boxed_str());
-    let kept: &'static str = cache.write().unwrap_or_else(|e| e.into_inner()).entry(id).or_insert(done);
-    kept
-}
-
-/// `statement` (built at run time) for this process's table.
-pub(crate) fn owned(statement: impl Into<String>) -> String {
-    let statement = statement.into();
-    let table = record_table();
-    if table.is_default() { statement } else { rewrite(&statement, table) }
-}
-
-/// A migration's text for this process's table: the index is named after
-/// the table alone (an index takes no schema of its own).
-pub(crate) fn schema(text: &'static str) -> sqlx::AssertSqlSafe<String> {
-    sqlx::AssertSqlSafe(migration(text, record_table()))
-}
-
+/// A migration's text (written for `idem_records`) for `table`: every
+/// `idem_records` (and so `idem_records_archive`) names `table`, and the
+/// index is named after the table alone (an index takes no schema of its
+/// own).
 pub(crate) fn migration(text: &str, table: &RecordTable) -> String {
     if table.is_default() {
         return text.to_owned();
     }
     const INDEX: &str = "idem_records_expires_at";
-    text.split(INDEX).map(|part| rewrite(part, table)).collect::<Vec<_>>().join(&format!("{}_expires_at", table.name))
+    text.split(INDEX)
+        .map(|part| part.replace(DEFAULT, table.qualified()))
+        .collect::<Vec<_>>()
+        .join(&format!("{}_expires_at", table.name))
 }
 
-/// Every `idem_records` (and so `idem_records_archive`) names `table`.
-fn rewrite(statement: &str, table: &RecordTable) -> String {
-    statement.replace(DEFAULT, table.qualified())
+/// A record table and what is built for it: the statements of each
+/// database (a type of `store::sql` per database), each built once, on
+/// first use, and kept with the table for as long as it is in use.
+pub(crate) struct RecordSql {
+    table: RecordTable,
+    /// One slot per kind of value built, taken in order: a database's
+    /// statements are one kind, and three databases are all there are.
+    built: [OnceLock<(TypeId, Box<dyn Any + Send + Sync>)>; 4],
+}
+
+impl RecordSql {
+    pub(crate) fn new(table: RecordTable) -> RecordSql {
+        RecordSql { table, built: Default::default() }
+    }
+
+    pub(crate) fn table(&self) -> &RecordTable {
+        &self.table
+    }
+
+    /// The `T` built for this table, built by `build` if it is the first
+    /// use. Without locks: the first empty slot takes the first kind that
+    /// reaches it (a slot is filled once), so each kind is in one slot,
+    /// found by every later look in the same order.
+    pub(crate) fn built<T: Any + Send + Sync>(&self, build: impl FnOnce(&RecordTable) -> T) -> &T {
+        let mut build = Some(build);
+        for slot in &self.built {
+            let (kind, value) = slot.get_or_init(|| {
+                let build = build.take().expect("built once: the first empty slot is the last one tried");
+                (TypeId::of::<T>(), Box::new(build(&self.table)))
+            });
+            if *kind == TypeId::of::<T>() {
+                return value.downcast_ref().expect("a slot holds the kind it names");
+            }
+        }
+        unreachable!("more kinds of statements than slots")
+    }
+}
+
+/// On `idem_records`.
+impl Default for RecordSql {
+    fn default() -> Self {
+        RecordSql::new(RecordTable::default())
+    }
+}
+
+impl std::fmt::Debug for RecordSql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RecordSql").field(&self.table.qualified).finish()
+    }
 }
 
 #[cfg(test)]
@@ -204,5 +192,20 @@ mod tests {
              CREATE INDEX IF NOT EXISTS records_expires_at ON billing.records (expires_at);\n\
              CREATE TABLE IF NOT EXISTS billing.records_archive (x INT);"
         );
+    }
+
+    #[test]
+    fn each_kind_is_built_once_for_its_table() {
+        let sql = RecordSql::new(RecordTable::new("t").unwrap());
+        let built = std::sync::atomic::AtomicUsize::new(0);
+        let name = |t: &RecordTable| {
+            built.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            t.qualified().to_owned()
+        };
+        assert_eq!(sql.built(name), "t");
+        assert_eq!(*sql.built(|_| 7u8), 7);
+        assert_eq!(sql.built(name), "t");
+        assert_eq!(*sql.built(|_| 8u8), 7, "a kind is built once");
+        assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }
