@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::future::BoxFuture;
-use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{NewStep, RecordedStep};
 use crate::lock::store::{LockAttempt, LockStore};
 use crate::precheck::store::PrecheckStore;
 #[cfg(feature = "sql")]

@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use crate::lease::guard::LeaseTicket;
-pub use crate::lease::steps::{MAX_STEPS, NewStep, RecordedStep, StepKey, Steps};
-pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+pub use crate::lease::steps::{MAX_STEPS, StepKey, Steps};
+pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, RecordedStep};
 
 /// Default lease when the attribute gives none.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);

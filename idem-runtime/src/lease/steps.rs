@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use sha2::{Digest as _, Sha256};
 
 use crate::error::Error;
-use crate::lease::store::{HeldLease, LeaseStore};
+use crate::lease::store::{HeldLease, LeaseStore, NewStep, RecordedStep};
 use crate::replay::{Replayable, encode, fit};
 
 /// The most steps one call records.
@@ -17,27 +17,6 @@ pub const MAX_STEPS: usize = 64;
 
 /// The longest step name, in bytes.
 const MAX_NAME: usize = 128;
-
-/// A step as a store keeps it: its name and its result's JSON.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecordedStep {
-    /// The step's name, as the body gave it.
-    pub name: String,
-    /// JSON of the step's `Ok` value.
-    pub result: String,
-}
-
-/// A step to record, as a store receives it.
-#[derive(Clone, Copy, Debug)]
-pub struct NewStep<'a> {
-    /// Its position in the body, from 0: the store records it only as the
-    /// next one (one more than the steps it holds).
-    pub number: usize,
-    /// The step's name.
-    pub name: &'a str,
-    /// JSON of the step's `Ok` value.
-    pub result: &'a str,
-}
 
 /// A step's stable key: the same for every attempt of the call (scope,
 /// key and step name), to give the outside system as its own idempotency

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::future::BoxFuture;
-use crate::lease::steps::{NewStep, RecordedStep};
 
 /// A store of the user's own keeps no steps unless it says so.
 fn no_steps(store: &'static str, scope: &str) -> Error {
@@ -80,6 +79,27 @@ pub struct HeldLease<'a> {
     pub lease: Duration,
     /// How long a completed record is kept.
     pub retention: Duration,
+}
+
+/// A step as a store keeps it: its name and its result's JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedStep {
+    /// The step's name, as the body gave it.
+    pub name: String,
+    /// JSON of the step's `Ok` value.
+    pub result: String,
+}
+
+/// A step to record, as a store receives it.
+#[derive(Clone, Copy, Debug)]
+pub struct NewStep<'a> {
+    /// Its position in the body, from 0: the store records it only as the
+    /// next one (one more than the steps it holds).
+    pub number: usize,
+    /// The step's name.
+    pub name: &'a str,
+    /// JSON of the step's `Ok` value.
+    pub result: &'a str,
 }
 
 /// A store of lease records. Each operation is one atomic step on the store

@@ -6,8 +6,8 @@ use sha2::{Digest as _, Sha256};
 
 use super::BoxFuture;
 use crate::error::Error;
-use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{NewStep, RecordedStep};
 
 type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
 

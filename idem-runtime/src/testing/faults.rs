@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::future::BoxFuture;
-use crate::lease::steps::{NewStep, RecordedStep};
+use crate::lease::store::{NewStep, RecordedStep};
 use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::lock::{LockAttempt, LockStore};
 use crate::precheck::PrecheckStore;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::error::Error;
-use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{NewStep, RecordedStep};
 use crate::store::{BoxFuture, RecordKind, millis};
 
 /// A call's recorded steps, kept for the retention from the last one.

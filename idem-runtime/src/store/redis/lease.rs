@@ -24,8 +24,8 @@ use std::sync::{Arc, LazyLock};
 
 use super::{Lua, RedisStore, Shared, store_error, store_message, unexpected};
 use crate::error::Error;
-use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{NewStep, RecordedStep};
 use crate::store::keyspace::Keyspace;
 use crate::store::{BoxFuture, RecordKind, millis};
 

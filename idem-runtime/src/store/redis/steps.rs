@@ -8,8 +8,8 @@ use std::sync::LazyLock;
 
 use super::{Lua, RedisStore, int, store_error, unexpected};
 use crate::error::Error;
-use crate::lease::steps::{NewStep, RecordedStep};
 use crate::lease::store::HeldLease;
+use crate::lease::store::{NewStep, RecordedStep};
 use crate::store::{RecordKind, millis};
 
 static RECORD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("step_record.lua")));
