@@ -112,7 +112,7 @@ pub mod lease {
     #![doc = include_str!("../docs/lease.md")]
     pub use idem_runtime::lease::{
         DEFAULT_LEASE, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, LeaseTicket, MAX_STEPS, NewStep,
-        RecordedStep, StepKey, Steps, current,
+        RecordedStep, StepKey, Steps, Watch, current,
     };
 }
 

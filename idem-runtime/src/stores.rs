@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::future::BoxFuture;
-use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, Watch};
 use crate::lease::store::{NewStep, RecordedStep};
 use crate::lock::store::{LockAttempt, LockStore};
 use crate::precheck::store::PrecheckStore;
@@ -413,8 +413,8 @@ impl LeaseStore for Stores {
     fn notifies(&self) -> bool {
         self.lease_or_missing().notifies()
     }
-    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
-        self.lease_or_missing().changed(scope, key, pause)
+    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
+        self.lease_or_missing().watch(scope, key)
     }
 }
 

@@ -139,9 +139,18 @@ impl Guard<'_> {
 /// Claim, and while another call holds the key, wait (up to `wait`) and
 /// claim again: the claim that settled it, or the last `Busy`.
 async fn claim_or_wait(store: &dyn LeaseStore, req: &LeaseRequest<'_>, wait: Duration) -> Result<LeaseClaim, Error> {
-    let until = tokio::time::Instant::now() + wait;
-    let mut pause = if store.notifies() { Duration::from_millis(500) } else { Duration::from_millis(10) };
+    const FIRST: Duration = Duration::from_millis(10);
+    let now = tokio::time::Instant::now();
+    // A wait too long for the clock (`Duration::MAX`) is a wait of a century.
+    let until = now.checked_add(wait).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+    let mut pause = if store.notifies() { Duration::from_millis(500) } else { FIRST };
     loop {
+        if wait.is_zero() {
+            return store.claim(req).await;
+        }
+        // Registered before the claim: a completion between the claim and
+        // the wait still wakes it.
+        let watch = store.watch(req.scope, req.key);
         let claim = store.claim(req).await?;
         let LeaseClaim::Busy { retry_after } = claim else { return Ok(claim) };
         let left = until.saturating_duration_since(tokio::time::Instant::now());
@@ -149,8 +158,9 @@ async fn claim_or_wait(store: &dyn LeaseStore, req: &LeaseRequest<'_>, wait: Dur
             return Ok(claim);
         }
         // Woken early by a notifying store; else back off. A lease that
-        // passes (its worker died) is taken over by the next claim.
-        store.changed(req.scope, req.key, pause.min(left).min(retry_after.max(Duration::from_millis(1)))).await;
+        // passes (its worker died) is taken over by the next claim; one
+        // about to pass is asked again no sooner than the first pause.
+        watch.wait(pause.min(left).min(retry_after.max(FIRST))).await;
         if !store.notifies() {
             pause = (pause * 2).min(Duration::from_millis(250));
         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 pub use crate::lease::guard::LeaseTicket;
 pub use crate::lease::steps::{MAX_STEPS, StepKey, Steps};
-pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, RecordedStep};
+pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, RecordedStep, Watch};
 
 /// Default lease when the attribute gives none.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);

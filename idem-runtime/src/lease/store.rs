@@ -102,6 +102,41 @@ pub struct NewStep<'a> {
     pub result: &'a str,
 }
 
+/// News of one lease record that a waiting call takes before its claim
+/// ([`LeaseStore::watch`]).
+pub struct Watch<'a> {
+    wake: Option<BoxFuture<'a, ()>>,
+}
+
+impl<'a> Watch<'a> {
+    /// A watch that hears nothing: a wait on it is its pause.
+    pub fn none() -> Watch<'a> {
+        Watch { wake: None }
+    }
+
+    /// A watch that `wake` ends: a future, registered with the store as it
+    /// was made, that completes when the record changed.
+    pub fn on(wake: BoxFuture<'a, ()>) -> Watch<'a> {
+        Watch { wake: Some(wake) }
+    }
+
+    /// Until the record changed, at most `pause`.
+    pub(crate) async fn wait(self, pause: Duration) {
+        match self.wake {
+            Some(wake) => {
+                let _ = tokio::time::timeout(pause, wake).await;
+            }
+            None => tokio::time::sleep(pause).await,
+        }
+    }
+}
+
+impl std::fmt::Debug for Watch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").field("hears", &self.wake.is_some()).finish()
+    }
+}
+
 /// A store of lease records. Each operation is one atomic step on the store
 /// (one statement or one script call); no operation reads and then writes
 /// from the client.
@@ -167,21 +202,21 @@ pub trait LeaseStore: Send + Sync {
         let _ = (scope, key);
         Box::pin(std::future::ready(Ok(())))
     }
-    /// Whether [`changed`](Self::changed) returns as soon as the record's
-    /// holder completes or releases it (the memory store; a Redis store
-    /// with notifications), rather than only after its pause. Default `false`.
+    /// Whether [`watch`](Self::watch) hears when a record's holder
+    /// completes or releases it (the memory store; a Redis store with
+    /// notifications). Default `false`.
     fn notifies(&self) -> bool {
         false
     }
-    /// Wait until the record of `scope` and `key` (as stored) may have
-    /// changed, at most `pause`: a call that found the key in progress and
-    /// waits for the first to finish ([`Guard::lease_or_wait`](crate::Guard::lease_or_wait))
-    /// calls it between claims. The default sleeps `pause`; a store that
-    /// [`notifies`](Self::notifies) returns early when it sees the change.
-    /// Holds no connection while it waits.
-    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+    /// A watch on the record of `scope` and `key` (as stored), registered
+    /// now, before the claim that may find it busy: a call that waits for
+    /// the holder to finish ([`Guard::lease_or_wait`](crate::Guard::lease_or_wait))
+    /// takes one before each claim and waits on it after a `Busy`. The
+    /// default hears nothing, and the wait is its pause. Holds no
+    /// connection.
+    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
         let _ = (scope, key);
-        Box::pin(tokio::time::sleep(pause))
+        Watch::none()
     }
 }
 
@@ -223,8 +258,8 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
     fn notifies(&self) -> bool {
         (**self).notifies()
     }
-    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
-        (**self).changed(scope, key, pause)
+    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
+        (**self).watch(scope, key)
     }
 }
 
@@ -266,7 +301,7 @@ impl<S: LeaseStore + ?Sized> LeaseStore for &S {
     fn notifies(&self) -> bool {
         (**self).notifies()
     }
-    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
-        (**self).changed(scope, key, pause)
+    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
+        (**self).watch(scope, key)
     }
 }

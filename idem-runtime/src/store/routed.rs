@@ -1,12 +1,10 @@
 //! Lease records spread over several stores (shards) by key.
 
-use std::time::Duration;
-
 use sha2::{Digest as _, Sha256};
 
 use super::BoxFuture;
 use crate::error::Error;
-use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, Watch};
 use crate::lease::store::{NewStep, RecordedStep};
 
 type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
@@ -154,10 +152,10 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
         self.shards.iter().all(|s| s.notifies())
     }
 
-    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
+    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
         match self.shard(scope, key) {
-            Ok(s) => s.changed(scope, key, pause),
-            Err(_) => Box::pin(tokio::time::sleep(pause)),
+            Ok(s) => s.watch(scope, key),
+            Err(_) => Watch::none(),
         }
     }
 

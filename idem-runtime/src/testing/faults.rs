@@ -317,8 +317,8 @@ impl<S: LeaseStore> LeaseStore for Faulty<S> {
         self.store.notifies()
     }
 
-    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
-        self.store.changed(scope, key, pause)
+    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> crate::lease::store::Watch<'a> {
+        self.store.watch(scope, key)
     }
 
     fn answer_limit(&self) -> BoxFuture<'_, usize> {

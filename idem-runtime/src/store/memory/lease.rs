@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use crate::error::Error;
-use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, Watch};
 use crate::lease::store::{NewStep, RecordedStep};
 use crate::store::{BoxFuture, RecordKind, millis};
 
@@ -187,8 +187,8 @@ impl LeaseStore for MemoryStore {
         true
     }
 
-    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, ()> {
-        Box::pin(async move { self.waiters.wait(&self.id(scope, key), pause).await })
+    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
+        Watch::on(self.waiters.watch(&self.id(scope, key)))
     }
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {

@@ -541,8 +541,8 @@ where
         self.sends_notices()
     }
 
-    fn changed<'a>(&'a self, scope: &'a str, key: &'a str, pause: std::time::Duration) -> BoxFuture<'a, ()> {
-        Box::pin(self.notice(scope, key, pause))
+    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> crate::lease::store::Watch<'a> {
+        self.notice(scope, key)
     }
 
     fn answer_limit(&self) -> BoxFuture<'_, usize> {

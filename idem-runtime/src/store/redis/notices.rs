@@ -11,6 +11,7 @@ use futures_core::Stream;
 
 use super::{RedisStore, store_error};
 use crate::error::Error;
+use crate::lease::store::Watch;
 use crate::store::RecordKind;
 use crate::store::waiters::Waiters;
 
@@ -52,12 +53,18 @@ where
     /// sends notices; detached (a lost notice costs a waiter one pause).
     pub(super) fn announce(&self, scope: &str, key: &str) {
         let Some(notices) = self.shared.notices.get() else { return };
-        let (mut conn, channel) = (self.conn.clone(), notices.channel.clone());
+        let (mut conn, channel, bound) = (self.conn.clone(), notices.channel.clone(), self.timeout);
         let record = self.names.name(RecordKind::Lease, scope, key);
         tokio::spawn(async move {
-            let sent: Result<i64, _> = redis::cmd("PUBLISH").arg(channel).arg(record).query_async(&mut conn).await;
-            if let Err(e) = sent {
-                tracing::debug!(target: "idem", error = %e, "a lease notice could not be published");
+            let mut cmd = redis::cmd("PUBLISH");
+            cmd.arg(channel).arg(record);
+            let publish = cmd.query_async::<i64>(&mut conn);
+            // Bounded as every call of the store is: a stalled Redis does
+            // not pile up publishing tasks.
+            match tokio::time::timeout(bound, publish).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::debug!(target: "idem", error = %e, "a lease notice could not be published"),
+                Err(_) => tracing::debug!(target: "idem", "a lease notice was not published within the store's bound"),
             }
         });
     }
@@ -67,12 +74,12 @@ where
         self.shared.notices.get().is_some()
     }
 
-    /// Wait for a notice about the record of `scope` and `key`, at most
-    /// `pause` (just `pause` without notices).
-    pub(super) async fn notice(&self, scope: &str, key: &str, pause: Duration) {
+    /// A watch for a notice about the record of `scope` and `key` (none
+    /// without notices).
+    pub(super) fn notice(&self, scope: &str, key: &str) -> Watch<'_> {
         match self.shared.notices.get() {
-            Some(notices) => notices.waiters.wait(&self.names.name(RecordKind::Lease, scope, key), pause).await,
-            None => tokio::time::sleep(pause).await,
+            Some(notices) => Watch::on(notices.waiters.watch(&self.names.name(RecordKind::Lease, scope, key))),
+            None => Watch::none(),
         }
     }
 }
