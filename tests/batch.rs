@@ -20,6 +20,8 @@ enum Fate {
     /// Return an error: a poison message.
     Fail,
     Panic,
+    /// Panic as the handler is called, before its future exists.
+    PanicOnCall,
     /// Fail while the flag is down: a message that fails once and is fixed.
     FailUntil(AtomicBool),
 }
@@ -82,6 +84,9 @@ macro_rules! batch_suite {
                     (guard, m)
                 });
                 batch::dedup(pool, guarded, |tx, m| {
+                    if matches!(m.fate, Fate::PanicOnCall) {
+                        panic!("poison before its future");
+                    }
                     Box::pin(async move {
                         runs.fetch_add(1, SeqCst);
                         sqlx::query($insert).bind(m.key.as_deref()).execute(&mut **tx).await?;
@@ -89,6 +94,7 @@ macro_rules! batch_suite {
                             Fate::Succeed => Ok(m.amount),
                             Fate::Fail => Err(AppError::Rule("poison".into())),
                             Fate::Panic => panic!("poison pill"),
+                            Fate::PanicOnCall => unreachable!("it panicked as it was called"),
                             Fate::FailUntil(fixed) if !fixed.load(SeqCst) => Err(AppError::Rule("not yet".into())),
                             Fate::FailUntil(_) => Ok(m.amount),
                         }
@@ -134,6 +140,17 @@ macro_rules! batch_suite {
                 // The panicking message's coupon went with its transaction.
                 assert_eq!((effects(&pool, &a).await, effects(&pool, &bad).await, effects(&pool, &c).await), (1, 0, 1));
                 assert_eq!(runs.load(SeqCst), 4, "a, the panic, c, then the panic again");
+            }
+
+            #[tokio::test]
+            async fn a_handler_panicking_as_it_is_called_fails_its_own_message_only() {
+                let Some(pool) = $pool else { return };
+                let (a, bad, c) = (unique("batch-a"), unique("batch-call"), unique("batch-c"));
+                let runs = AtomicUsize::new(0);
+                let msgs = [msg(&a, 1), poison(&bad, Fate::PanicOnCall), msg(&c, 3)];
+                let handled = book(&pool, &msgs, None, &runs).await;
+                assert_eq!(shape(&handled), ["succeeded 1", "panicked: poison before its future", "succeeded 3"]);
+                assert_eq!((effects(&pool, &a).await, effects(&pool, &bad).await, effects(&pool, &c).await), (1, 0, 1));
             }
 
             #[tokio::test]

@@ -233,13 +233,16 @@ pub enum Broker {
 }
 
 impl Broker {
-    /// RabbitMQ at `url`: the queue (dead-lettering to `{queue}.dead`), both
-    /// expiring 10 minutes after their last use; the in-process queue without.
+    /// RabbitMQ at `url`: the queue (dead-lettering to `{queue}.dead`),
+    /// its retries and its dead letters; the in-process queue without. The
+    /// program deletes them when it ends. Only the queue expires (10 minutes
+    /// after its last consumer, if the program died): the retry and dead-letter
+    /// queues have no consumer, and an expiry would delete them, and their
+    /// messages, while the program still runs.
     pub async fn connect(url: Option<&str>, queue: &str) -> Result<Broker, BoxError> {
         let Some(url) = url else { return Ok(Broker::Local(Arc::default())) };
         let (conn, publisher) = Broker::open(url).await?;
         let mut args = FieldTable::default();
-        args.insert("x-expires".into(), AMQPValue::LongInt(600_000));
         let dead = format!("{queue}.dead");
         publisher.queue_declare(dead.as_str().into(), QueueDeclareOptions::default(), args.clone()).await?;
         args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
@@ -249,6 +252,7 @@ impl Broker {
         let retries = format!("{queue}.retry");
         publisher.queue_declare(retries.as_str().into(), QueueDeclareOptions::default(), retry).await?;
         args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(dead.as_str().into()));
+        args.insert("x-expires".into(), AMQPValue::LongInt(600_000));
         publisher.queue_declare(queue.into(), QueueDeclareOptions::default(), args).await?;
         Ok(Broker::Amqp { conn, publisher, queue: queue.to_owned(), owned: true })
     }
@@ -306,9 +310,14 @@ impl Broker {
         if let Some(wait) = expiration {
             props = props.with_expiration(wait.as_millis().to_string().into());
         }
-        let options = BasicPublishOptions::default();
-        publisher.basic_publish("".into(), name.into(), options, &msg.body, props).await?.await?;
-        Ok(())
+        // Mandatory: a copy no queue takes (its queue gone) comes back, and
+        // the delivery it replaces is not acknowledged.
+        let options = BasicPublishOptions { mandatory: true, ..Default::default() };
+        match publisher.basic_publish("".into(), name.into(), options, &msg.body, props).await?.await? {
+            lapin::Confirmation::Ack(None) => Ok(()),
+            lapin::Confirmation::Ack(Some(_)) => Err(format!("no queue `{name}` took the message").into()),
+            other => Err(format!("the broker did not take the message for `{name}`: {other:?}").into()),
+        }
     }
 
     /// A consumer of its own (a channel with `prefetch` unacked deliveries).

@@ -130,8 +130,11 @@ where
         Err(e) => return Handled::Failed(Failure::Idem(e)),
     };
     // Unwind safety: after a panic this message's transaction is rolled
-    // back (with the claim) and nothing of it is looked at again.
-    let result = match AssertUnwindSafe(handler(tx, message)).catch_unwind().await {
+    // back (with the claim) and nothing of it is looked at again. A
+    // handler that panics as it is called (before its future exists)
+    // fails its message alike: the batch goes on.
+    let running = async { handler(&mut *tx, message).await };
+    let result = match AssertUnwindSafe(running).catch_unwind().await {
         Ok(result) => result,
         Err(panic) => return Handled::Failed(Failure::Panicked(panic_message(&*panic))),
     };

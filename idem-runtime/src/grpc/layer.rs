@@ -230,8 +230,9 @@ impl IdempotencyLayer {
 
     /// Hold a duplicate that arrives while the first call still runs, up
     /// to `wait`, and answer it as the first call ends: with the first
-    /// response, replayed; or, if the first call's response was not kept
-    /// (a failure, a panic), by running the handler for it. Past `wait`,
+    /// response, replayed; or, if the first call failed (a status that is
+    /// not kept, a panic: its record was removed), by running the handler
+    /// for it. Past `wait`,
     /// `ABORTED` with `grpc-retry-pushback-ms`, as without waiting. Default zero: refused at once, and
     /// every client retries with a backoff of its own. A waiting call
     /// holds no database connection and does not poll the store in a
