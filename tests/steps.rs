@@ -1,5 +1,6 @@
-//! Recorded steps inside a lease body (`LeaseTicket::run_steps`), on the
-//! stores that keep them: memory, Redis and Redis Cluster. An outside
+//! Recorded steps inside a lease body (`LeaseTicket::run_steps`), on every
+//! lease store: memory, SQLite, PostgreSQL, MariaDB, Redis and Redis
+//! Cluster. An outside
 //! system that counts its calls per step key shows each recorded step
 //! called once, a resumed call starting at its first unfinished step, and
 //! a stale owner refused.
@@ -293,6 +294,21 @@ async fn transfer_until_ledger(steps: Steps<'_>, bank: &Bank, runs: &[AtomicUsiz
 steps_suite! {
     mod memory;
     store = Some(Arc::new(idem::store::MemoryStore::new()) as Store);
+}
+
+steps_suite! {
+    mod sqlite;
+    store = common::sqlite().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Store);
+}
+
+steps_suite! {
+    mod postgres;
+    store = common::postgres().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Store);
+}
+
+steps_suite! {
+    mod mysql;
+    store = common::mysql().await.map(|p| Arc::new(idem::store::SqlStore::new(p)) as Store);
 }
 
 steps_suite! {

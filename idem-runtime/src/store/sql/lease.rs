@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::dialect::{Arg, Dialect, Stmt, text};
 use super::{SqlBackend, classify, statements};
 use crate::error::Error;
-use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, RecordedStep};
 use crate::store::BoxFuture;
 use crate::table::RecordTable;
 
@@ -303,6 +303,33 @@ where
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(self.finish(held, LeaseAction::Extend))
+    }
+
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+        Box::pin(async move {
+            let deadline = Instant::now() + self.timeout;
+            let mut conn = self.acquire(deadline).await?;
+            let done = tokio::time::timeout_at(deadline, super::steps::read::<DB>(&mut conn, scope, key)).await;
+            self.settle(&mut conn, done)
+        })
+    }
+
+    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let deadline = Instant::now() + self.timeout;
+            let mut conn = self.acquire(deadline).await?;
+            let done = tokio::time::timeout_at(deadline, super::steps::record::<DB>(&mut conn, held, step)).await;
+            self.settle(&mut conn, done)
+        })
+    }
+
+    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let deadline = Instant::now() + self.timeout;
+            let mut conn = self.acquire(deadline).await?;
+            let done = tokio::time::timeout_at(deadline, super::steps::forget::<DB>(&mut conn, scope, key)).await;
+            self.settle(&mut conn, done)
+        })
     }
 
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {

@@ -50,6 +50,7 @@ pub(crate) mod record;
 pub(crate) mod schema;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod steps;
 pub(crate) mod texts;
 
 pub use lease::SqlStore;
@@ -180,6 +181,7 @@ pub struct Statements<DB: SqlBackend> {
     pub(crate) record: record::RecordStatements,
     pub(crate) lease: lease::LeaseStatements<DB>,
     pub(crate) admin: admin::AdminStatements,
+    pub(crate) steps: steps::StepStatements,
     /// The schema ([`SqlBackend::SCHEMA`]) for the table.
     pub(crate) schema: String,
     /// An `idem::Tx`'s texts, if the database has them.
@@ -193,6 +195,7 @@ impl<DB: SqlBackend> Statements<DB> {
             record: record::RecordStatements::new::<DB>(table),
             lease: lease::LeaseStatements::new(table),
             admin: admin::AdminStatements::new::<DB>(table),
+            steps: steps::StepStatements::new::<DB>(table),
             schema: crate::table::migration(DB::SCHEMA, table),
             #[cfg(feature = "tx")]
             tx: DB::texts(table),
