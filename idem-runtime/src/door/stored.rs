@@ -85,6 +85,8 @@ impl StoredResponse {
 
     /// How long the record is kept from now, by this server's clock (`None`
     /// for a record of an earlier version, which did not say).
+    // The HTTP layer sends it (`Idempotency-Key-Expires-In`); gRPC does not.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn expires_in(&self) -> Option<std::time::Duration> {
         let left = self.expires_at_ms?.saturating_sub(unix_ms()).max(0);
         Some(std::time::Duration::from_millis(u64::try_from(left).unwrap_or(0)))
