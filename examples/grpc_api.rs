@@ -11,7 +11,7 @@
 //! cargo run -p idem-grpc-demo --example grpc_api -- --redis-url redis://127.0.0.1:6379/
 //! ```
 //!
-//! (Built by a package of its own, `grpc-demo/`, so that tonic is compiled
+//! (Built by a package of its own, `examples/grpc/`, so that tonic is compiled
 //! for this example only; the service and its client are written by hand
 //! over tonic's generic ones, so no `.proto` compiler is needed.)
 

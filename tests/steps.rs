@@ -342,3 +342,22 @@ async fn the_attribute_runs_a_body_in_recorded_steps() {
     let charge = steps_key(&scope, idem::Key::new(&id).unwrap().as_str(), "charge");
     assert_eq!(bank.calls(&charge), 1, "the recorded charge replayed on the retry");
 }
+
+/// The store takes no completion for the whole lease: the first call still
+/// gets its answer, the record stays as a crash leaves it, and so do its
+/// steps, so the take-over replays them instead of charging again.
+#[tokio::test]
+async fn a_completion_the_store_never_took_keeps_the_steps_for_the_take_over() {
+    use idem::testing::{Fault, Faults, Op};
+    let faults = Faults::new();
+    let store = faults.wrap(idem::store::MemoryStore::new());
+    let (id, bank, runs) = (unique("never-completed"), Bank::default(), Default::default());
+    let lease = Duration::from_millis(400);
+    faults.inject(Op::Complete, Fault::Fail);
+    assert_eq!(call(&store, &id, lease, &bank, &runs, None).await.unwrap(), 500);
+    faults.clear();
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    assert_eq!(call(&store, &id, lease, &bank, &runs, None).await.unwrap(), 500);
+    assert_eq!(counts(&runs), [1, 1, 1], "every step replayed by the take-over");
+    assert_eq!(bank.charges.load(SeqCst), 1);
+}

@@ -2,7 +2,7 @@
 //! (SQLite in a temporary file when none is given) and the demo shop's
 //! business statements for each database; [`shards`], the route of
 //! `sharded_orders`. Also included (`#[path]`) by the load generator
-//! (`bench/`) and the message consumer (`mq-consumer/`), which are packages
+//! (`bench/`) and the message consumer (`examples/mq/`), which are packages
 //! of their own for their dependencies' sake.
 #![allow(dead_code)]
 

@@ -314,12 +314,13 @@ fn check_concurrency_only(input: &Input, spec: &Spec, errors: &mut Errors) {
 fn check_steps(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<Ident> {
     let name = input.raw.steps.as_ref()?;
     if spec.strategy != Strategy::Lease {
-        let what = format!(
-            "`steps` records the steps of a `lease` body; with `{}` the body's writes are in your transaction, \
-             which already makes them happen once",
+        let what = format!("`steps` records the steps of a `lease` body, not of `{}`", spec.name);
+        let help = format!(
+            "the body of `{}` writes in your transaction, whose commit makes it happen once; use \
+             `strategy = \"lease\"` for work outside the database, or remove `steps`",
             spec.name
         );
-        errors.at(name.span(), what, "use `strategy = \"lease\"` for work outside the database, or remove `steps`");
+        errors.at(name.span(), what, help);
         return None;
     }
     let Ok(mut ident) = syn::parse_str::<Ident>(name.as_str()) else {

@@ -1,6 +1,6 @@
 //! Shared set-up of the workspace's integration tests: real databases,
 //! unique keys. A dev-dependency of the root package, `idem-cli`,
-//! `http-demo`, `grpc-demo` and `mq-consumer`, which name it `common`
+//! the door examples in `examples/http`, `examples/grpc` and `examples/mq`, which name it `common`
 //! (`use idem_test_support as common;`).
 //!
 //! PostgreSQL, MySQL/MariaDB and Redis come from `IDEM_PG_URL`,

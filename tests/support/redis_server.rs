@@ -1,6 +1,6 @@
 //! Redis servers a test starts for itself, for the tests that kill or
 //! restart one (`tests/redis_restart.rs`, `tests/redis_cluster_failover.rs`,
-//! `http-demo/tests/faults.rs`, `grpc-demo/tests/faults.rs`):
+//! `examples/http/tests/faults.rs`, `examples/grpc/tests/faults.rs`):
 //! the shared servers (6379, the cluster on 7000-7005) belong to every
 //! other test and person on the machine, and are never stopped.
 //!

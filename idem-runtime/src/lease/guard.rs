@@ -209,7 +209,12 @@ impl<'s> LeaseTicket<'s> {
         let limit = self.store.answer_limit().await;
         let steps = Steps::new(self.store, holder, (p.scope.to_string(), p.key.hash()), limit, recorded);
         let value = self.run_body(body(steps)).await?;
-        let value = self.completed(value).await?;
+        let (value, written) = self.completed_written(value).await?;
+        // A record left as a crash leaves it (the store failed for the
+        // whole lease) is taken over later: its steps must be there then.
+        if !written {
+            return Ok(value);
+        }
         if let Err(e) = self.store.forget_steps(&p.stored_scope, p.key.as_str()).await {
             tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
                 "a completed call's steps could not be removed; they go with their retention");
@@ -282,9 +287,16 @@ impl LeaseTicket<'_> {
     /// every repeat will get (decoded back from the record), or `value`
     /// itself if it cannot be kept.
     pub(crate) async fn completed<T: Replayable>(&self, value: T) -> Result<T, Error> {
+        Ok(self.completed_written(value).await?.0)
+    }
+
+    /// [`completed`](Self::completed), and whether the record was completed
+    /// (`false`: the store failed for the whole lease, and the record was
+    /// left as a crash leaves it).
+    async fn completed_written<T: Replayable>(&self, value: T) -> Result<(T, bool), Error> {
         let (json, value) = keep(&self.prepared, value, |_| self.store.answer_limit()).await.split();
-        self.write_completion(json).await?;
-        Ok(value)
+        let written = self.write_completion(json).await?;
+        Ok((value, written))
     }
 
     /// The body ran to success, and its answer is not to be kept (`why`):
@@ -292,7 +304,7 @@ impl LeaseTicket<'_> {
     #[cfg(any(feature = "http", feature = "grpc"))]
     pub(crate) async fn completed_without_answer(&self, why: &str) -> Result<(), Error> {
         self.prepared.answer_not_kept(why);
-        self.write_completion(None).await
+        self.write_completion(None).await.map(|_| ())
     }
 
     /// Write the completion. One that failed on the store is tried again
@@ -301,7 +313,7 @@ impl LeaseTicket<'_> {
     /// longer `PROCESSING`: the next caller must not run the body again),
     /// for as long as the lease lasts; past that, the record is left as a
     /// crash leaves it, and the body's answer still returned.
-    async fn write_completion(&self, mut json: Option<String>) -> Result<(), Error> {
+    async fn write_completion(&self, mut json: Option<String>) -> Result<bool, Error> {
         let p = &self.prepared;
         let held = self.held();
         let started = std::time::Instant::now();
@@ -312,7 +324,7 @@ impl LeaseTicket<'_> {
                 Ok(true) => {
                     crate::telemetry::metrics::complete(p.labels(), started.elapsed());
                     p.report(Outcome::Executed);
-                    return Ok(());
+                    return Ok(true);
                 }
                 Ok(false) => return Err(self.lost()),
                 Err(e) => e,
@@ -323,7 +335,7 @@ impl LeaseTicket<'_> {
                     "the body ran to success, but its record could not be completed while the lease lasted; it is \
                      left as a crash leaves it: once the lease passes, a retry takes it over and runs the body again");
                 p.report(Outcome::Executed);
-                return Ok(());
+                return Ok(false);
             }
             if json.is_some() && attempt >= 3 {
                 p.answer_not_kept(format_args!("the store failed as it was written: {e}"));

@@ -38,7 +38,7 @@
 // every example of a package compiles every dev-dependency of it.
 mod broker;
 // The examples' shared set-up: stores, the ledger's tables.
-#[path = "../../examples/common/mod.rs"]
+#[path = "../../common/mod.rs"]
 mod common;
 
 use std::collections::VecDeque;

@@ -12,7 +12,7 @@
 //! cargo run -p idem-http-demo --example http_api -- --redis-url redis://127.0.0.1:6379/ --wait
 //! ```
 //!
-//! (A package of its own, `http-demo/`, so that axum and the HTTP client
+//! (Built by a package of its own, `examples/http/`, so that axum and the HTTP client
 //! are compiled for this example only.)
 
 use std::sync::Arc;
