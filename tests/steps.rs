@@ -361,3 +361,36 @@ async fn a_completion_the_store_never_took_keeps_the_steps_for_the_take_over() {
     assert_eq!(counts(&runs), [1, 1, 1], "every step replayed by the take-over");
     assert_eq!(bank.charges.load(SeqCst), 1);
 }
+
+/// A step that failed recorded nothing: the body may try it again, at the
+/// same place (a retry loop), and the next step follows it.
+#[tokio::test]
+async fn a_failed_step_can_be_run_again_by_the_body() {
+    let store = idem::store::MemoryStore::new();
+    let claim = Guard::new("tests.steps.retry_loop").key(&unique("loop")).lease::<u32>(&store, Duration::from_secs(5));
+    let Claim::Run(ticket) = claim.await.unwrap() else { panic!("first call") };
+    let tries = &AtomicUsize::new(0);
+    let done = ticket
+        .run_steps(|steps| async move {
+            let mut charged = None;
+            for _ in 0..3 {
+                let attempt = steps
+                    .run("charge", |_| async {
+                        match tries.fetch_add(1, SeqCst) {
+                            0 | 1 => Err(Error::Store { store: "bank", source: "busy".into() }),
+                            _ => Ok(9u32),
+                        }
+                    })
+                    .await;
+                if let Ok(value) = attempt {
+                    charged = Some(value);
+                    break;
+                }
+            }
+            steps.run("notify", |_| async { Ok::<_, Error>(()) }).await?;
+            Ok::<u32, Error>(charged.expect("charged on the third try"))
+        })
+        .await;
+    assert_eq!(done.unwrap(), 9);
+    assert_eq!(tries.load(SeqCst), 3);
+}

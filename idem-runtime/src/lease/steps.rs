@@ -144,7 +144,8 @@ impl<'s> Steps<'s> {
     /// and its `Ok` value is recorded, under the lease's fence, before this
     /// returns: from then on no attempt runs it again. An `Err` is returned
     /// as it is, nothing recorded (the body's own `Err` then lets a retry
-    /// resume here). Steps run one after another, in the body's order.
+    /// resume here, and the body itself may run the step again, as a retry
+    /// loop does). Steps run one after another, in the body's order.
     ///
     /// Errors: [`Error::StepsChanged`] when the body names another step at
     /// this place than the one recorded (a deploy changed the body);
@@ -165,7 +166,14 @@ impl<'s> Steps<'s> {
             return serde_json::from_str(&json)
                 .map_err(|e| self.error(name, format!("its recorded result does not decode: {e}")).into());
         }
-        let value = step(self.key(name)).await?;
+        let value = match step(self.key(name)).await {
+            Ok(value) => value,
+            Err(e) => {
+                // Nothing recorded: the body may run this step again, here.
+                self.lock().seen.pop();
+                return Err(e);
+            }
+        };
         let json = encode(&value).map_err(|e| self.error(name, format!("its result does not serialize: {e}")))?;
         let (json, value) = fit(&value, json, self.answer_limit)
             .map_err(|e| self.error(name, format!("its result cannot be recorded: {e}")))?;
