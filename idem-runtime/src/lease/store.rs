@@ -220,88 +220,51 @@ pub trait LeaseStore: Send + Sync {
     }
 }
 
-impl<S: LeaseStore + ?Sized> LeaseStore for Arc<S> {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
-    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
-        (**self).claim(req)
-    }
-    fn complete<'a>(
-        &'a self,
-        held: &'a HeldLease<'a>,
-        response: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).complete(held, response)
-    }
-    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).release(held)
-    }
-    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).extend(held)
-    }
-    fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
-        (**self).peek(req)
-    }
-    fn answer_limit(&self) -> BoxFuture<'_, usize> {
-        (**self).answer_limit()
-    }
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
-        (**self).steps(scope, key)
-    }
-    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).record_step(held, step)
-    }
-    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).forget_steps(scope, key)
-    }
-    fn notifies(&self) -> bool {
-        (**self).notifies()
-    }
-    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
-        (**self).watch(scope, key)
-    }
+// As lock/store.rs does for locks: a shared or borrowed store is the store.
+macro_rules! forward_lease_store {
+    ($($ty:ty),*) => {$(
+        impl<S: LeaseStore + ?Sized> LeaseStore for $ty {
+            fn kind(&self) -> &'static str {
+                (**self).kind()
+            }
+            fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+                (**self).claim(req)
+            }
+            fn complete<'a>(
+                &'a self,
+                held: &'a HeldLease<'a>,
+                response: Option<&'a str>,
+            ) -> BoxFuture<'a, Result<bool, Error>> {
+                (**self).complete(held, response)
+            }
+            fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+                (**self).release(held)
+            }
+            fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+                (**self).extend(held)
+            }
+            fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
+                (**self).peek(req)
+            }
+            fn answer_limit(&self) -> BoxFuture<'_, usize> {
+                (**self).answer_limit()
+            }
+            fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+                (**self).steps(scope, key)
+            }
+            fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+                (**self).record_step(held, step)
+            }
+            fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+                (**self).forget_steps(scope, key)
+            }
+            fn notifies(&self) -> bool {
+                (**self).notifies()
+            }
+            fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
+                (**self).watch(scope, key)
+            }
+        }
+    )*};
 }
-
-impl<S: LeaseStore + ?Sized> LeaseStore for &S {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
-    fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
-        (**self).claim(req)
-    }
-    fn complete<'a>(
-        &'a self,
-        held: &'a HeldLease<'a>,
-        response: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).complete(held, response)
-    }
-    fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).release(held)
-    }
-    fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).extend(held)
-    }
-    fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
-        (**self).peek(req)
-    }
-    fn answer_limit(&self) -> BoxFuture<'_, usize> {
-        (**self).answer_limit()
-    }
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
-        (**self).steps(scope, key)
-    }
-    fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).record_step(held, step)
-    }
-    fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
-        (**self).forget_steps(scope, key)
-    }
-    fn notifies(&self) -> bool {
-        (**self).notifies()
-    }
-    fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
-        (**self).watch(scope, key)
-    }
-}
+forward_lease_store!(Arc<S>, &S);
