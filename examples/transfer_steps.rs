@@ -4,7 +4,10 @@
 //! worker takes the record over and resumes at the first step without a
 //! result. The bank deduplicates on each step's key, as a payment API does
 //! on an idempotency key: a charge that was in flight when its worker died
-//! is re-sent with the same key and taken once.
+//! is re-sent with the same key and taken once. On a SQL store the ledger
+//! entry is a row of the same database, written in the step's own
+//! transaction with its record (`run_tx`): a worker killed in it leaves no
+//! row, and the ledger needs no unique key to hold one row a transfer.
 //!
 //! ```text
 //! cargo run --example transfer_steps                      # SQLite in a temp file
@@ -79,8 +82,12 @@ impl Dice {
     }
 }
 
+/// The ledger's table on a SQL store: no unique key, the atomic phase
+/// alone keeps it to one row a transfer.
+const LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_example_ledger (transfer_id VARCHAR(191) NOT NULL)";
+
 /// The transfer's body, four recorded steps.
-async fn transfer(steps: Steps<'_>, id: &str, bank: &Bank, counts: &Counts) -> Result<u64, Error> {
+async fn transfer(steps: Steps<'_>, id: &str, db: Option<&Store>, bank: &Bank, counts: &Counts) -> Result<u64, Error> {
     if idem::lease::current().is_some_and(|l| l.reclaimed) {
         counts.takeovers.fetch_add(1, SeqCst);
         if steps.recorded() > 0 {
@@ -89,39 +96,65 @@ async fn transfer(steps: Steps<'_>, id: &str, bank: &Bank, counts: &Counts) -> R
     }
     let cents = steps.run("reserve", |_| async { Ok::<_, Error>(1_000u64) }).await?;
     let charged = steps.run("charge", |key| async move { Ok::<_, Error>(bank.charge(&key, cents).await) }).await?;
-    steps
-        .run("ledger", |key| async move {
-            counts.ledger.lock().unwrap().entry(key.to_string()).or_insert_with(|| id.to_owned());
+    match db {
+        // A row in the lease records' database, committed with the step's record.
+        Some(db) => common::on_pool!(db, pool => steps.run_tx("ledger", pool, |tx, _| Box::pin(async move {
+            let insert = common::sql(db.name(), "INSERT INTO idem_example_ledger (transfer_id) VALUES (?)");
+            sqlx::query(insert).bind(id).execute(&mut **tx).await?;
             Ok::<_, Error>(())
-        })
-        .await?;
+        })).await?),
+        None => {
+            steps
+                .run("ledger", |key| async move {
+                    counts.ledger.lock().unwrap().entry(key.to_string()).or_insert_with(|| id.to_owned());
+                    Ok::<_, Error>(())
+                })
+                .await?
+        }
+    }
     steps.run("notify", |_| async { Ok::<_, Error>(()) }).await?;
     Ok(charged)
 }
 
 /// Workers take the transfer in turn until one finishes it; each may be
 /// killed (its future dropped) at a random point of its body.
-async fn settle(store: &dyn LeaseStore, id: &str, bank: &Bank, counts: &Counts, dice: &Dice) -> Result<u64, Error> {
+async fn settle(
+    store: &dyn LeaseStore,
+    db: Option<&Store>,
+    id: &str,
+    bank: &Bank,
+    counts: &Counts,
+    dice: &Dice,
+) -> Result<u64, Error> {
     let lease = Duration::from_millis(250);
+    let mut attempts = 0;
     loop {
+        attempts += 1;
         counts.attempts.fetch_add(1, SeqCst);
         let claim = Guard::new("examples.transfer_steps").key(id).lease_or_wait::<u64>(store, lease, lease * 4);
-        let ticket = match claim.await {
+        let done = match claim.await {
             Ok(Claim::Replay(charged)) => return Ok(charged),
-            Ok(Claim::Run(ticket)) => ticket,
-            Err(Error::InProgress { .. }) => continue,
-            Err(e) => return Err(e),
-        };
-        let body = ticket.run_steps(|steps| transfer(steps, id, bank, counts));
-        // Half the workers die somewhere within their first 15 ms.
-        if dice.below(2) == 0 {
-            let dies_after = Duration::from_millis(dice.below(15));
-            match tokio::time::timeout(dies_after, body).await {
-                Ok(done) => return done,
-                Err(_) => continue, // killed: the next worker waits out its lease
+            Ok(Claim::Run(ticket)) => {
+                let body = ticket.run_steps(|steps| transfer(steps, id, db, bank, counts));
+                // Half the workers die somewhere within their first 15 ms:
+                // the next worker waits out the lease.
+                if dice.below(2) == 0 {
+                    match tokio::time::timeout(Duration::from_millis(dice.below(15)), body).await {
+                        Ok(done) => done,
+                        Err(_) => continue, // killed
+                    }
+                } else {
+                    body.await
+                }
             }
+            Err(e) => Err(e),
+        };
+        match done {
+            // A worker that lost its lease, or met a busy store, gives the
+            // transfer back to the queue, as a job runner does.
+            Err(e) if attempts < 100 && (e.is_retryable() || matches!(e, Error::LeaseLost { .. })) => continue,
+            done => return done,
         }
-        return body.await;
     }
 }
 
@@ -139,13 +172,16 @@ async fn main() -> Result<(), BoxError> {
             (db.lease_store().await?, db.name(), Some(db))
         }
     };
+    if let Some(db) = &sql {
+        common::on_pool!(db, pool => sqlx::raw_sql(LEDGER).execute(pool).await.map(drop)?);
+    }
     println!("{} transfers, reserve -> charge -> ledger -> notify, records in {name}", args.transfers);
     let (bank, counts) = (Bank::default(), Counts::default());
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64);
     let dice = Dice(AtomicU64::new(seed | 1));
     let run = common::run_id();
     let ids: Vec<String> = (0..args.transfers).map(|i| format!("X{run}-{i}")).collect();
-    let settled = ids.iter().map(|id| settle(&*store, id, &bank, &counts, &dice));
+    let settled = ids.iter().map(|id| settle(&*store, sql.as_ref(), id, &bank, &counts, &dice));
     let mut lost = 0;
     let mut errors = 0;
     for (id, done) in ids.iter().zip(join_all(settled.collect()).await) {
@@ -162,10 +198,17 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     let taken = bank.taken.lock().unwrap().len();
-    let booked: std::collections::HashSet<String> = counts.ledger.lock().unwrap().values().cloned().collect();
-    // Money taken twice for one transfer, or a ledger entry missing.
+    let booked: Vec<String> = match &sql {
+        Some(db) => common::on_pool!(db, pool => {
+            let select = common::sql(db.name(), "SELECT transfer_id FROM idem_example_ledger WHERE transfer_id LIKE ?");
+            sqlx::query_scalar(select).bind(format!("X{run}-%")).fetch_all(pool).await?
+        }),
+        None => counts.ledger.lock().unwrap().values().cloned().collect(),
+    };
+    // Money taken twice for one transfer, a ledger entry missing or twice.
     let duplicate_charges = taken.saturating_sub(args.transfers);
     lost += ids.iter().filter(|id| !booked.contains(*id)).count();
+    errors += booked.len().saturating_sub(args.transfers);
     println!(
         "   {} worker attempts; {} take-overs, {} of them resumed past a recorded step; the bank was sent {} \
          charges and took {taken}",

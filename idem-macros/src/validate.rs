@@ -340,7 +340,7 @@ fn check_steps(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<Ident>
     Some(ident)
 }
 
-/// The literal names of `steps.run("name", ...)` calls in `tokens`, in order.
+/// The literal names of `steps.run("name", ...)` and `steps.run_tx("name", ...)` calls in `tokens`, in order.
 fn step_names(tokens: proc_macro2::TokenStream, steps: &Ident) -> Vec<(String, Span)> {
     use proc_macro2::TokenTree;
     let trees: Vec<TokenTree> = tokens.into_iter().collect();
@@ -354,7 +354,7 @@ fn step_names(tokens: proc_macro2::TokenStream, steps: &Ident) -> Vec<(String, S
         else {
             continue;
         };
-        if log != steps || dot.as_char() != '.' || run != "run" {
+        if log != steps || dot.as_char() != '.' || (run != "run" && run != "run_tx") {
             continue;
         }
         if let Some(TokenTree::Literal(lit)) = args.stream().into_iter().next()

@@ -33,3 +33,30 @@ async fn transfer(
 fn main() {
     let _ = transfer;
 }
+
+/// A step whose work is writes to the lease records' database runs in a
+/// transaction of its own, recorded in it (`run_tx`).
+#[idempotent(key = "transfer_id", strategy = "lease", steps = "steps", store = "leases")]
+async fn post_ledger(
+    leases: &idem::store::SqlStore<sqlx::Postgres>,
+    pool: &sqlx::PgPool,
+    transfer_id: &str,
+    cents: i64,
+) -> Result<i64, idem::Error> {
+    let entry = steps
+        .run_tx("ledger", pool, |tx, _key| {
+            Box::pin(async move {
+                let (id,): (i64,) = sqlx::query_as("INSERT INTO ledger (cents) VALUES ($1) RETURNING id")
+                    .bind(cents)
+                    .fetch_one(&mut **tx)
+                    .await?;
+                Ok::<_, idem::Error>(id)
+            })
+        })
+        .await?;
+    Ok(entry)
+}
+
+fn _also() {
+    let _ = post_ledger;
+}

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use sha2::{Digest as _, Sha256};
 
 use crate::error::Error;
+use crate::future::BoxFuture;
 use crate::lease::store::{HeldLease, LeaseStore, NewStep, RecordedStep};
 use crate::replay::{Replayable, encode, fit};
 
@@ -163,22 +164,152 @@ impl<'s> Steps<'s> {
     {
         let number = self.begin(name)?;
         if let Some(json) = self.replay(number, name)? {
-            return serde_json::from_str(&json)
-                .map_err(|e| self.error(name, format!("its recorded result does not decode: {e}")).into());
+            return Ok(self.decode(name, &json)?);
         }
         let value = match step(self.key(name)).await {
             Ok(value) => value,
-            Err(e) => {
-                // Nothing recorded: the body may run this step again, here.
-                self.lock().seen.pop();
-                return Err(e);
-            }
+            Err(e) => return Err(self.not_run(e)),
         };
-        let json = encode(&value).map_err(|e| self.error(name, format!("its result does not serialize: {e}")))?;
-        let (json, value) = fit(&value, json, self.answer_limit)
-            .map_err(|e| self.error(name, format!("its result cannot be recorded: {e}")))?;
+        let (json, value) = self.result(name, value)?;
         self.record(number, name, &json).await?;
         Ok(value)
+    }
+
+    /// [`run`](Self::run), for a step whose work is writes to the lease
+    /// record's database: the step runs in a transaction begun on `pool`,
+    /// and its result is recorded in that same transaction, so that its
+    /// writes and its record commit together or not at all (an *atomic
+    /// phase*). A worker that dies mid-step leaves neither; a take-over
+    /// runs the step again from scratch, and no step key is needed for
+    /// these writes.
+    ///
+    /// The record is written under the lease's fence, with the lease
+    /// record's row share-locked until `COMMIT`: a take-over waits for the
+    /// step's transaction to end, and finds the step recorded if it
+    /// committed. Once the step has a result, later attempts replay it
+    /// without beginning a transaction. Costs no round trip beyond the
+    /// transaction's own and one `INSERT`.
+    ///
+    /// `pool` must be the database of the call's [`SqlStore`](crate::store::SqlStore)
+    /// (lease records in another store: run the writes in a [`run`](Self::run)
+    /// step whose transaction carries a `dedup` guard keyed on the step's
+    /// [`StepKey`], which makes them once-only in that database).
+    ///
+    /// ```no_run
+    /// # extern crate idem_runtime as idem;
+    /// # async fn demo(steps: &idem::lease::Steps<'_>, pool: &sqlx::PgPool) -> Result<(), idem::Error> {
+    /// let entry: i64 = steps
+    ///     .run_tx("ledger", pool, |tx, _key| {
+    ///         Box::pin(async move {
+    ///             let (id,): (i64,) = sqlx::query_as("INSERT INTO ledger (amount) VALUES (100) RETURNING id")
+    ///                 .fetch_one(&mut **tx)
+    ///                 .await?;
+    ///             Ok::<_, idem::Error>(id)
+    ///         })
+    ///     })
+    ///     .await?;
+    /// # let _ = entry; Ok(()) }
+    /// ```
+    ///
+    /// Errors: as [`run`](Self::run); [`Error::Step`] for a `pool` on
+    /// another database than the lease records; database errors of the
+    /// transaction (a failed `COMMIT` may have committed: the call must
+    /// fail, and a retry finds the step recorded, or runs it).
+    #[cfg(feature = "sql")]
+    pub async fn run_tx<'c, DB, T, E, F>(&self, name: &str, pool: &sqlx::Pool<DB>, step: F) -> Result<T, E>
+    where
+        DB: crate::store::sql::SqlBackend,
+        T: Replayable,
+        E: From<Error>,
+        // `'c` outlives every `'t` (`&'t mut Transaction<'c, _>` says so):
+        // the step's future may borrow what lives that long.
+        F: for<'t> FnOnce(&'t mut sqlx::Transaction<'c, DB>, StepKey) -> BoxFuture<'t, Result<T, E>>,
+    {
+        use crate::store::sql::{classify, record, steps};
+        let number = self.begin(name)?;
+        if let Some(json) = self.replay(number, name)? {
+            return Ok(self.decode(name, &json)?);
+        }
+        if let Err(e) = self.same_database(name, DB::BACKEND) {
+            return Err(self.not_run(e.into()));
+        }
+        let mut tx: sqlx::Transaction<'c, DB> = match pool.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return Err(self.not_run(classify::<DB>(e).into())),
+        };
+        // Dropped on any return before COMMIT, `tx` rolls back.
+        let value = match step(&mut tx, self.key(name)).await {
+            Ok(value) => value,
+            Err(e) => return Err(self.not_run(e)),
+        };
+        // Not recordable: rolled back with the step's writes.
+        let (json, value) = self.result(name, value).map_err(|e| self.not_run(e))?;
+        let new = NewStep { number, name, result: &json };
+        if !steps::record::<DB>(&mut tx, &self.held.held(), &new).await.map_err(classify::<DB>)? {
+            // No holder's row to write from: the lease passed or was taken
+            // over, or this database holds no such record at all.
+            let here = record::read::<DB>(&mut tx, &self.held.scope, &self.held.key).await;
+            drop(tx);
+            return Err(self.not_recorded(name, matches!(here, Ok(None))).await.into());
+        }
+        tx.commit().await.map_err(classify::<DB>)?;
+        Ok(value)
+    }
+
+    /// The step did not run, or ran and left nothing (its own `Err`, its
+    /// transaction rolled back): the body may run it again, here.
+    fn not_run<E>(&self, e: E) -> E {
+        self.lock().seen.pop();
+        e
+    }
+
+    /// A recorded result, decoded.
+    fn decode<T: Replayable>(&self, name: &str, json: &str) -> Result<T, Error> {
+        serde_json::from_str(json).map_err(|e| self.error(name, format!("its recorded result does not decode: {e}")))
+    }
+
+    /// A step's `Ok` value as it is recorded, and the value the body gets
+    /// (what a replay will give).
+    fn result<T: Replayable>(&self, name: &str, value: T) -> Result<(String, T), Error> {
+        let json = encode(&value).map_err(|e| self.error(name, format!("its result does not serialize: {e}")))?;
+        fit(&value, json, self.answer_limit)
+            .map_err(|e| self.error(name, format!("its result cannot be recorded: {e}")))
+    }
+
+    /// A step in a transaction of `backend` when the lease records are
+    /// in a store known to be elsewhere.
+    #[cfg(feature = "sql")]
+    fn same_database(&self, name: &str, backend: &str) -> Result<(), Error> {
+        match self.store.kind() {
+            kind @ ("memory" | "redis" | "postgres" | "mysql" | "sqlite") if kind != backend => {
+                Err(self.elsewhere(name, kind))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    #[cfg(feature = "sql")]
+    fn elsewhere(&self, name: &str, kind: &str) -> Error {
+        self.error(
+            name,
+            format!(
+                "`run_tx` records a step beside the lease record, in the step's transaction, but the lease records are \
+                 in another database (`{kind}`): begin the step's transaction on the lease store's database, or use \
+                 `run` with a `dedup` guard keyed on the step's key in your transaction"
+            ),
+        )
+    }
+
+    /// The step's record was refused: the lease is lost, or (the
+    /// transaction's database has no record of the call, `absent`, while
+    /// the lease store holds it for this call) the transaction was on
+    /// another database than the lease records.
+    #[cfg(feature = "sql")]
+    async fn not_recorded(&self, name: &str, absent: bool) -> Error {
+        if absent && let Ok(true) = self.store.extend(&self.held.held()).await {
+            return self.elsewhere(name, self.store.kind());
+        }
+        Error::LeaseLost { scope: self.scope.clone(), key_hash: self.key_hash.clone() }
     }
 
     /// Check `name` and take the next position.

@@ -273,6 +273,9 @@ pub trait Dialect: Driver<QueryResult: RowsChanged> + super::sealed::Sealed {
     const LATEST_READ: &'static str = "";
     /// What ends a read that locks its row for the change that follows.
     const FOR_UPDATE: &'static str = " FOR UPDATE";
+    /// What ends a read that keeps its rows from changing until the
+    /// transaction ends, without keeping others from reading them.
+    const FOR_SHARE: &'static str = " FOR SHARE";
     /// No row locks: a read for a change that follows takes the database's
     /// write lock first.
     const WRITE_LOCK_FIRST: bool = false;

@@ -50,7 +50,7 @@ pub(crate) mod record;
 pub(crate) mod schema;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod steps;
+pub(crate) mod steps;
 pub(crate) mod texts;
 
 pub use lease::SqlStore;

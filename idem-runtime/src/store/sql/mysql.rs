@@ -114,6 +114,8 @@ impl Dialect for MySql {
     /// snapshot of the transaction's first read and could miss a record
     /// committed since; a locking read sees the latest committed version.
     const LATEST_READ: &'static str = " LOCK IN SHARE MODE";
+    // MariaDB and MySQL 5.7 know no `FOR SHARE`.
+    const FOR_SHARE: &'static str = " LOCK IN SHARE MODE";
 
     fn is_missing_table(err: &sqlx::Error) -> bool {
         // 42S02 / ER_NO_SUCH_TABLE (1146)

@@ -81,6 +81,7 @@ impl Dialect for Sqlite {
     /// No row locks: one writer holds the whole database. To read and then
     /// move with nothing in between, the write lock is taken first.
     const FOR_UPDATE: &'static str = "";
+    const FOR_SHARE: &'static str = "";
     const WRITE_LOCK_FIRST: bool = true;
 
     const TAKES_SCHEMA: bool = false;

@@ -31,13 +31,17 @@ impl StepStatements {
         // $1 the call's step scope, $2 the step's number, $3 its value, $4
         // the retention; the holder: $5 scope, $6 key, $7 owner, $8 fence;
         // $9 the previous step's number (NULL for the first), which must be
-        // recorded already.
+        // recorded already. The holder's row is read with a share lock: in
+        // a step's own transaction (`Steps::run_tx`) no take-over can change
+        // it between this check and the COMMIT, so the step's writes and
+        // its record land under the lease that was checked, or not at all.
         let record = format!(
             "INSERT INTO {t} (scope, idem_key, status, response, fence, created_at, updated_at, expires_at) \
              SELECT $1, $2, 'DONE', {value}, h.fence, {clock}, {clock}, {expires} FROM {t} h \
              WHERE h.scope = $5 AND h.idem_key = $6 AND h.owner = $7 AND h.fence = $8 \
              AND h.status = 'PROCESSING' AND h.lease_until > {clock} \
-             AND ($9 IS NULL OR EXISTS (SELECT 1 FROM {t} p WHERE p.scope = $1 AND p.idem_key = $9)){on_duplicate}",
+             AND ($9 IS NULL OR EXISTS (SELECT 1 FROM {t} p WHERE p.scope = $1 AND p.idem_key = $9)){lock}{on_duplicate}",
+            lock = D::FOR_SHARE,
             value = D::text_value("$3"),
             expires = D::after(clock, "$4"),
         );
