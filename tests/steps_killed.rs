@@ -294,20 +294,37 @@ impl Drop for Worker {
 /// Kill a worker in `phase` of each step (three calls, one process), then
 /// take each call over and check what the outside system got.
 async fn kill_and_take_over(kind: Kind, phase: Phase) {
-    let dir = std::env::temp_dir().join("idem-tests").join(unique("steps-killed"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TestDir::new();
     let place = match kind {
-        Kind::Sqlite => dir.join("store.db").to_str().unwrap().to_owned(),
+        Kind::Sqlite => dir.0.join("store.db").to_str().unwrap().to_owned(),
         Kind::Redis | Kind::RedisCluster => format!("{}:", unique("idem-steps-killed")),
         Kind::Postgres | Kind::Mysql => String::new(),
     };
     let Some(store) = open(kind, &place).await else { return };
-    let job = Job { kind, place, scope: unique("tests.steps_killed"), phase, dir: dir.clone() };
+    let job = Job { kind, place, scope: unique("tests.steps_killed"), phase, dir: dir.0.clone() };
     let mut worker = Worker::start(&job);
     worker.wait_at_kill_points(&STEPS.map(call_killed_at)).await;
     worker.kill();
     tokio::join!(take_over(&*store, &job, 0), take_over(&*store, &job, 1), take_over(&*store, &job, 2));
-    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The test's directory (the SQLite file, the outside system's files, the
+/// worker's stderr), removed when dropped, after the worker (declared
+/// later) was killed. A failure's message carries what they held.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new() -> TestDir {
+        let dir = std::env::temp_dir().join("idem-tests").join(unique("steps-killed"));
+        std::fs::create_dir_all(&dir).unwrap();
+        TestDir(dir)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Take over the call killed at `STEPS[killed]`, and check it: each step
