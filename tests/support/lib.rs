@@ -151,9 +151,14 @@ pub async fn mysql() -> Option<MySqlPool> {
 pub async fn sqlite() -> Option<SqlitePool> {
     let dir = std::env::temp_dir().join("idem-tests");
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{}.db", unique("t")));
+    Some(sqlite_at(&dir.join(format!("{}.db", unique("t")))).await)
+}
+
+/// The SQLite file at `path`, created and migrated if new: for a test whose
+/// worker processes share one database.
+pub async fn sqlite_at(path: &std::path::Path) -> SqlitePool {
     let opts = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
+        .filename(path)
         .create_if_missing(true)
         .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
         .busy_timeout(Duration::from_secs(30));
@@ -167,7 +172,7 @@ pub async fn sqlite() -> Option<SqlitePool> {
     .execute(&pool)
     .await
     .unwrap();
-    Some(pool)
+    pool
 }
 
 /// The transaction types the SQL suites are stamped with, one module each
