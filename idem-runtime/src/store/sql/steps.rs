@@ -9,8 +9,6 @@
 //! holder's row, which checks its owner, fence and live lease by the
 //! database's clock in the same statement.
 
-use sha2::{Digest as _, Sha256};
-
 use super::dialect::{Arg, Dialect, Stmt, inserted, read_text, text};
 use super::{SqlBackend, statements};
 use crate::lease::store::{HeldLease, NewStep, RecordedStep};
@@ -58,13 +56,7 @@ impl StepStatements {
 
 /// `\step:<call>`, `<call>` 32 hex digits of the call's scope and key.
 fn call(scope: &str, key: &str) -> String {
-    let mut hash = Sha256::new();
-    for part in [scope, key] {
-        hash.update((part.len() as u64).to_be_bytes());
-        hash.update(part.as_bytes());
-    }
-    let hex: String = hash.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("\\step:{hex}")
+    format!("\\step:{}", crate::key::parts_hash(&[scope, key]))
 }
 
 /// The key of step `number`.
@@ -144,5 +136,16 @@ fn not_a_step(key: &str) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: "response".into(),
         source: format!("the step row `{key}` does not hold one of idem's recorded steps").into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The steps already in a table stay the call's: its step scope does
+    /// not change between versions.
+    #[test]
+    fn a_calls_step_scope_is_stable() {
+        assert_eq!(super::call("pay", "T-1"), "\\step:6e734bae796b24ded4ef70f6c8179693");
+        assert_ne!(super::call("pa", "yT-1"), super::call("pay", "T-1"), "parts do not run into each other");
     }
 }
