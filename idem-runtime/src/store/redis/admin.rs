@@ -66,16 +66,30 @@ where
     /// [`Record::lease_until_ms`] is the key's TTL less the retention, and
     /// [`Record::updated_at_ms`] that less the lease (when the lease was last
     /// claimed, taken over or extended); [`Record::expires_at_ms`] is when
-    /// the key's TTL runs out.
+    /// the key's TTL runs out. With the steps its call recorded
+    /// ([`Record::steps`]), read just after (on a `ClusterConnection` too:
+    /// they share the record's slot).
     pub async fn inspect_lease(&self, id: &RecordId) -> Result<Option<Record>, Error> {
         let name = self.names.name(RecordKind::Lease, id.scope(), id.key());
         let mut read = self.read(std::slice::from_ref(&name)).await?;
-        Ok(read.pop().and_then(|(value, pttl, now_ms)| decode(id, value?, pttl, now_ms)))
+        match read.pop().and_then(|(value, pttl, now_ms)| decode(id, value?, pttl, now_ms)) {
+            Some(record) => Ok(Some(self.with_steps(record).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `record` with the steps its call recorded ([`Record::steps`]), read
+    /// just after it (the hash beside it, in its Cluster slot).
+    async fn with_steps(&self, mut record: Record) -> Result<Record, Error> {
+        let steps = self.read_steps(&record.scope, &record.key).await?;
+        record.set_steps(steps.into_iter().map(|step| (step.name, step.result)));
+        Ok(record)
     }
 
     /// Lease records whose lease has passed (their worker died or was
     /// dropped; the next call of the key would take them over), at most
-    /// `limit`, optionally of one scope (as the guard names it).
+    /// `limit`, optionally of one scope (as the guard names it), each with
+    /// the steps its call recorded ([`Record::steps`]): where it stopped.
     ///
     /// Scans the keyspace with `SCAN MATCH <prefix>{*}lease:...` (never
     /// `KEYS`), 500 keys a call, reading each page's records in
@@ -156,7 +170,11 @@ where
         }
         let read = self.read(&keys).await?;
         let records = ids.iter().zip(read).filter_map(|(id, (value, pttl, now_ms))| decode(id, value?, pttl, now_ms));
-        Ok(records.filter(|record| record.state.is_stuck()).collect())
+        let mut stuck = Vec::new();
+        for record in records.filter(|record| record.state.is_stuck()) {
+            stuck.push(self.with_steps(record).await?);
+        }
+        Ok(stuck)
     }
 
     /// Delete the lease record of `id` only if its lease has passed and its
@@ -255,6 +273,7 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
         updated_at_ms: None,
         expires_at_ms,
         now_ms,
+        steps: Vec::new(),
     };
     if let Some(held) = value.strip_prefix('P') {
         let (fence, rest) = held.split_once('.')?;

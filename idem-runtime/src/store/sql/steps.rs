@@ -64,16 +64,31 @@ fn step_key(number: usize) -> String {
     format!("{number:02}")
 }
 
+/// The call's steps for a claim: those past their retention deleted
+/// first (the claim starts the call over), then the others read.
 pub(crate) async fn read<DB: SqlBackend>(
     conn: &mut DB::Connection,
     scope: &str,
     key: &str,
 ) -> Result<Vec<RecordedStep>, sqlx::Error> {
-    let s = &statements::<DB>().steps;
     let call = call(scope, key);
-    let args = [text(&call)];
-    DB::execute(conn, s.clear_expired.query::<DB>(&args)).await?;
-    let rows = DB::fetch_all(conn, s.read.query::<DB>(&args)).await?;
+    DB::execute(conn, statements::<DB>().steps.clear_expired.query::<DB>(&[text(&call)])).await?;
+    recorded::<DB>(conn, &call).await
+}
+
+/// The call's steps as they are, those past their retention left out (and
+/// left to the claim or a purge to delete): what the operator's reads show.
+pub(crate) async fn peek<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    scope: &str,
+    key: &str,
+) -> Result<Vec<RecordedStep>, sqlx::Error> {
+    recorded::<DB>(conn, &call(scope, key)).await
+}
+
+/// The steps of the call whose step scope is `call`, in order.
+async fn recorded<DB: SqlBackend>(conn: &mut DB::Connection, call: &str) -> Result<Vec<RecordedStep>, sqlx::Error> {
+    let rows = DB::fetch_all(conn, statements::<DB>().steps.read.query::<DB>(&[text(call)])).await?;
     let mut steps = Vec::with_capacity(rows.len());
     for (number, row) in rows.iter().enumerate() {
         let key = read_text::<DB>(row, 0)?.unwrap_or_default();
