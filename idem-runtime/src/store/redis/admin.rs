@@ -93,11 +93,11 @@ where
     ///
     /// Scans the keyspace with `SCAN MATCH <prefix>{*}lease:...` (never
     /// `KEYS`), 500 keys a call, reading each page's records in
-    /// one script call, until `limit` records are found or the scan ends.
-    /// Standalone Redis only: on a `ClusterConnection` it is an error (a
-    /// `SCAN` covers one node, and a page's keys span slots); build a
-    /// standalone store on each primary's address, with the same prefix,
-    /// and ask each. In no particular order; a record changed during the scan may be
+    /// one script call (on a Cluster node, whose page spans slots, one call
+    /// a record), until `limit` records are found or the scan ends.
+    /// Standalone connections only: on a `ClusterConnection` it is an
+    /// error (a `SCAN` covers one node); build a standalone store on each
+    /// primary's address, with the same prefix, and ask each. In no particular order; a record changed during the scan may be
     /// missed or reported once more, as `SCAN` goes.
     pub async fn stuck_leases(&self, scope: Option<&str>, limit: usize) -> Result<Vec<Record>, Error> {
         if std::any::TypeId::of::<C>() == std::any::TypeId::of::<redis::cluster_async::ClusterConnection>() {
@@ -168,7 +168,7 @@ where
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let read = self.read(&keys).await?;
+        let read = self.read_page(&keys).await?;
         let records = ids.iter().zip(read).filter_map(|(id, (value, pttl, now_ms))| decode(id, value?, pttl, now_ms));
         let mut stuck = Vec::new();
         for record in records.filter(|record| record.state.is_stuck()) {
@@ -211,6 +211,22 @@ where
                 Some(now) => Release::NotStuck(now),
             }),
             _ => Err(unexpected(&reply)),
+        }
+    }
+
+    /// Each name of one `SCAN` page's record, as [`read`](Self::read): in
+    /// one script call, or, on a node of a Redis Cluster, which refuses a
+    /// call over keys of several slots (`CROSSSLOT`), in one call a name.
+    async fn read_page(&self, names: &[String]) -> Result<Vec<(Option<Vec<u8>>, i64, i64)>, Error> {
+        match self.read(names).await {
+            Err(e) if cross_slot(&e) => {
+                let mut read = Vec::with_capacity(names.len());
+                for name in names {
+                    read.extend(self.read(std::slice::from_ref(name)).await?);
+                }
+                Ok(read)
+            }
+            read => read,
         }
     }
 
@@ -307,6 +323,14 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
     }
     record.created_at_ms = claimed_at_ms(record.fence, now_ms);
     Some(record)
+}
+
+/// The server refused a call over keys of several slots: a Cluster node.
+fn cross_slot(e: &Error) -> bool {
+    let Error::Store { source, .. } = e else { return false };
+    source
+        .downcast_ref::<redis::RedisError>()
+        .is_some_and(|e| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot))
 }
 
 /// When a record with `fence` was first claimed: a new record's fence is
