@@ -92,14 +92,18 @@ pub(crate) enum Command {
     Migrate,
 
     /// Show one record: status, state (running, lease passed, unfinished,
-    /// done, expired), owner, fence, lease deadline, age, expiry and a
-    /// preview of the stored response.
+    /// done, expired), owner, fence, lease deadline, age, expiry, a
+    /// preview of the stored response, and the steps a lease call recorded
+    /// so far (number, name, result, and the stable key it gave the
+    /// outside system).
     Inspect(Target),
 
     /// List stuck records: PROCESSING with the lease passed (the worker
     /// died; the next call takes it over), or PROCESSING with no lease (an
     /// unfinished dedup record: repeats fail with Error::Unfinished until
-    /// it is released). Records past their retention are not listed.
+    /// it is released). Records past their retention are not listed. A
+    /// lease call's line says where it stopped: after which recorded step
+    /// (the next one was in flight), or before its first step.
     Stuck(StuckArgs),
 
     /// Delete one stuck record so that the next call of its key runs again.

@@ -6,7 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use idem_runtime::Key;
 use idem_runtime::admin::RecordStatus;
-use idem_runtime::admin::{Record, RecordState};
+use idem_runtime::admin::{Record, RecordState, RecordStep};
 use serde_json::{Value, json};
 
 use crate::answer::{Answer, HttpResponse, answer};
@@ -39,13 +39,14 @@ impl Done {
 }
 
 /// A record as JSON: every field, times both as RFC 3339 and as epoch
-/// milliseconds, and a preview of its answer.
+/// milliseconds, a preview of its answer, and its call's recorded steps.
 pub(crate) fn json_record(r: &Record) -> Value {
     let (response_preview, truncated) = match r.response.as_deref().map(|t| preview(t, PREVIEW_CHARS)) {
         Some((p, cut)) => (Some(p), cut),
         None => (None, false),
     };
     let answer = answer(r);
+    let steps: Vec<Value> = r.steps.iter().map(json_step).collect();
     json!({
         "scope": r.scope,
         "key": r.key,
@@ -76,6 +77,21 @@ pub(crate) fn json_record(r: &Record) -> Value {
             Answer::Http(response) => json_http(response),
             _ => Value::Null,
         },
+        "steps": steps,
+    })
+}
+
+/// A recorded step as JSON: its number, name and stable key, and a
+/// preview of its result as of an answer.
+fn json_step(step: &RecordStep) -> Value {
+    let (result_preview, truncated) = preview(&step.result, PREVIEW_CHARS);
+    json!({
+        "number": step.number,
+        "name": step.name,
+        "key": step.key,
+        "result_preview": result_preview,
+        "result_truncated": truncated,
+        "result_bytes": step.result.len(),
     })
 }
 
@@ -133,7 +149,40 @@ pub(crate) fn text_record(store: &str, r: &Record) -> String {
     );
     field("fingerprint", r.fingerprint.clone().unwrap_or_else(|| "-".to_owned()));
     lines.extend(answer_lines(r));
+    lines.extend(step_lines(&r.steps));
     lines.join("\n")
+}
+
+/// The `steps` field when the call recorded any: a line a step, its
+/// result shown as an answer is.
+fn step_lines(steps: &[RecordStep]) -> Vec<String> {
+    if steps.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec![field_line("steps", &format!("{} recorded", steps.len()))];
+    for step in steps {
+        lines.push(format!("    {}: {} (key {})", step_name(step), json_text(&step.result), step.key));
+    }
+    lines
+}
+
+/// A step named for a terminal: its number, then its name in backticks.
+fn step_name(step: &RecordStep) -> String {
+    format!("step {} `{}`", step.number, one_line(&step.name))
+}
+
+/// Where the call of a stuck lease record stopped: after its last
+/// recorded step (the next one was in flight), or before its first step.
+/// `None` for another record (an unfinished dedup record records no
+/// steps).
+pub(crate) fn stopped(r: &Record) -> Option<String> {
+    if r.state != RecordState::LeasePassed {
+        return None;
+    }
+    Some(match r.steps.last() {
+        Some(step) => format!("after {}", step_name(step)),
+        None => "before its first step".to_owned(),
+    })
 }
 
 /// One field of [`text_record`], its values aligned.
@@ -160,13 +209,19 @@ fn answer_lines(r: &Record) -> Vec<String> {
     let response = match answer(r) {
         Answer::Pending => "-".to_owned(),
         Answer::NotKept => "answer not kept (the call completed; its answer was not stored)".to_owned(),
-        Answer::Json(text) => match preview(text, PREVIEW_CHARS) {
-            (p, false) => one_line(p),
-            (p, true) => format!("{}… ({} bytes in all)", one_line(p), text.len()),
-        },
+        Answer::Json(text) => json_text(text),
         Answer::Http(response) => return http_lines(&response),
     };
     vec![field_line("response", &response)]
+}
+
+/// A stored JSON value (an answer, a step's result) on one line, cut to
+/// [`PREVIEW_CHARS`].
+fn json_text(text: &str) -> String {
+    match preview(text, PREVIEW_CHARS) {
+        (p, false) => one_line(p),
+        (p, true) => format!("{}… ({} bytes in all)", one_line(p), text.len()),
+    }
 }
 
 fn http_lines(response: &HttpResponse) -> Vec<String> {
@@ -258,6 +313,9 @@ pub(crate) fn stuck_line(r: &Record) -> String {
     }
     if let Some(age) = r.age_ms() {
         line.push_str(&format!(", age {}", span(age)));
+    }
+    if let Some(stopped) = stopped(r) {
+        line.push_str(&format!(", stopped {stopped}"));
     }
     line
 }

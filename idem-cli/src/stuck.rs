@@ -1,11 +1,11 @@
 //! `idem stuck`: list the stuck records of each store given.
 
-use idem_runtime::admin::Record;
+use idem_runtime::admin::{Record, RecordState};
 use serde_json::{Value, json};
 
 use crate::error::Failure;
 use crate::opt::StuckArgs;
-use crate::render::{Done, Out, json_record, plural, stuck_line};
+use crate::render::{Done, Out, json_record, plural, stopped, stuck_line};
 use crate::store::Store;
 
 /// What to do about a stuck record, once any is listed.
@@ -60,7 +60,17 @@ fn say(listed: &Listed, limit: u32, out: &Out) {
 fn document(listed: &Listed) -> Value {
     json!({
         "store": listed.store,
-        "records": listed.records.iter().map(json_record).collect::<Vec<_>>(),
+        "records": listed.records.iter().map(json_stuck).collect::<Vec<_>>(),
         "more": listed.more,
     })
+}
+
+/// A stuck record as JSON: the record, and where its call stopped (for a
+/// lease record: `stopped_after_step`, null before its first step).
+fn json_stuck(r: &Record) -> Value {
+    let mut record = json_record(r);
+    let after = r.steps.last().filter(|_| r.state == RecordState::LeasePassed);
+    record["stopped"] = json!(stopped(r));
+    record["stopped_after_step"] = json!(after.map(|step| json!({ "number": step.number, "name": step.name })));
+    record
 }

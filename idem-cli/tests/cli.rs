@@ -26,7 +26,7 @@ use common::unique;
 use http_body_util::Full;
 use idem::admin::{self, RecordId, RecordState};
 use idem::http::{IdempotencyLayer, ResponseBody};
-use idem::lease::LeaseStore;
+use idem::lease::{LeaseStore, StepKey};
 use idem::{Claim, Guard, Key};
 use serde_json::Value;
 use tower_service::Service as _;
@@ -373,6 +373,117 @@ async fn lease_lifecycle(store: &dyn LeaseStore, cli: &Store<'_>) {
     assert_eq!(none["stores"][0]["records"].as_array().unwrap().len(), 0, "{none}");
 }
 
+/// A transfer in three recorded steps, `reserve` (answering "hold-7"),
+/// `charge` (500) and `ledger`, answering 500. With `stop`, its worker dies
+/// in `ledger`: the body's future is dropped once `ledger` starts, after
+/// `reserve` and `charge` were recorded, and the record stays PROCESSING
+/// until its lease passes.
+async fn transfer(store: &dyn LeaseStore, scope: &str, key: &str, stop: bool) {
+    let claim = Guard::new(scope.to_owned()).key(key).lease::<u64>(store, SHORT_LEASE).await.unwrap();
+    let Claim::Run(ticket) = claim else { panic!("a fresh key, or one whose lease passed") };
+    let in_ledger = &tokio::sync::Notify::new();
+    let body = ticket.run_steps(|steps| async move {
+        let hold = steps.run("reserve", |_| async { Ok::<_, idem::Error>("hold-7".to_owned()) }).await?;
+        let charged = steps.run("charge", |_| async { Ok::<_, idem::Error>(500u64) }).await?;
+        steps
+            .run("ledger", |_| async move {
+                if stop {
+                    in_ledger.notify_one();
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, idem::Error>(hold)
+            })
+            .await?;
+        Ok::<_, idem::Error>(charged)
+    });
+    if !stop {
+        assert_eq!(body.await.unwrap(), 500);
+        return;
+    }
+    tokio::select! {
+        done = body => panic!("the worker was to die in `ledger`: {done:?}"),
+        () = in_ledger.notified() => {}
+    }
+}
+
+/// The stable key of step `name` of the call of `scope` and `key` (as
+/// the guard was given them).
+fn step_key(scope: &str, key: &str, name: &str) -> String {
+    StepKey::for_step(&idem::key::stored_scope(scope), &stored(key), name).to_string()
+}
+
+/// `inspect` of a call stopped after two of its three steps shows both
+/// (number, name, result, stable key), in text and JSON.
+fn shows_two_steps(cli: &Store<'_>, scope: &str, key: &str) {
+    let doc = idem_json(cli, &["inspect", "--scope", scope, "--key", key], 0);
+    let steps = record_in(&doc)["steps"].as_array().unwrap_or_else(|| panic!("a steps list: {doc}"));
+    assert_eq!(steps.len(), 2, "{doc}");
+    for (step, (number, name, result)) in steps.iter().zip([(0, "reserve", "\"hold-7\""), (1, "charge", "500")]) {
+        assert_eq!((step["number"].as_u64(), step["name"].as_str()), (Some(number), Some(name)), "{doc}");
+        assert_eq!(step["result_preview"].as_str(), Some(result), "{doc}");
+        assert_eq!(step["key"].as_str(), Some(step_key(scope, key, name).as_str()), "{doc}");
+    }
+    let text = stdout(&idem(cli, &["inspect", "--scope", scope, "--key", key]));
+    assert!(text.contains("steps       2 recorded"), "{text}");
+    let reserve = format!("step 0 `reserve`: \"hold-7\" (key {})", step_key(scope, key, "reserve"));
+    let charge = format!("step 1 `charge`: 500 (key {})", step_key(scope, key, "charge"));
+    assert!(text.contains(&reserve) && text.contains(&charge), "{text}");
+}
+
+/// `inspect` of a call with no recorded steps shows none: nothing in
+/// text, an empty list in JSON.
+fn shows_no_steps(cli: &Store<'_>, scope: &str, key: &str) {
+    let doc = idem_json(cli, &["inspect", "--scope", scope, "--key", key], 0);
+    assert_eq!(record_in(&doc)["steps"], serde_json::json!([]), "{doc}");
+    let text = stdout(&idem(cli, &["inspect", "--scope", scope, "--key", key]));
+    assert!(!text.contains("step"), "{text}");
+}
+
+/// Recovery points as the operator sees them: a call whose worker died
+/// after two of its three steps shows both in `inspect`, and `stuck` says
+/// it stopped after the second (the third was in flight); one that died
+/// before its first step says that; a completed call shows no steps (they
+/// go with the completion), the taken-over one included.
+async fn steps_show_where_a_call_stopped(store: &dyn LeaseStore, cli: &Store<'_>) {
+    let scope = hostile("cli.transfer");
+    let (stopped, fresh, done) = (hostile("stopped"), unique("fresh"), unique("done"));
+    transfer(store, &scope, &stopped, true).await;
+    crash(store, &scope, &fresh).await;
+    transfer(store, &scope, &done, false).await;
+    tokio::time::sleep(SHORT_LEASE + Duration::from_millis(300)).await;
+
+    shows_two_steps(cli, &scope, &stopped);
+    shows_no_steps(cli, &scope, &fresh);
+    shows_no_steps(cli, &scope, &done);
+
+    let listed = idem_json(cli, &["stuck", "--scope", &scope], 0);
+    let records = listed["stores"][0]["records"].as_array().unwrap();
+    assert_eq!(records.len(), 2, "the steps are no records of their own: {listed}");
+    let record = |key: &str| records.iter().find(|r| r["key"] == stored(key)).unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(record(&stopped)["stopped"], "after step 1 `charge`", "{listed}");
+    assert_eq!(record(&stopped)["stopped_after_step"], serde_json::json!({ "number": 1, "name": "charge" }));
+    assert_eq!(record(&stopped)["steps"].as_array().map(Vec::len), Some(2), "{listed}");
+    assert_eq!(
+        (record(&fresh)["stopped"].as_str(), &record(&fresh)["stopped_after_step"]),
+        (Some("before its first step"), &Value::Null)
+    );
+    let text = stdout(&idem(cli, &["stuck", "--scope", &scope]));
+    assert!(text.contains("stopped after step 1 `charge`"), "{text}");
+    assert!(text.contains("stopped before its first step"), "{text}");
+    // Across every scope, no step shows as a stuck record.
+    let all = idem_json(cli, &["stuck", "--limit", "1000"], 0);
+    let scopes: Vec<&str> =
+        all["stores"][0]["records"].as_array().unwrap().iter().filter_map(|r| r["scope"].as_str()).collect();
+    assert!(scopes.iter().all(|s| !s.starts_with("\\step:")), "{scopes:?}");
+
+    // The take-over replays `reserve` and `charge`, runs `ledger` and
+    // completes: its steps go.
+    transfer(store, &scope, &stopped, false).await;
+    shows_no_steps(cli, &scope, &stopped);
+    let doc = idem_json(cli, &["inspect", "--scope", &scope, "--key", &stopped], 0);
+    assert_eq!(record_in(&doc)["response_preview"], "500", "{doc}");
+}
+
 /// A record a worker re-took after the operator looked is left alone: the
 /// release compares the fence it saw.
 async fn release_compares_the_fence<F, Fut>(store: &dyn LeaseStore, release: F)
@@ -429,6 +540,12 @@ macro_rules! sql_tests {
                 let Some((pool, url)) = setup().await else { return };
                 let store = idem::store::SqlStore::new(pool);
                 lease_lifecycle(&store, &Store::Sql(&url)).await;
+            }
+
+            #[tokio::test]
+            async fn a_call_in_recorded_steps_shows_where_it_stopped() {
+                let Some((pool, url)) = setup().await else { return };
+                steps_show_where_a_call_stopped(&idem::store::SqlStore::new(pool), &Store::Sql(&url)).await;
             }
 
             #[tokio::test]
@@ -761,6 +878,14 @@ mod redis_store {
     }
 
     #[tokio::test]
+    async fn a_call_in_recorded_steps_shows_where_it_stopped() {
+        let Some((store, url, cleanup)) = setup().await else { return };
+        let prefix = cleanup.prefix.clone();
+        steps_show_where_a_call_stopped(&store, &Store::Redis { url: &url, prefix: &prefix }).await;
+        cleanup.run().await;
+    }
+
+    #[tokio::test]
     async fn a_release_leaves_a_record_taken_over_since() {
         let Some((store, _url, cleanup)) = setup().await else { return };
         release_compares_the_fence(&store, |id, fence| {
@@ -889,5 +1014,82 @@ mod redis_store {
         assert_eq!(all["stores"][0]["records"].as_array().unwrap().len(), 1, "{all}");
         cleanup.run().await;
         other_cleanup.run().await;
+    }
+}
+
+/// Redis Cluster: the runtime's reads on a `ClusterConnection` carry a
+/// call's steps (they share its record's slot), and the binary, given the
+/// primary that holds a record's slot (as the operator runs it: a
+/// standalone store on each primary), shows them and where the call stopped.
+mod redis_cluster {
+    use super::*;
+
+    use redis::cluster_async::ClusterConnection;
+
+    /// The URL of the primary serving `name`'s slot (`CLUSTER SLOTS`).
+    async fn primary_of(conn: &mut ClusterConnection, name: &str) -> String {
+        use redis::Value;
+        let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(name).query_async(conn).await.unwrap();
+        let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await.unwrap();
+        let Value::Array(ranges) = slots else { panic!("CLUSTER SLOTS: {slots:?}") };
+        for range in ranges {
+            let Value::Array(range) = range else { continue };
+            let [Value::Int(start), Value::Int(end), Value::Array(primary), ..] = range.as_slice() else { continue };
+            if (*start..=*end).contains(&slot)
+                && let [Value::BulkString(host), Value::Int(port), ..] = primary.as_slice()
+            {
+                return format!("redis://{}:{port}/", String::from_utf8_lossy(host));
+            }
+        }
+        panic!("no primary serves slot {slot}")
+    }
+
+    /// Both calls' records on one primary (in two slots: a page of its
+    /// `SCAN` that one script call cannot read), the stopped one stuck.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_in_recorded_steps_shows_where_it_stopped() {
+        let Some(mut conn) = common::redis_cluster().await else { return };
+        let prefix = format!("{}:", unique("idem-cli-cluster"));
+        let store = idem::store::RedisStore::new(conn.clone(), prefix.clone());
+        let scope = unique("cli.cluster.transfer");
+        let names = |key: &str| {
+            let stored_key = stored(key);
+            [idem::store::RecordKind::Lease, idem::store::RecordKind::Steps]
+                .map(|kind| store.key(kind, &idem::key::stored_scope(&scope), &stored_key))
+        };
+        let stopped = unique("stopped");
+        let url = primary_of(&mut conn, &names(&stopped)[0]).await;
+        let mut done = unique("done");
+        while primary_of(&mut conn, &names(&done)[0]).await != url {
+            done = unique("done");
+        }
+        transfer(&store, &scope, &stopped, true).await;
+        transfer(&store, &scope, &done, false).await;
+        tokio::time::sleep(SHORT_LEASE + Duration::from_millis(300)).await;
+
+        // The runtime's own read, on the cluster connection.
+        let id = RecordId::new(&scope, &Key::new(stopped.as_str()).unwrap());
+        let record = store.inspect_lease(&id).await.unwrap().expect("the stopped call's record");
+        let steps: Vec<(usize, &str)> = record.steps.iter().map(|s| (s.number, s.name.as_str())).collect();
+        assert_eq!(steps, [(0, "reserve"), (1, "charge")]);
+        assert_eq!(record.steps[1].result, "500");
+        assert_eq!(record.steps[1].key, step_key(&scope, &stopped, "charge"));
+        let completed = RecordId::new(&scope, &Key::new(done.as_str()).unwrap());
+        assert_eq!(store.inspect_lease(&completed).await.unwrap().map(|r| r.steps), Some(Vec::new()));
+
+        // The binary, on that primary.
+        let cli = Store::Redis { url: &url, prefix: &prefix };
+        shows_two_steps(&cli, &scope, &stopped);
+        shows_no_steps(&cli, &scope, &done);
+        let listed = idem_json(&cli, &["stuck", "--scope", &scope], 0);
+        let records = listed["stores"][0]["records"].as_array().unwrap();
+        assert_eq!(records.len(), 1, "{listed}");
+        assert_eq!(records[0]["stopped"], "after step 1 `charge`", "{listed}");
+        let text = stdout(&idem(&cli, &["stuck", "--scope", &scope]));
+        assert!(text.contains("stopped after step 1 `charge`"), "{text}");
+
+        for name in [names(&stopped), names(&done)].concat() {
+            let _: i64 = redis::cmd("UNLINK").arg(&name).query_async(&mut conn).await.unwrap();
+        }
     }
 }

@@ -319,6 +319,25 @@ pub fn stored_scope(scope: &str) -> Cow<'_, str> {
     }
 }
 
+/// 32 hex digits (the first 16 bytes) of the SHA-256 of `parts`, each
+/// preceded by its length, so that no two lists of parts hash alike
+/// (`["ab", "c"]` and `["a", "bc"]` differ): a step's stable key, the SQL
+/// name of a call's steps.
+pub(crate) fn parts_hash(parts: &[&str]) -> String {
+    let mut hash = Sha256::new();
+    for part in parts {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    hex(&hash.finalize()[..16])
+}
+
+/// The stable key of the step `name` of the call of `scope` and `key` (as
+/// stored): `idem-step-` and 32 hex digits (`lease::StepKey`'s text).
+pub(crate) fn step_key(scope: &str, key: &str, name: &str) -> String {
+    format!("idem-step-{}", parts_hash(&[scope, key, name]))
+}
+
 /// First 16 hex digits of the SHA-256 of `text`.
 pub(crate) fn short_hash(text: &str) -> String {
     let mut h = hex(&Sha256::digest(text.as_bytes()));

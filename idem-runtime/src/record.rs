@@ -195,6 +195,31 @@ pub struct Record {
     pub expires_at_ms: Option<i64>,
     /// The store's clock when the record was read.
     pub now_ms: i64,
+    /// The steps a lease-guarded call recorded so far (`lease::Steps`), in
+    /// the order its body ran them; empty for a call that records none,
+    /// has not finished its first, or completed (its steps go with the
+    /// completion: its answer replays from then on). Of a stuck call, the
+    /// last one is where it stopped: the step after it was in flight.
+    pub steps: Vec<RecordStep>,
+}
+
+/// A step a lease-guarded call recorded: its `Ok` result, which a
+/// take-over (or a retry after the body failed) replays without running
+/// the step again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordStep {
+    /// Its place in the body, from 0 (as the store numbers it, and as
+    /// `Error::StepsChanged` counts).
+    pub number: usize,
+    /// Its name in the body (`steps.run("charge", ...)`).
+    pub name: String,
+    /// The JSON of its recorded result.
+    pub result: String,
+    /// Its stable key, the one the body was given to hand to the outside
+    /// system (`lease::StepKey::for_step` of the record's scope, key and
+    /// the step's name): look the step up there with it.
+    pub key: String,
 }
 
 impl Record {
@@ -219,6 +244,19 @@ impl Record {
     /// Milliseconds left on its lease (negative once passed).
     pub fn lease_left_ms(&self) -> Option<i64> {
         self.lease_until_ms.map(|l| l - self.now_ms)
+    }
+
+    /// Set [`steps`](Self::steps) from the `(name, result)` pairs the store
+    /// holds, in order, each with its stable key.
+    pub(crate) fn set_steps(&mut self, recorded: impl IntoIterator<Item = (String, String)>) {
+        self.steps = recorded
+            .into_iter()
+            .enumerate()
+            .map(|(number, (name, result))| {
+                let key = crate::key::step_key(&self.scope, &self.key, &name);
+                RecordStep { number, name, result, key }
+            })
+            .collect();
     }
 }
 

@@ -66,24 +66,38 @@ where
     /// [`Record::lease_until_ms`] is the key's TTL less the retention, and
     /// [`Record::updated_at_ms`] that less the lease (when the lease was last
     /// claimed, taken over or extended); [`Record::expires_at_ms`] is when
-    /// the key's TTL runs out.
+    /// the key's TTL runs out. With the steps its call recorded
+    /// ([`Record::steps`]), read just after (on a `ClusterConnection` too:
+    /// they share the record's slot).
     pub async fn inspect_lease(&self, id: &RecordId) -> Result<Option<Record>, Error> {
         let name = self.names.name(RecordKind::Lease, id.scope(), id.key());
         let mut read = self.read(std::slice::from_ref(&name)).await?;
-        Ok(read.pop().and_then(|(value, pttl, now_ms)| decode(id, value?, pttl, now_ms)))
+        match read.pop().and_then(|(value, pttl, now_ms)| decode(id, value?, pttl, now_ms)) {
+            Some(record) => Ok(Some(self.with_steps(record).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `record` with the steps its call recorded ([`Record::steps`]), read
+    /// just after it (the hash beside it, in its Cluster slot).
+    async fn with_steps(&self, mut record: Record) -> Result<Record, Error> {
+        let steps = self.read_steps(&record.scope, &record.key).await?;
+        record.set_steps(steps.into_iter().map(|step| (step.name, step.result)));
+        Ok(record)
     }
 
     /// Lease records whose lease has passed (their worker died or was
     /// dropped; the next call of the key would take them over), at most
-    /// `limit`, optionally of one scope (as the guard names it).
+    /// `limit`, optionally of one scope (as the guard names it), each with
+    /// the steps its call recorded ([`Record::steps`]): where it stopped.
     ///
     /// Scans the keyspace with `SCAN MATCH <prefix>{*}lease:...` (never
     /// `KEYS`), 500 keys a call, reading each page's records in
-    /// one script call, until `limit` records are found or the scan ends.
-    /// Standalone Redis only: on a `ClusterConnection` it is an error (a
-    /// `SCAN` covers one node, and a page's keys span slots); build a
-    /// standalone store on each primary's address, with the same prefix,
-    /// and ask each. In no particular order; a record changed during the scan may be
+    /// one script call (on a Cluster node, whose page spans slots, one call
+    /// a record), until `limit` records are found or the scan ends.
+    /// Standalone connections only: on a `ClusterConnection` it is an
+    /// error (a `SCAN` covers one node); build a standalone store on each
+    /// primary's address, with the same prefix, and ask each. In no particular order; a record changed during the scan may be
     /// missed or reported once more, as `SCAN` goes.
     pub async fn stuck_leases(&self, scope: Option<&str>, limit: usize) -> Result<Vec<Record>, Error> {
         if std::any::TypeId::of::<C>() == std::any::TypeId::of::<redis::cluster_async::ClusterConnection>() {
@@ -154,9 +168,13 @@ where
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let read = self.read(&keys).await?;
+        let read = self.read_page(&keys).await?;
         let records = ids.iter().zip(read).filter_map(|(id, (value, pttl, now_ms))| decode(id, value?, pttl, now_ms));
-        Ok(records.filter(|record| record.state.is_stuck()).collect())
+        let mut stuck = Vec::new();
+        for record in records.filter(|record| record.state.is_stuck()) {
+            stuck.push(self.with_steps(record).await?);
+        }
+        Ok(stuck)
     }
 
     /// Delete the lease record of `id` only if its lease has passed and its
@@ -193,6 +211,22 @@ where
                 Some(now) => Release::NotStuck(now),
             }),
             _ => Err(unexpected(&reply)),
+        }
+    }
+
+    /// Each name of one `SCAN` page's record, as [`read`](Self::read): in
+    /// one script call, or, on a node of a Redis Cluster, which refuses a
+    /// call over keys of several slots (`CROSSSLOT`), in one call a name.
+    async fn read_page(&self, names: &[String]) -> Result<Vec<(Option<Vec<u8>>, i64, i64)>, Error> {
+        match self.read(names).await {
+            Err(e) if cross_slot(&e) => {
+                let mut read = Vec::with_capacity(names.len());
+                for name in names {
+                    read.extend(self.read(std::slice::from_ref(name)).await?);
+                }
+                Ok(read)
+            }
+            read => read,
         }
     }
 
@@ -255,6 +289,7 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
         updated_at_ms: None,
         expires_at_ms,
         now_ms,
+        steps: Vec::new(),
     };
     if let Some(held) = value.strip_prefix('P') {
         let (fence, rest) = held.split_once('.')?;
@@ -288,6 +323,14 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
     }
     record.created_at_ms = claimed_at_ms(record.fence, now_ms);
     Some(record)
+}
+
+/// The server refused a call over keys of several slots: a Cluster node.
+fn cross_slot(e: &Error) -> bool {
+    let Error::Store { source, .. } = e else { return false };
+    source
+        .downcast_ref::<redis::RedisError>()
+        .is_some_and(|e| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot))
 }
 
 /// When a record with `fence` was first claimed: a new record's fence is

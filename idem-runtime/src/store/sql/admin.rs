@@ -35,6 +35,19 @@
 //! its retention ([`RecordState::Expired`]: guards ignore it and take the
 //! key over, and a purge deletes it).
 //!
+//! # Where a call stopped
+//!
+//! A record read here carries the steps its call recorded
+//! ([`Record::steps`], see `lease::Steps`): each one's number, name,
+//! result and stable key. Of a stuck lease record, the last one is where
+//! its worker stopped, and the step after it was in flight (it may or may
+//! not have taken effect outside: look it up there by the next step's key);
+//! with none, it stopped before its first step. A take-over, or the next
+//! call after a [`release`], replays the recorded steps and runs from the
+//! first unrecorded one. The steps are rows of the record table too
+//! (scope `\step:...`, `DONE`): never stuck, so never listed by
+//! [`stuck`]; a purge deletes them with the records past their retention.
+//!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
 //! use idem_runtime::admin::{self, RecordId, Release, StuckQuery};
@@ -57,7 +70,7 @@ use super::dialect::{Arg, Dialect, Stmt, text};
 use super::schema::PurgeBatch;
 use super::{PurgeOptions, SqlBackend, classify, statements};
 use crate::error::Error;
-pub use crate::record::{Record, RecordId, RecordState, RecordStatus, Release, StuckQuery};
+pub use crate::record::{Record, RecordId, RecordState, RecordStatus, RecordStep, Release, StuckQuery};
 use crate::table::RecordTable;
 
 /// What [`purge_preview`] counted.
@@ -141,13 +154,23 @@ fn decode_admin<DB: SqlBackend>(row: &DB::Row) -> Result<Record, sqlx::Error> {
         updated_at_ms: Some(r.updated_at_ms),
         expires_at_ms: Some(r.expires_at_ms),
         now_ms: DB::int(row, 11)?,
+        steps: Vec::new(),
     })
+}
+
+/// `record` with the steps its call recorded ([`Record::steps`]), read on
+/// the same connection just after it.
+async fn with_steps<DB: SqlBackend>(conn: &mut DB::Connection, mut record: Record) -> Result<Record, Error> {
+    let steps = super::steps::peek::<DB>(conn, &record.scope, &record.key).await.map_err(classify::<DB>)?;
+    record.set_steps(steps.into_iter().map(|step| (step.name, step.result)));
+    Ok(record)
 }
 
 /// Read one record with its state, by the database's clock.
 ///
-/// Like [`find_record`](crate::sql::find_record), plus the clock and what the
-/// record means now ([`Record::state`]).
+/// Like [`find_record`](crate::sql::find_record), plus the clock, what the
+/// record means now ([`Record::state`]) and the steps its call recorded
+/// ([`Record::steps`]).
 pub async fn inspect<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId) -> Result<Option<Record>, Error> {
     let mut conn = pool.acquire().await?;
     fetch::<DB>(&mut conn, id).await
@@ -156,11 +179,12 @@ pub async fn inspect<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId) -> Re
 /// One page of stuck records (see the [module](self) docs): `PROCESSING`
 /// records whose lease has passed, and unfinished dedup records, not past
 /// their retention; in (scope, key) order, at most `query.limit`. For the
-/// next page, set `query.after` to the last record's [`Record::id`].
+/// next page, set `query.after` to the last record's [`Record::id`]. Each
+/// with the steps its call recorded ([`Record::steps`]): where it stopped.
 ///
 /// Each page is one statement; it reads the whole table's `PROCESSING`
 /// rows (there is no index on status), which a table of live traffic keeps
-/// few.
+/// few; then one read by primary key a record, of its steps.
 pub async fn stuck<DB: SqlBackend>(pool: &sqlx::Pool<DB>, query: &StuckQuery) -> Result<Vec<Record>, Error> {
     let mut conn = pool.acquire().await?;
     let scope = query.scope.as_deref().map(crate::key::stored_scope);
@@ -173,7 +197,12 @@ pub async fn stuck<DB: SqlBackend>(pool: &sqlx::Pool<DB>, query: &StuckQuery) ->
     ];
     let page = statements::<DB>().admin.stuck.query::<DB>(&values);
     let rows = DB::fetch_all(&mut conn, page).await.map_err(classify::<DB>)?;
-    rows.iter().map(decode_admin::<DB>).collect::<Result<_, _>>().map_err(classify::<DB>)
+    let records: Vec<Record> = rows.iter().map(decode_admin::<DB>).collect::<Result<_, _>>().map_err(classify::<DB>)?;
+    let mut stuck = Vec::with_capacity(records.len());
+    for record in records {
+        stuck.push(with_steps::<DB>(&mut conn, record).await?);
+    }
+    Ok(stuck)
 }
 
 /// Delete one stuck record so the next call of its key runs again, only if
@@ -212,7 +241,10 @@ pub async fn release<DB: SqlBackend>(pool: &sqlx::Pool<DB>, id: &RecordId, fence
 async fn fetch<DB: SqlBackend>(conn: &mut DB::Connection, id: &RecordId) -> Result<Option<Record>, Error> {
     let read = statements::<DB>().admin.fetch.query::<DB>(&[text(id.scope()), text(id.key())]);
     let row = DB::fetch_optional(conn, read).await.map_err(classify::<DB>)?;
-    row.map(|row| decode_admin::<DB>(&row)).transpose().map_err(classify::<DB>)
+    match row.map(|row| decode_admin::<DB>(&row)).transpose().map_err(classify::<DB>)? {
+        Some(record) => Ok(Some(with_steps::<DB>(conn, record).await?)),
+        None => Ok(None),
+    }
 }
 
 /// Count what [`purge_expired`](crate::sql::purge_expired) with `options` would

@@ -9,8 +9,6 @@
 //! holder's row, which checks its owner, fence and live lease by the
 //! database's clock in the same statement.
 
-use sha2::{Digest as _, Sha256};
-
 use super::dialect::{Arg, Dialect, Stmt, inserted, read_text, text};
 use super::{SqlBackend, statements};
 use crate::lease::store::{HeldLease, NewStep, RecordedStep};
@@ -62,13 +60,7 @@ impl StepStatements {
 
 /// `\step:<call>`, `<call>` 32 hex digits of the call's scope and key.
 fn call(scope: &str, key: &str) -> String {
-    let mut hash = Sha256::new();
-    for part in [scope, key] {
-        hash.update((part.len() as u64).to_be_bytes());
-        hash.update(part.as_bytes());
-    }
-    let hex: String = hash.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("\\step:{hex}")
+    format!("\\step:{}", crate::key::parts_hash(&[scope, key]))
 }
 
 /// The key of step `number`.
@@ -76,16 +68,31 @@ fn step_key(number: usize) -> String {
     format!("{number:02}")
 }
 
+/// The call's steps for a claim: those past their retention deleted
+/// first (the claim starts the call over), then the others read.
 pub(crate) async fn read<DB: SqlBackend>(
     conn: &mut DB::Connection,
     scope: &str,
     key: &str,
 ) -> Result<Vec<RecordedStep>, sqlx::Error> {
-    let s = &statements::<DB>().steps;
     let call = call(scope, key);
-    let args = [text(&call)];
-    DB::execute(conn, s.clear_expired.query::<DB>(&args)).await?;
-    let rows = DB::fetch_all(conn, s.read.query::<DB>(&args)).await?;
+    DB::execute(conn, statements::<DB>().steps.clear_expired.query::<DB>(&[text(&call)])).await?;
+    recorded::<DB>(conn, &call).await
+}
+
+/// The call's steps as they are, those past their retention left out (and
+/// left to the claim or a purge to delete): what the operator's reads show.
+pub(crate) async fn peek<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    scope: &str,
+    key: &str,
+) -> Result<Vec<RecordedStep>, sqlx::Error> {
+    recorded::<DB>(conn, &call(scope, key)).await
+}
+
+/// The steps of the call whose step scope is `call`, in order.
+async fn recorded<DB: SqlBackend>(conn: &mut DB::Connection, call: &str) -> Result<Vec<RecordedStep>, sqlx::Error> {
+    let rows = DB::fetch_all(conn, statements::<DB>().steps.read.query::<DB>(&[text(call)])).await?;
     let mut steps = Vec::with_capacity(rows.len());
     for (number, row) in rows.iter().enumerate() {
         let key = read_text::<DB>(row, 0)?.unwrap_or_default();
@@ -148,5 +155,16 @@ fn not_a_step(key: &str) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: "response".into(),
         source: format!("the step row `{key}` does not hold one of idem's recorded steps").into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The steps already in a table stay the call's: its step scope does
+    /// not change between versions.
+    #[test]
+    fn a_calls_step_scope_is_stable() {
+        assert_eq!(super::call("pay", "T-1"), "\\step:6e734bae796b24ded4ef70f6c8179693");
+        assert_ne!(super::call("pa", "yT-1"), super::call("pay", "T-1"), "parts do not run into each other");
     }
 }
