@@ -17,7 +17,7 @@ use crate::common::{AppError, BoxError, Store};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Ack {
-    id: u64,
+    pub(crate) id: u64,
 }
 
 /// The guarded call: no work in the body, so the figure is the guard's.
@@ -39,6 +39,29 @@ where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), BoxError>> + Send,
 {
+    measure_calls(clients, length, false, call).await.tps
+}
+
+/// What [`measure_calls`] saw.
+#[derive(Default)]
+pub(crate) struct Measured {
+    /// Calls that succeeded, per second.
+    pub tps: f64,
+    /// Calls made, failed ones too (each ran to its end: a slice stops
+    /// starting calls, it does not cut one short).
+    pub calls: u64,
+    pub errors: u64,
+    /// Each successful call's time, in µs, when asked for.
+    pub latencies_us: Vec<u32>,
+}
+
+/// `call(n)` from `clients` tasks for `length`; `timed`: also each call's
+/// latency (a clock read per call, left out where only throughput counts).
+pub(crate) async fn measure_calls<F, Fut>(clients: usize, length: Duration, timed: bool, call: F) -> Measured
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send,
+{
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let call = Arc::new(call);
     let stop = Arc::new(AtomicBool::new(false));
@@ -47,15 +70,21 @@ where
     for _ in 0..clients.max(1) {
         let (call, stop) = (call.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
-            let (mut ok, mut errors) = (0u64, 0u64);
+            let (mut ok, mut errors, mut latencies) = (0u64, 0u64, Vec::new());
             while !stop.load(Ordering::Relaxed) {
                 // The memory store's futures are ready at once: without a
                 // yield now and then, busy clients would starve the timer.
                 if ok % 32 == 31 {
                     tokio::task::yield_now().await;
                 }
+                let t = timed.then(Instant::now);
                 match call(SEQ.fetch_add(1, Ordering::Relaxed)).await {
-                    Ok(()) => ok += 1,
+                    Ok(()) => {
+                        ok += 1;
+                        if let Some(t) = t {
+                            latencies.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+                        }
+                    }
                     Err(e) => {
                         errors += 1;
                         if errors < 3 {
@@ -64,16 +93,22 @@ where
                     }
                 }
             }
-            ok
+            (ok, errors, latencies)
         }));
     }
     tokio::time::sleep(length).await;
     stop.store(true, Ordering::Relaxed);
-    let mut calls = 0;
+    let mut m = Measured::default();
+    let mut ok = 0;
     for t in tasks {
-        calls += t.await.expect("bench task");
+        let (calls, errors, latencies) = t.await.expect("bench task");
+        ok += calls;
+        m.errors += errors;
+        m.latencies_us.extend(latencies);
     }
-    calls as f64 / started.elapsed().as_secs_f64()
+    m.calls = ok + m.errors;
+    m.tps = ok as f64 / started.elapsed().as_secs_f64();
+    m
 }
 
 /// The median of `v` (NaN when empty); the other bench modules use it too.
@@ -144,13 +179,13 @@ async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Result<f64,
 }
 
 /// The store under test, and what a run reports about it.
-struct Under {
-    name: &'static str,
-    store: Arc<dyn LeaseStore>,
-    sql: Option<Store>,
+pub(crate) struct Under {
+    pub name: &'static str,
+    pub store: Arc<dyn LeaseStore>,
+    pub sql: Option<Store>,
     /// The Redis store's own count of script calls and the operations they
     /// carried (a batch is one call).
-    redis_stats: Option<Box<dyn Fn() -> idem::store::RedisStats>>,
+    pub redis_stats: Option<Box<dyn Fn() -> idem::store::RedisStats>>,
 }
 
 fn redis_store<C>(conn: C) -> Under
@@ -162,7 +197,13 @@ where
     Under { name: "redis", store: Arc::new(store), sql: None, redis_stats: Some(Box::new(move || handle.stats())) }
 }
 
-async fn open(database_url: Option<&str>, redis_url: Option<&str>, clients: usize) -> Result<Under, BoxError> {
+/// The store `--redis-url` or `--database-url` names (its record table
+/// migrated), or the memory store.
+pub(crate) async fn open(
+    database_url: Option<&str>,
+    redis_url: Option<&str>,
+    clients: usize,
+) -> Result<Under, BoxError> {
     if let Some(url) = redis_url {
         let client = redis::Client::open(url)?;
         return Ok(if std::env::var("LEASE_BENCH_MANAGER").is_ok() {

@@ -25,11 +25,15 @@
 //!
 //! Scenarios `lease`, `token` and `lock` measure a guard with an empty body
 //! on its own store (memory by default, or `--redis-url`): see
-//! `lease_bench` and `token_bench`.
+//! `lease_bench` and `token_bench`. Scenario `steps` measures a lease body
+//! in recorded steps (`--steps`, 3 by default) against the same body
+//! unrecorded: see `steps_bench`.
 //!
 //! ```text
 //! cargo run --release -p idem-bench -- --scenario token --redis-url redis://127.0.0.1:6379 --clients 100 --seconds 40
 //! cargo run --release -p idem-bench -- --scenario lock --redis-url redis://127.0.0.1:6379 --clients 64 --seconds 48
+//! cargo run --release -p idem-bench -- --scenario steps --redis-url redis://127.0.0.1:6379 --clients 16 --seconds 60 --rounds 10
+//! cargo run --release -p idem-bench -- --scenario steps --database-url postgres://postgres@127.0.0.1/test --clients 16 --seconds 60 --rounds 10
 //! cargo run --release -p idem-bench -- --scenario mq --database-url postgres://postgres@127.0.0.1/test --redis-url redis://127.0.0.1:6379 --clients 16 --seconds 30
 //! cargo run --release -p idem-bench -- --scenario wait --database-url postgres://postgres@127.0.0.1/test --redis-url redis://127.0.0.1:6379 --clients 16 --rounds 40
 //! cargo run --release -p idem-bench -- --scenario dedup --database-url postgres://postgres@127.0.0.1/test --clients 16 --seconds 30
@@ -62,6 +66,7 @@ mod common;
 mod lease_bench;
 mod mq_bench;
 mod rtt_proxy;
+mod steps_bench;
 mod token_bench;
 mod wait_bench;
 
@@ -82,6 +87,9 @@ enum Scenario {
     DedupState,
     /// Lease records (memory by default; --redis-url or --database-url).
     Lease,
+    /// A lease body in --steps recorded steps against the same body
+    /// unrecorded (memory by default; --redis-url or --database-url).
+    Steps,
     /// One-time tokens consumed through the guard (memory, or --redis-url).
     Token,
     /// `strategy = "lock", concurrency_only = true` (memory, or --redis-url).
@@ -101,6 +109,7 @@ impl Scenario {
             Scenario::State => "state",
             Scenario::DedupState => "dedup+state",
             Scenario::Lease => "lease",
+            Scenario::Steps => "steps",
             Scenario::Token => "token",
             Scenario::Lock => "lock",
             Scenario::Mq => "mq",
@@ -112,7 +121,7 @@ impl Scenario {
         match self {
             Scenario::Dedup => &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten, Mode::ZeroRt],
             Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
-            Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait => &[],
+            Scenario::Lease | Scenario::Steps | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait => &[],
         }
     }
 }
@@ -123,10 +132,10 @@ struct Args {
     #[arg(long, value_enum, default_value = "dedup")]
     scenario: Scenario,
     /// postgres://..., mysql://... or sqlite:PATH; default: SQLite in a temporary file
-    /// (for `lease`: the memory store).
+    /// (for `lease` and `steps`: the memory store).
     #[arg(long)]
     database_url: Option<String>,
-    /// `lease`, `token`, `lock` and `mq` only: keep their records, tokens, locks or markers in this Redis.
+    /// `lease`, `steps`, `token`, `lock` and `mq` only: keep their records, tokens, locks or markers in this Redis.
     #[arg(long)]
     redis_url: Option<String>,
     /// `lease` only: also on this Redis Cluster (seed nodes, comma separated), side by side with
@@ -163,6 +172,10 @@ struct Args {
     callgrind_out: Option<String>,
     #[arg(long, default_value_t = 2000)]
     calls: u64,
+    /// `steps` only: how many recorded steps the call's body runs (0: only
+    /// what recording costs whatever the steps).
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
     /// `dedup`, `state` and `dedup+state` on PostgreSQL or MySQL: add this many
     /// microseconds to every round trip to the database (half each way, through
     /// an in-process TCP proxy), as if it ran on another host; 0: off.
@@ -487,8 +500,8 @@ where
             guarded_dedup_state(&mut tx, trade_no, user_id).await?;
         }
         (_, Mode::ZeroRt) => unreachable!("an idem::Tx, above"),
-        (Scenario::Lease | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait, _) => {
-            unreachable!("the lease, token, lock and mq scenarios run in their own modules")
+        (Scenario::Lease | Scenario::Steps | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait, _) => {
+            unreachable!("the lease, steps, token, lock, mq and wait scenarios run in their own modules")
         }
         (Scenario::DedupState, Mode::Handwritten) => {
             if DB::hand_claim(&mut tx, trade_no).await? && hand_pay::<DB>(&mut tx, trade_no).await? {
@@ -725,6 +738,10 @@ async fn main() -> Result<(), BoxError> {
             return lease_bench::run_only(only, db, redis, args.clients, args.seconds).await;
         }
         return lease_bench::run(db, redis, args.clients, args.seconds, args.rounds).await;
+    }
+    if args.scenario == Scenario::Steps {
+        let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
+        return steps_bench::run(db, redis, args.steps, args.clients, (args.seconds, args.rounds)).await;
     }
     if args.scenario == Scenario::Wait {
         let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
