@@ -259,3 +259,46 @@ async fn a_step_transaction_on_another_database_of_the_same_kind_is_refused() {
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger").fetch_one(other).await.unwrap();
     assert_eq!(rows, 0, "rolled back");
 }
+
+/// `purge --older-than` takes completed records whatever their retention,
+/// but not the recorded steps of a call still waiting for its take-over
+/// (a purged step would run again: a second charge), and the archive keeps
+/// completed calls, not steps.
+#[tokio::test]
+async fn a_purge_of_old_records_keeps_the_steps_of_a_stopped_call() {
+    let Some(pool) = common::sqlite().await else { return };
+    let store = idem::store::SqlStore::new(pool.clone());
+    let lease = Duration::from_millis(300);
+    let Claim::Run(ticket) = Guard::new(SCOPE).key("T-9").lease::<u8>(&store, lease).await.unwrap() else {
+        panic!("first call")
+    };
+    let stopped = ticket.run_steps(|steps| async move {
+        steps.run("charge", |_| async { Ok::<u8, Error>(7) }).await?;
+        std::future::pending::<()>().await;
+        Ok::<u8, Error>(0)
+    });
+    assert!(tokio::time::timeout(Duration::from_millis(100), stopped).await.is_err());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let options =
+        idem::sql::PurgeOptions { older_than: Some(Duration::from_millis(1)), archive: true, ..Default::default() };
+    idem::sql::purge_expired(&pool, options).await.unwrap();
+    let archived: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records_archive").fetch_one(&pool).await.unwrap();
+    assert_eq!(archived, 0, "a step is no completed call");
+    tokio::time::sleep(lease).await;
+    let charges = &AtomicUsize::new(0);
+    let Claim::Run(ticket) = Guard::new(SCOPE).key("T-9").lease::<u8>(&store, lease).await.unwrap() else {
+        panic!("the take-over")
+    };
+    let charged = ticket
+        .run_steps(|steps| async move {
+            steps
+                .run("charge", |_| async {
+                    charges.fetch_add(1, SeqCst);
+                    Ok::<u8, Error>(8)
+                })
+                .await
+        })
+        .await
+        .unwrap();
+    assert_eq!((charged, charges.load(SeqCst)), (7, 0), "the recorded charge replayed");
+}

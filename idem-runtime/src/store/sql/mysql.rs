@@ -32,7 +32,7 @@ use sqlx::mysql::{MySqlConnection, MySqlQueryResult};
 use super::SqlBackend;
 use super::dialect::{Arg, Dialect, Driver, Placeholders, Query, Stmt, TakeOver, inserted};
 use super::lease::{LeaseClaimSql, LeaseClaimed, LeaseStatements, claim_args, judge_row, read_holder};
-use super::schema::{Cut, PurgeBatch, PurgeSql, archive_copy, cut_copy_delete};
+use super::schema::{ARCHIVED, Cut, PurgeBatch, PurgeSql, archive_copy, cut_copy_delete};
 use crate::lease::store::{LeaseClaim, LeaseRequest};
 use crate::table::RecordTable;
 
@@ -179,7 +179,7 @@ impl PurgeSql for MySql {
         // it copied in place for the delete.
         let chosen =
             format!("{} ORDER BY expires_at, scope, idem_key LIMIT $2", p.condition::<Self>("CAST($1 AS DATETIME(6))"));
-        let from = format!("(SELECT * FROM {t} WHERE {chosen}) AS expired WHERE status = 'DONE'");
+        let from = format!("(SELECT * FROM {t} WHERE {chosen}) AS expired WHERE {ARCHIVED}");
         let copy = archive_copy("INSERT INTO", t.archive(), Self::NOW, &from);
         let delete = format!("DELETE FROM {t} WHERE {chosen}");
         let cut = Cut::Text("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)");

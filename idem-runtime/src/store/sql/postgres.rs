@@ -14,7 +14,7 @@ use sqlx::postgres::PgConnection;
 use super::SqlBackend;
 use super::dialect::{Dialect, Driver, Placeholders, Query, Stmt};
 use super::lease::{LeaseClaimSql, LeaseClaimed, LeaseRow, LeaseStatements, claim_args, judge_row};
-use super::schema::{PurgeBatch, PurgeSql, archive_copy};
+use super::schema::{ARCHIVED, PurgeBatch, PurgeSql, archive_copy};
 use crate::lease::store::{LeaseClaim, LeaseRequest};
 use crate::table::RecordTable;
 
@@ -127,8 +127,8 @@ impl PurgeSql for Postgres {
         // that is replaying one of these records. With `archive`, the deleted
         // completed records go to the archive in the same statement.
         let keep = if p.archive {
-            let from = "gone WHERE status = 'DONE' ON CONFLICT DO NOTHING";
-            format!(", kept AS ({})", archive_copy("INSERT INTO", t.archive(), "now()", from))
+            let from = format!("gone WHERE {ARCHIVED} ON CONFLICT DO NOTHING");
+            format!(", kept AS ({})", archive_copy("INSERT INTO", t.archive(), "now()", &from))
         } else {
             String::new()
         };

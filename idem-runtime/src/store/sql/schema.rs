@@ -222,11 +222,19 @@ impl<'a> PurgeBatch<'a> {
     /// The condition of its records, by the clock `cut` (the statement's,
     /// or `$1`, a reading of it taken first). The values of a purge's
     /// statements: `$1` that reading, `$2` the batch, `$3` the age, `$4`
-    /// the scope ([`args`](Self::args)).
+    /// the scope, `$5` the step rows' scope prefix ([`args`](Self::args)).
+    ///
+    /// `older_than` leaves the rows of recorded steps alone (they are
+    /// `DONE`, but their call may still be running or waiting for its
+    /// take-over, which would run a purged step again): they go with their
+    /// retention, or with their call's completion.
     pub(crate) fn condition<D: Dialect>(&self, cut: &str) -> String {
         let mut condition = format!("expires_at <= {cut}");
         if self.older_than.is_some() {
-            condition = format!("({condition} OR (status <> 'PROCESSING' AND created_at <= {}))", D::before(cut, "$3"));
+            condition = format!(
+                "({condition} OR (status <> 'PROCESSING' AND created_at <= {} AND {NOT_A_STEP}))",
+                D::before(cut, "$3")
+            );
         }
         if self.scope.is_some() {
             condition.push_str(" AND scope = $4");
@@ -236,15 +244,24 @@ impl<'a> PurgeBatch<'a> {
 
     /// The values of a purge's statements (`cut`: the clock reading, if one
     /// was taken).
-    pub(crate) fn args(&self, cut: Option<Arg<'a>>) -> [Arg<'a>; 4] {
+    pub(crate) fn args(&self, cut: Option<Arg<'a>>) -> [Arg<'a>; 5] {
         [
             cut.unwrap_or(Arg::Int(0)),
             Arg::Int(self.batch.into()),
             Arg::Span(self.older_than.unwrap_or_default()),
             Arg::Text(self.scope),
+            Arg::Text(Some(super::steps::STEP_SCOPES)),
         ]
     }
 }
+
+/// Not the row of a recorded step (its scope's prefix bound as `$5`: a
+/// value, so no database's escaping of the backslash matters).
+const NOT_A_STEP: &str = "substr(scope, 1, 6) <> $5";
+
+/// Which of a purge's rows go to the archive: completed calls' records,
+/// not their steps'.
+pub(crate) const ARCHIVED: &str = "status = 'DONE' AND substr(scope, 1, 6) <> $5";
 
 /// The columns an archived record keeps, as the record table names them
 /// (the archive adds `archived_at`).

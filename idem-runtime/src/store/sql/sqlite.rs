@@ -21,7 +21,7 @@ use sqlx::sqlite::SqliteConnection;
 use super::SqlBackend;
 use super::dialect::{Arg, Dialect, Driver, Placeholders, Query, Stmt, TakeOver};
 use super::lease::{LeaseClaimSql, LeaseClaimed, LeaseStatements, claim_args, judge_row, read_holder};
-use super::schema::{Cut, PurgeBatch, PurgeSql, archive_copy, cut_copy_delete};
+use super::schema::{ARCHIVED, Cut, PurgeBatch, PurgeSql, archive_copy, cut_copy_delete};
 use crate::lease::store::{LeaseClaim, LeaseRequest};
 use crate::table::RecordTable;
 
@@ -135,7 +135,7 @@ impl PurgeSql for Sqlite {
         let t = p.table;
         let chosen =
             format!("rowid IN (SELECT rowid FROM {t} WHERE {} ORDER BY rowid LIMIT $2)", p.condition::<Self>("$1"));
-        let from = format!("{t} WHERE {chosen} AND status = 'DONE'");
+        let from = format!("{t} WHERE {chosen} AND {ARCHIVED}");
         let copy = p.archive.then(|| archive_copy("INSERT OR IGNORE INTO", t.archive(), "$1", &from));
         let delete = format!("DELETE FROM {t} WHERE {chosen}");
         let cut = Cut::Int(concat!("SELECT ", now_ms!()));

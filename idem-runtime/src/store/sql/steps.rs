@@ -58,9 +58,12 @@ impl StepStatements {
     }
 }
 
+/// What every step row's scope starts with (6 characters).
+pub(crate) const STEP_SCOPES: &str = "\\step:";
+
 /// `\step:<call>`, `<call>` 32 hex digits of the call's scope and key.
 fn call(scope: &str, key: &str) -> String {
-    format!("\\step:{}", crate::key::parts_hash(&[scope, key]))
+    format!("{STEP_SCOPES}{}", crate::key::parts_hash(&[scope, key]))
 }
 
 /// The key of step `number`.
