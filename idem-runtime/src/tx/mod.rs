@@ -212,6 +212,12 @@ impl<DB: SqlBackend> Tx<DB> {
     /// `sqlx::Transaction::commit`: running the whole call again is safe,
     /// it replays or runs.
     pub async fn commit(mut self) -> Result<(), Error> {
+        if self.core.state == State::Ended {
+            // A `claim = "commit"` guard committed it (or rolled it back
+            // on a repeat): nothing is left to send.
+            self.core.state = State::Closed;
+            return Ok(());
+        }
         if let Some(e) = self.core.unusable() {
             return Err(e);
         }
@@ -241,7 +247,7 @@ impl<DB: SqlBackend> Tx<DB> {
     /// Roll back (nothing is sent if nothing has begun).
     pub async fn rollback(mut self) -> Result<(), Error> {
         match self.core.state {
-            State::Deferred | State::Closed => {}
+            State::Deferred | State::Closed | State::Ended => {}
             State::Open | State::Failed => {
                 self.core.state = State::Busy;
                 Tm::<DB>::rollback(&mut self.conn).await?;
@@ -295,7 +301,7 @@ impl<DB: SqlBackend> Drop for Tx<DB> {
     fn drop(&mut self) {
         let depth = Tm::<DB>::get_transaction_depth(&self.conn);
         match self.core.state {
-            State::Deferred | State::Closed => {}
+            State::Deferred | State::Closed | State::Ended => {}
             State::Busy if depth == 0 => self.conn.close_on_drop(),
             State::Broken => self.conn.close_on_drop(),
             // Queues the ROLLBACK; it goes out with the connection's next use.
