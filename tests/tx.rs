@@ -531,6 +531,35 @@ macro_rules! tx_suite {
                 Ok(run)
             }
 
+            #[idempotent(key = "order_no", scope = "tests.tx.commit.outer")]
+            async fn outer_before(tx: &mut idem::Tx<Db>, order_no: &str, inner_key: &str) -> Result<String, AppError> {
+                let inner = inner_at_commit(tx, inner_key).await?;
+                sqlx::query($insert).bind(order_no).execute(&mut **tx).await?;
+                Ok(format!("outer+{inner}"))
+            }
+
+            #[idempotent(key = "key", scope = "tests.tx.commit.inner", claim = "commit")]
+            async fn inner_at_commit(tx: &mut idem::Tx<Db>, key: &str) -> Result<String, AppError> {
+                sqlx::query($insert).bind(key).execute(&mut **tx).await?;
+                Ok("inner".to_owned())
+            }
+
+            /// Inside another guard's body the call is not the whole
+            /// transaction: it does not commit it (it is `claim = "after"`),
+            /// and the outer body goes on in the transaction.
+            #[tokio::test]
+            async fn claim_commit_inside_another_guards_body_leaves_the_transaction_open() {
+                let pool = pool!();
+                let (order, inner_key) = (unique("outer"), unique("inner"));
+                for attempt in 0..2 {
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    assert_eq!(outer_before(&mut tx, &order, &inner_key).await.unwrap(), "outer+inner");
+                    assert_eq!(tx.is_begun(), attempt == 0, "open after a first call, not begun after a replay");
+                    tx.commit().await.unwrap();
+                    assert_eq!((coupons(&pool, &order).await, coupons(&pool, &inner_key).await), (1, 1));
+                }
+            }
+
             /// One `claim = "commit"` call through the Guard API, its body
             /// a coupon of `key`: (the body ran, the answer returned).
             async fn call_at_commit(

@@ -68,6 +68,12 @@ where
     /// then `COMMIT`). A repeat finds the transaction rolled back and
     /// replays the record it read in the same round trip.
     async fn commit_with_record(&mut self, p: &Prepared, json: Option<&str>) -> Result<Option<Claimed>, Error> {
+        if self.core.bodies > 0 {
+            // Inside another guard's body on this `Tx`: the call is not the
+            // whole transaction, and committing would leave that body's
+            // next statements outside any. Written as `claim = "after"`.
+            return Ok(None);
+        }
         let record = new_record(p);
         let inline = json.is_none_or(|json| json.len() <= INLINE_ANSWER_MAX);
         let (texts, done) = match texts::<DB>().filter(|_| inline) {

@@ -56,7 +56,9 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// [`Tx::commit`]), so a first call
 /// sends the statements of the transaction alone and one index insert
 /// more. The guarded call ends the transaction: [`Tx::commit`] after it
-/// sends nothing, and the connection serves nothing else. A repeat's
+/// sends nothing, and the connection serves nothing else. (Inside another
+/// guard's body on the same `Tx` it is not the whole transaction: there it
+/// is `claim = "after"`.) A repeat's
 /// `INSERT` fails on the key, which stops the text before its `COMMIT`:
 /// `ROLLBACK; BEGIN; <read>` then drops the body's writes and reads the
 /// first answer, which the call returns. Only a unique-key error of the
@@ -235,7 +237,8 @@ impl<DB: SqlBackend> Tx<DB> {
     /// Commit: the answers guards queued, then `COMMIT`, in one round trip
     /// (and one `ROLLBACK` of sqlx's bookkeeping that goes out with the
     /// connection's next use). If nothing has begun (every guard replayed),
-    /// nothing is sent.
+    /// or a `claim = "commit"` guard ended the transaction (committed, or
+    /// rolled back on a repeat), nothing is sent.
     ///
     /// An error from the database means nothing was committed. An I/O
     /// error (or dropping this future) leaves it unknown, as with
