@@ -83,6 +83,7 @@ macro_rules! tx_suite {
         count_coupons = $count:literal;
         delete_record = $delete_record:literal;
         session_id = $session_id:literal;
+        short_lock_wait = $short_lock_wait:literal;
     ) => {
         mod $m {
             use super::*;
@@ -636,6 +637,26 @@ macro_rules! tx_suite {
                 answers
             }
 
+            /// A holder of `key` in `tests.tx.commit` (claimed, not
+            /// committed), and a pool of one connection of its own for the
+            /// call that meets it.
+            async fn held_key(
+                pool: &sqlx::Pool<Db>,
+                key: &str,
+            ) -> (sqlx::Transaction<'static, Db>, idem::Ticket<Db>, sqlx::Pool<Db>) {
+                let mut holder = pool.begin().await.unwrap();
+                let guard = Guard::new("tests.tx.commit").key(key);
+                let Claim::Run(held) = guard.dedup::<String, _>(&mut holder).await.unwrap() else {
+                    panic!("the holder claims")
+                };
+                let one = sqlx::pool::PoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(pool.connect_options().as_ref().clone())
+                    .await
+                    .unwrap();
+                (holder, held, one)
+            }
+
             async fn record_answer(pool: &sqlx::Pool<Db>, scope: &str, key: &str) -> Option<Option<String>> {
                 let found = idem::sql::find_record(pool, scope, &Key::new(key).unwrap()).await.unwrap();
                 found.map(|r| r.response)
@@ -817,6 +838,33 @@ macro_rules! tx_suite {
                 assert_eq!(coupons(&pool, &key).await, 2);
             }
 
+            /// Only a unique-key error is a repeat: a text refused otherwise
+            /// (its insert's lock wait timed out on a holder's record) is an
+            /// error, nothing of the call is kept, and `Tx::commit` fails.
+            #[tokio::test]
+            async fn claim_commit_a_text_refused_otherwise_than_on_the_key_keeps_nothing_and_says_so() {
+                let pool = pool!();
+                let key = unique("commit-timeout");
+                // A connection of its own: the lock wait is set for its session.
+                let (mut holder, held, one) = held_key(&pool, &key).await;
+                let mut tx = idem::begin(&one).await.unwrap();
+                let guard = Guard::new("tests.tx.commit").key(&key).claim_at_commit();
+                let Claim::Run(t) = guard.dedup::<String, _>(&mut tx).await.unwrap() else {
+                    panic!("claims after the body")
+                };
+                sqlx::query($short_lock_wait).execute(&mut *tx).await.unwrap();
+                sqlx::query($insert).bind(&key).execute(&mut *tx).await.unwrap();
+                let err = t.complete(&mut tx, Ok::<_, idem::Error>("mine".to_owned())).await.unwrap_err();
+                assert!(matches!(err, idem::Error::Database(_)), "an error, not a repeat: {err}");
+                let refused = tx.commit().await;
+                assert!(matches!(refused, Err(idem::Error::TxUnusable { .. })), "{refused:?}");
+                held.complete(&mut holder, Ok::<_, idem::Error>("holder".to_owned())).await.unwrap().unwrap();
+                holder.commit().await.unwrap();
+                one.close().await;
+                assert_eq!(coupons(&pool, &key).await, 0, "the body's write was not kept");
+                assert_eq!(record_answer(&pool, "tests.tx.commit", &key).await, Some(Some("\"holder\"".to_owned())));
+            }
+
             /// The future is dropped while its commit text waits (on a
             /// holder's uncommitted record): the `Tx` refuses to commit, its
             /// connection is reused, and what the server then did commits
@@ -826,17 +874,7 @@ macro_rules! tx_suite {
                 let pool = pool!();
                 for holder_commits in [false, true] {
                     let key = unique("commit-cancel");
-                    let mut holder = pool.begin().await.unwrap();
-                    let Claim::Run(held) =
-                        Guard::new("tests.tx.commit").key(&key).dedup::<String, _>(&mut holder).await.unwrap()
-                    else {
-                        panic!("the holder claims")
-                    };
-                    let one: sqlx::Pool<Db> = sqlx::pool::PoolOptions::new()
-                        .max_connections(1)
-                        .connect_with(pool.connect_options().as_ref().clone())
-                        .await
-                        .unwrap();
+                    let (mut holder, held, one) = held_key(&pool, &key).await;
                     let mut tx = idem::begin(&one).await.unwrap();
                     let waited = tokio::time::timeout(
                         Duration::from_millis(300),
@@ -877,6 +915,7 @@ tx_suite! {
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = $1";
     delete_record = "DELETE FROM idem_records WHERE scope = 'tests.tx.vanishes' AND idem_key = $1";
     session_id = "SELECT pg_backend_pid()::int8";
+    short_lock_wait = "SET LOCAL lock_timeout = '300ms'";
 }
 
 tx_suite! {
@@ -889,6 +928,7 @@ tx_suite! {
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
     delete_record = "DELETE FROM idem_records WHERE scope = 'tests.tx.vanishes' AND idem_key = ?";
     session_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
+    short_lock_wait = "SET SESSION innodb_lock_wait_timeout = 1";
 }
 
 mod postgres_only {
@@ -960,6 +1000,28 @@ mod postgres_only {
                 assert_eq!(found.unwrap().unwrap().response.as_deref(), Some("1"));
             }
         }
+    }
+
+    /// `claim = "commit"`'s text names no prepared statement: a body that
+    /// deallocates the session's statements cannot break it.
+    #[tokio::test]
+    async fn claim_commit_survives_a_body_that_deallocates_every_statement() {
+        let Some(_) = common::postgres().await else { return };
+        // A pool of its own: sqlx's cached statements go too.
+        let pool =
+            sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(common::DEFAULT_PG_URL).await.unwrap();
+        let key = unique("commit-deallocate");
+        for expect_ran in [true, false] {
+            let mut tx = idem::begin(&pool).await.unwrap();
+            let guard = Guard::new("tests.tx.commit.deallocate").key(&key).claim_at_commit();
+            let Claim::Run(t) = guard.dedup::<String, _>(&mut tx).await.unwrap() else { panic!("claims after") };
+            sqlx::raw_sql("DEALLOCATE ALL").execute(&mut *tx).await.unwrap();
+            let answer = if expect_ran { "first" } else { "second" };
+            let got = t.complete(&mut tx, Ok::<_, idem::Error>(answer.to_owned())).await.unwrap().unwrap();
+            assert_eq!(got, "first");
+            tx.commit().await.unwrap();
+        }
+        pool.close().await;
     }
 
     /// Under REPEATABLE READ a repeat that waited on the first call replays
