@@ -103,7 +103,7 @@ where
             None => {
                 if let Some(deadlock) = deadlock {
                     self.core.refuse_commit();
-                    return Err(classify::<DB>(deadlock));
+                    return Err(deadlock);
                 }
             }
         }

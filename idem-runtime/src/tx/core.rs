@@ -307,7 +307,7 @@ impl TxCore {
     /// `claim = "commit"`: the statements queued for `COMMIT`, the record
     /// with its answer, and `COMMIT`, in one text. A unique-key error on
     /// the record (or a deadlock, whose victim InnoDB has rolled back
-    /// whole) stops the text before its `COMMIT`: the transaction is then
+    /// whole, or a serialization failure) stops the text before its `COMMIT`: the transaction is then
     /// rolled back, the body's writes with it, and the record read in one
     /// more text (`ROLLBACK; BEGIN; read`: sqlx still counts the block
     /// open, and the `ROLLBACK` queued for it ends the fresh one). Either
@@ -340,14 +340,18 @@ impl TxCore {
                 return Ok(Committed::Kept);
             }
             Err(e) if record_duplicate(&e, texts) => None,
-            Err(e) if e.as_database_error().is_some_and(is_deadlock) => Some(e),
             Err(e) => {
-                // Nothing committed: a database error stops the text before
-                // its COMMIT, or is the COMMIT's own (a deferred constraint).
-                // `Closed`: a `Tx::commit` after it fails too.
-                Tm::<DB>::start_rollback(conn);
-                self.state = if e.as_database_error().is_some() { State::Closed } else { State::Broken };
-                return Err(pending_error::<DB>(e, &scopes));
+                let server_said = e.as_database_error().is_some();
+                let error = pending_error::<DB>(e, &scopes);
+                if !error.is_deadlock() {
+                    // Nothing committed: a database error stops the text
+                    // before its COMMIT, or is the COMMIT's own (a deferred
+                    // constraint). `Closed`: a `Tx::commit` after it fails too.
+                    Tm::<DB>::start_rollback(conn);
+                    self.state = if server_said { State::Closed } else { State::Broken };
+                    return Err(error);
+                }
+                Some(error)
             }
         };
         let read = (texts.read)(texts, record.scope, record.key, false);
@@ -405,7 +409,7 @@ impl TxCore {
 
     /// After a refused `claim = "commit"` text found the record expired
     /// (its retention over, not yet purged): remove it, only if still
-    /// expired, and commit that, so that the next call can write its own.
+    /// expired (in autocommit), so that the next call can write its own.
     pub(crate) async fn discard_expired<DB: SqlBackend>(
         &mut self,
         conn: &mut DB::Connection,
@@ -440,10 +444,11 @@ pub(crate) enum Committed {
     /// The record with its answer committed, and the body's writes.
     Kept,
     /// Nothing committed: the record's key was held; `found`: the record
-    /// that holds it, read after the rollback. `deadlock`: the text was a
-    /// deadlock's victim (on MySQL/MariaDB, claims of one key after its
-    /// first call rolled back), not refused on the key.
-    Refused { found: Option<ExistingRecord>, deadlock: Option<sqlx::Error> },
+    /// that holds it, read after the rollback. `deadlock`: the text was
+    /// not refused on the key but a deadlock's victim (on MySQL/MariaDB,
+    /// claims of one key after its first call rolled back) or a
+    /// serialization failure, both retryable.
+    Refused { found: Option<ExistingRecord>, deadlock: Option<Error> },
 }
 
 /// A unique-key error of the record table: a duplicate. A unique-key
@@ -453,11 +458,6 @@ pub(crate) enum Committed {
 fn record_duplicate(e: &sqlx::Error, texts: &Texts) -> bool {
     e.as_database_error()
         .is_some_and(|d| d.is_unique_violation() && d.table().is_none_or(|t| t.eq_ignore_ascii_case(&texts.table_name)))
-}
-
-/// A deadlock (40P01) or, on MySQL/MariaDB, its victim (1213, 40001).
-fn is_deadlock(d: &dyn sqlx::error::DatabaseError) -> bool {
-    matches!(d.code().as_deref(), Some("40001" | "40P01"))
 }
 
 /// An error of the statement a text named, not of the server's state (a
