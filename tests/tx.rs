@@ -838,6 +838,25 @@ macro_rules! tx_suite {
                 assert_eq!(coupons(&pool, &key).await, 2);
             }
 
+            /// idem does not commit a `sqlx::Transaction`: there the mode is
+            /// `claim = "after"`, and the caller commits.
+            #[tokio::test]
+            async fn claim_commit_on_a_sqlx_transaction_is_claim_after() {
+                let pool = pool!();
+                let key = unique("commit-sqlx");
+                for answer in ["first", "second"] {
+                    let mut tx = pool.begin().await.unwrap();
+                    let guard = Guard::new("tests.tx.commit.sqlx").key(&key).claim_at_commit();
+                    let Claim::Run(t) = guard.dedup::<String, _>(&mut tx).await.unwrap() else { panic!("claims after") };
+                    sqlx::query($insert).bind(&key).execute(&mut *tx).await.unwrap();
+                    let got = t.complete(&mut tx, Ok::<_, idem::Error>(answer.to_owned())).await.unwrap().unwrap();
+                    assert_eq!(got, "first");
+                    assert_eq!(record_answer(&pool, "tests.tx.commit.sqlx", &key).await.is_some(), answer != "first");
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(coupons(&pool, &key).await, 1);
+            }
+
             /// Only a unique-key error is a repeat: a text refused otherwise
             /// (its insert's lock wait timed out on a holder's record) is an
             /// error, nothing of the call is kept, and `Tx::commit` fails.
