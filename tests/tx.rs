@@ -83,6 +83,7 @@ macro_rules! tx_suite {
         count_coupons = $count:literal;
         delete_record = $delete_record:literal;
         session_id = $session_id:literal;
+        short_lock_wait = $short_lock_wait:literal;
     ) => {
         mod $m {
             use super::*;
@@ -516,6 +517,409 @@ macro_rules! tx_suite {
                 assert_eq!(runs.load(SeqCst), 2, "the dropped call left nothing; the next one ran");
                 assert_eq!(coupons(&pool, &key).await, 1);
             }
+
+            // `claim = "commit"`: the record with its answer goes out in the
+            // text of COMMIT; the guarded call is the whole transaction.
+
+            #[idempotent(key = "trade_no", scope = "tests.tx.commit", claim = "commit")]
+            async fn grant_at_commit(
+                tx: &mut idem::Tx<Db>,
+                trade_no: &str,
+                runs: &AtomicUsize,
+            ) -> Result<u64, AppError> {
+                let run = runs.fetch_add(1, SeqCst) as u64;
+                sqlx::query($insert).bind(trade_no).execute(&mut **tx).await?;
+                Ok(run)
+            }
+
+            #[idempotent(key = "order_no", scope = "tests.tx.commit.outer")]
+            async fn outer_before(tx: &mut idem::Tx<Db>, order_no: &str, inner_key: &str) -> Result<String, AppError> {
+                let inner = inner_at_commit(tx, inner_key).await?;
+                sqlx::query($insert).bind(order_no).execute(&mut **tx).await?;
+                Ok(format!("outer+{inner}"))
+            }
+
+            #[idempotent(key = "key", scope = "tests.tx.commit.inner", claim = "commit")]
+            async fn inner_at_commit(tx: &mut idem::Tx<Db>, key: &str) -> Result<String, AppError> {
+                sqlx::query($insert).bind(key).execute(&mut **tx).await?;
+                Ok("inner".to_owned())
+            }
+
+            /// Inside another guard's body the call is not the whole
+            /// transaction: it does not commit it (it is `claim = "after"`),
+            /// and the outer body goes on in the transaction.
+            #[tokio::test]
+            async fn claim_commit_inside_another_guards_body_leaves_the_transaction_open() {
+                let pool = pool!();
+                let (order, inner_key) = (unique("outer"), unique("inner"));
+                for attempt in 0..2 {
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    assert_eq!(outer_before(&mut tx, &order, &inner_key).await.unwrap(), "outer+inner");
+                    assert_eq!(tx.is_begun(), attempt == 0, "open after a first call, not begun after a replay");
+                    tx.commit().await.unwrap();
+                    assert_eq!((coupons(&pool, &order).await, coupons(&pool, &inner_key).await), (1, 1));
+                }
+            }
+
+            /// One `claim = "commit"` call through the Guard API, its body
+            /// a coupon of `key`: (the body ran, the answer returned).
+            async fn call_at_commit(
+                tx: &mut idem::Tx<Db>,
+                scope: &str,
+                key: &str,
+                answer: &str,
+            ) -> Result<(bool, String), AppError> {
+                match Guard::new(scope.to_owned()).key(key).claim_at_commit().dedup::<String, _>(tx).await? {
+                    Claim::Replay(first) => Ok((false, first)),
+                    Claim::Run(ticket) => {
+                        sqlx::query($insert).bind(key).execute(&mut **tx).await?;
+                        Ok((true, ticket.complete(tx, Ok::<_, AppError>(answer.to_owned())).await??))
+                    }
+                }
+            }
+
+            /// A `claim = "commit"` call whose answer JSON cannot carry.
+            async fn not_kept(tx: &mut idem::Tx<Db>, key: &str) -> Result<Result<f64, AppError>, AppError> {
+                let guard = Guard::new("tests.tx.commit.nan").key(key).claim_at_commit();
+                let Claim::Run(t) = guard.dedup::<f64, _>(tx).await? else { panic!("claims after the body") };
+                sqlx::query($insert).bind(key).execute(&mut **tx).await?;
+                Ok(t.complete(tx, Ok::<_, AppError>(f64::NAN)).await?)
+            }
+
+            /// What a client does with an error: retry the retryable ones
+            /// (InProgress, deadlocks), up to 50 times.
+            async fn with_retries<T, F: Future<Output = Result<T, AppError>>>(
+                mut call: impl FnMut() -> F,
+            ) -> (Result<T, AppError>, u32) {
+                let mut retries = 0;
+                loop {
+                    match call().await {
+                        Err(AppError::Idem(e)) if e.is_retryable() && retries < 50 => {}
+                        Err(AppError::Db(sqlx::Error::Database(d)))
+                            if matches!(d.code().as_deref(), Some("40001" | "40P01")) && retries < 50 => {}
+                        done => return (done, retries),
+                    }
+                    retries += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+
+            /// `n` concurrent clients of `grant_at_commit(key)`, each
+            /// retrying what is retryable: their answers and retries.
+            fn clients(
+                pool: &sqlx::Pool<Db>,
+                key: &str,
+                runs: &Arc<AtomicUsize>,
+                n: usize,
+            ) -> Vec<tokio::task::JoinHandle<(Result<u64, AppError>, u32)>> {
+                let call = |(pool, key, runs): (sqlx::Pool<Db>, String, Arc<AtomicUsize>)| async move {
+                    let (pool, key, runs) = (&pool, key.as_str(), &*runs);
+                    with_retries(|| async move {
+                        let mut tx = idem::begin(pool).await?;
+                        let answer = grant_at_commit(&mut tx, key, runs).await?;
+                        tx.commit().await?;
+                        Ok(answer)
+                    })
+                    .await
+                };
+                (0..n).map(|_| tokio::spawn(call((pool.clone(), key.to_owned(), runs.clone())))).collect()
+            }
+
+            async fn answers(calls: Vec<tokio::task::JoinHandle<(Result<u64, AppError>, u32)>>) -> Vec<u64> {
+                let mut answers = Vec::new();
+                for call in calls {
+                    let (answer, retried) = call.await.unwrap();
+                    answers.push(answer.unwrap());
+                    if retried > 0 {
+                        println!("a client retried {retried} times");
+                    }
+                }
+                answers
+            }
+
+            /// A holder of `key` in `tests.tx.commit` (claimed, not
+            /// committed), and a pool of one connection of its own for the
+            /// call that meets it.
+            async fn held_key(
+                pool: &sqlx::Pool<Db>,
+                key: &str,
+            ) -> (sqlx::Transaction<'static, Db>, idem::Ticket<Db>, sqlx::Pool<Db>) {
+                let mut holder = pool.begin().await.unwrap();
+                let guard = Guard::new("tests.tx.commit").key(key);
+                let Claim::Run(held) = guard.dedup::<String, _>(&mut holder).await.unwrap() else {
+                    panic!("the holder claims")
+                };
+                let one = sqlx::pool::PoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(pool.connect_options().as_ref().clone())
+                    .await
+                    .unwrap();
+                (holder, held, one)
+            }
+
+            async fn record_answer(pool: &sqlx::Pool<Db>, scope: &str, key: &str) -> Option<Option<String>> {
+                let found = idem::sql::find_record(pool, scope, &Key::new(key).unwrap()).await.unwrap();
+                found.map(|r| r.response)
+            }
+
+            #[tokio::test]
+            async fn claim_commit_writes_once_in_the_commit_text_and_takes_the_round_trips_of_a_plain_transaction() {
+                let _migrated = pool!();
+                let (port, trips) = counting_proxy($port).await;
+                let pool = sqlx::pool::PoolOptions::<Db>::new()
+                    .max_connections(1)
+                    .test_before_acquire(false)
+                    .connect(&format!($url, port))
+                    .await
+                    .unwrap();
+                let runs = AtomicUsize::new(0);
+                let mut tx = idem::begin(&pool).await.unwrap();
+                grant_at_commit(&mut tx, &unique("warm"), &runs).await.unwrap();
+                tx.commit().await.unwrap();
+                let measure = |label: &'static str, before: u64| {
+                    let n = trips.load(SeqCst) - before;
+                    println!("{label}: {n} round trips");
+                    n
+                };
+                let key = unique("once");
+                let conn = pool.acquire().await.unwrap();
+                let before = trips.load(SeqCst);
+                let mut tx = idem::Tx::new(conn).unwrap();
+                let first = grant_at_commit(&mut tx, &key, &runs).await.unwrap();
+                let first_trips = measure("first call (BEGIN, body, INSERT+COMMIT)", before);
+                assert!(!tx.is_begun(), "the guard ended the transaction");
+                let before = trips.load(SeqCst);
+                tx.commit().await.unwrap();
+                let commit_trips = measure("Tx::commit after it", before);
+                assert_eq!(record_answer(&pool, "tests.tx.commit", &key).await, Some(Some(first.to_string())));
+                assert_eq!(coupons(&pool, &key).await, 1);
+
+                let conn = pool.acquire().await.unwrap();
+                let before = trips.load(SeqCst);
+                let mut tx = idem::Tx::new(conn).unwrap();
+                assert_eq!(grant_at_commit(&mut tx, &key, &runs).await.unwrap(), first, "the first answer");
+                let repeat_trips = measure("repeat (BEGIN, body, refused INSERT, ROLLBACK+BEGIN+read)", before);
+                tx.commit().await.unwrap();
+                assert_eq!(coupons(&pool, &key).await, 1, "the repeat's body was rolled back");
+                assert_eq!(runs.load(SeqCst), 3, "the warm-up, the first call and the repeat's body ran");
+                assert_eq!(first_trips, 3, "BEGIN, the body, the record with COMMIT: a plain transaction's");
+                assert_eq!(commit_trips, 0, "the guard committed: Tx::commit sends nothing");
+                assert_eq!(repeat_trips, 4, "BEGIN, the body, the refused text, ROLLBACK+BEGIN+read");
+            }
+
+            #[tokio::test]
+            async fn claim_commit_100_concurrent_duplicates_commit_one_body_and_all_get_its_answer() {
+                let pool = pool!();
+                let key = unique("herd");
+                let runs = Arc::new(AtomicUsize::new(0));
+                let calls = clients(&pool, &key, &runs, 100);
+                let answers = answers(calls).await;
+                println!("bodies run: {}", runs.load(SeqCst));
+                let first = answers[0];
+                assert!(answers.iter().all(|a| *a == first), "every call gets the first answer: {answers:?}");
+                assert_eq!(coupons(&pool, &key).await, 1, "one body's effect committed");
+                assert_eq!(record_answer(&pool, "tests.tx.commit", &key).await, Some(Some(first.to_string())));
+            }
+
+            /// The holder of a key rolls back while claims wait on it: on
+            /// MariaDB, InnoDB picks deadlock victims among the waiters. A
+            /// victim replays if another's record is committed, else gets a
+            /// retryable error; one body commits.
+            #[tokio::test]
+            async fn claim_commit_waiters_on_a_holder_that_rolls_back_commit_one_body() {
+                let pool = pool!();
+                let key = unique("victims");
+                let mut holder = pool.begin().await.unwrap();
+                let Claim::Run(_held) =
+                    Guard::new("tests.tx.commit").key(&key).dedup::<u64, _>(&mut holder).await.unwrap()
+                else {
+                    panic!("the holder claims")
+                };
+                let runs = Arc::new(AtomicUsize::new(0));
+                let calls = clients(&pool, &key, &runs, 10);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                assert!(calls.iter().all(|c| !c.is_finished()), "the waiters wait on the holder");
+                holder.rollback().await.unwrap();
+                let answers = answers(calls).await;
+                assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+                assert_eq!(coupons(&pool, &key).await, 1);
+            }
+
+            #[tokio::test]
+            async fn claim_commit_hostile_scopes_keys_and_answers_are_stored_byte_for_byte() {
+                let pool = pool!();
+                for (i, s) in HOSTILE.iter().enumerate() {
+                    let scope = format!("tests.tx.commit.hostile {s}");
+                    let key = format!("{s} {}", unique("k"));
+                    let answer = format!("{s} \0 nul {i}");
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    let first = call_at_commit(&mut tx, &scope, &key, &answer).await.unwrap();
+                    assert_eq!(first, (true, answer.clone()), "{s:?}");
+                    tx.commit().await.unwrap();
+                    let stored = serde_json::to_string(&answer).unwrap();
+                    assert_eq!(record_answer(&pool, &scope, &key).await, Some(Some(stored)), "{s:?}");
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    assert_eq!(call_at_commit(&mut tx, &scope, &key, "other").await.unwrap().1, answer, "{s:?}");
+                    tx.commit().await.unwrap();
+                    assert_eq!(coupons(&pool, &key).await, 1, "{s:?}");
+                }
+                assert_eq!(coupons(&pool, "none").await, 0);
+                idem::sql::find_record(&pool, "x", &Key::new("y").unwrap()).await.unwrap();
+            }
+
+            #[tokio::test]
+            async fn claim_commit_answers_over_the_inline_limit_are_bound_and_replay_exactly() {
+                let pool = pool!();
+                for len in [256 * 1024 - 2, 256 * 1024 + 7] {
+                    let answer: String = "\\'$".chars().cycle().take(len / 2).collect();
+                    let key = unique("commit-big");
+                    for attempt in 0..2 {
+                        let mut tx = idem::begin(&pool).await.unwrap();
+                        let sent = if attempt == 0 { answer.as_str() } else { "" };
+                        let (_, got) = call_at_commit(&mut tx, "tests.tx.commit.big", &key, sent).await.unwrap();
+                        tx.commit().await.unwrap();
+                        assert!(got == answer, "{len} bytes of JSON, attempt {attempt}");
+                    }
+                    assert_eq!(coupons(&pool, &key).await, 1);
+                }
+            }
+
+            /// A value JSON cannot carry exactly: the first call gets it,
+            /// the record commits "completed, answer not kept", and a repeat
+            /// is told so, its body rolled back.
+            #[tokio::test]
+            async fn claim_commit_an_answer_not_kept_commits_and_the_body_never_counts_twice() {
+                let pool = pool!();
+                let key = unique("commit-nan");
+                let mut tx = idem::begin(&pool).await.unwrap();
+                assert!(not_kept(&mut tx, &key).await.unwrap().unwrap().is_nan(), "the first call gets its answer");
+                tx.commit().await.unwrap();
+                assert_eq!(record_answer(&pool, "tests.tx.commit.nan", &key).await, Some(None));
+                let mut tx = idem::begin(&pool).await.unwrap();
+                let err = not_kept(&mut tx, &key).await.unwrap_err();
+                assert!(matches!(err, AppError::Idem(idem::Error::AnswerNotKept { .. })), "{err}");
+                tx.commit().await.unwrap();
+                assert_eq!(coupons(&pool, &key).await, 1);
+            }
+
+            /// A record past its retention, not yet purged: the text fails on
+            /// it, the body's writes go with the rollback, the record is
+            /// removed and the call is retryable; the retry runs and writes.
+            #[tokio::test]
+            async fn claim_commit_an_expired_record_in_the_way_is_removed_and_the_retry_runs() {
+                let pool = pool!();
+                let key = unique("commit-expired");
+                let call = |answer: u32| {
+                    let (pool, key) = (pool.clone(), key.clone());
+                    async move {
+                        let mut tx = idem::begin(&pool).await?;
+                        let guard = Guard::new("tests.tx.commit.expired")
+                            .key(&key)
+                            .retention(Duration::from_millis(5))
+                            .claim_at_commit();
+                        let Claim::Run(t) = guard.dedup::<u32, _>(&mut tx).await? else { panic!("claims after") };
+                        sqlx::query($insert).bind(&key).execute(&mut *tx).await?;
+                        let answer = t.complete(&mut tx, Ok::<_, AppError>(answer)).await??;
+                        tx.commit().await?;
+                        Ok::<_, AppError>(answer)
+                    }
+                };
+                assert_eq!(call(1).await.unwrap(), 1);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let err = call(2).await.unwrap_err();
+                assert!(
+                    matches!(err, AppError::Idem(idem::Error::InProgress { retry_after: Some(d), .. }) if d.is_zero()),
+                    "{err}"
+                );
+                assert_eq!(coupons(&pool, &key).await, 1, "the refused call's body was rolled back");
+                assert_eq!(call(3).await.unwrap(), 3, "the retry runs");
+                let answer = record_answer(&pool, "tests.tx.commit.expired", &key).await;
+                assert_eq!(answer, Some(Some("3".to_owned())));
+                assert_eq!(coupons(&pool, &key).await, 2);
+            }
+
+            /// idem does not commit a `sqlx::Transaction`: there the mode is
+            /// `claim = "after"`, and the caller commits.
+            #[tokio::test]
+            async fn claim_commit_on_a_sqlx_transaction_is_claim_after() {
+                let pool = pool!();
+                let key = unique("commit-sqlx");
+                for answer in ["first", "second"] {
+                    let mut tx = pool.begin().await.unwrap();
+                    let guard = Guard::new("tests.tx.commit.sqlx").key(&key).claim_at_commit();
+                    let Claim::Run(t) = guard.dedup::<String, _>(&mut tx).await.unwrap() else { panic!("claims after") };
+                    sqlx::query($insert).bind(&key).execute(&mut *tx).await.unwrap();
+                    let got = t.complete(&mut tx, Ok::<_, idem::Error>(answer.to_owned())).await.unwrap().unwrap();
+                    assert_eq!(got, "first");
+                    assert_eq!(record_answer(&pool, "tests.tx.commit.sqlx", &key).await.is_some(), answer != "first");
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(coupons(&pool, &key).await, 1);
+            }
+
+            /// Only a unique-key error is a repeat: a text refused otherwise
+            /// (its insert's lock wait timed out on a holder's record) is an
+            /// error, nothing of the call is kept, and `Tx::commit` fails.
+            #[tokio::test]
+            async fn claim_commit_a_text_refused_otherwise_than_on_the_key_keeps_nothing_and_says_so() {
+                let pool = pool!();
+                let key = unique("commit-timeout");
+                // A connection of its own: the lock wait is set for its session.
+                let (mut holder, held, one) = held_key(&pool, &key).await;
+                let mut tx = idem::begin(&one).await.unwrap();
+                let guard = Guard::new("tests.tx.commit").key(&key).claim_at_commit();
+                let Claim::Run(t) = guard.dedup::<String, _>(&mut tx).await.unwrap() else {
+                    panic!("claims after the body")
+                };
+                sqlx::query($short_lock_wait).execute(&mut *tx).await.unwrap();
+                sqlx::query($insert).bind(&key).execute(&mut *tx).await.unwrap();
+                let err = t.complete(&mut tx, Ok::<_, idem::Error>("mine".to_owned())).await.unwrap_err();
+                assert!(matches!(err, idem::Error::Database(_)), "an error, not a repeat: {err}");
+                let refused = tx.commit().await;
+                assert!(matches!(refused, Err(idem::Error::TxUnusable { .. })), "{refused:?}");
+                held.complete(&mut holder, Ok::<_, idem::Error>("holder".to_owned())).await.unwrap().unwrap();
+                holder.commit().await.unwrap();
+                one.close().await;
+                assert_eq!(coupons(&pool, &key).await, 0, "the body's write was not kept");
+                assert_eq!(record_answer(&pool, "tests.tx.commit", &key).await, Some(Some("\"holder\"".to_owned())));
+            }
+
+            /// The future is dropped while its commit text waits (on a
+            /// holder's uncommitted record): the `Tx` refuses to commit, its
+            /// connection is reused, and what the server then did commits
+            /// the body and the record together or neither.
+            #[tokio::test]
+            async fn claim_commit_cancelled_mid_commit_commits_all_or_nothing() {
+                let pool = pool!();
+                for holder_commits in [false, true] {
+                    let key = unique("commit-cancel");
+                    let (mut holder, held, one) = held_key(&pool, &key).await;
+                    let mut tx = idem::begin(&one).await.unwrap();
+                    let waited = tokio::time::timeout(
+                        Duration::from_millis(300),
+                        call_at_commit(&mut tx, "tests.tx.commit", &key, "cancelled"),
+                    )
+                    .await;
+                    assert!(waited.is_err(), "the commit text waits on the holder's record");
+                    let refused = tx.commit().await;
+                    assert!(matches!(refused, Err(idem::Error::TxUnusable { .. })), "{refused:?}");
+                    if holder_commits {
+                        held.complete(&mut holder, Ok::<_, idem::Error>("holder".to_owned())).await.unwrap().unwrap();
+                        holder.commit().await.unwrap();
+                    } else {
+                        held.complete(&mut holder, Ok::<_, idem::Error>("holder".to_owned())).await.unwrap().unwrap();
+                        holder.rollback().await.unwrap();
+                    }
+                    // The one connection is usable again, and the outcome whole.
+                    let mut tx = idem::begin(&one).await.unwrap();
+                    let (_, answer) = call_at_commit(&mut tx, "tests.tx.commit", &key, "retry").await.unwrap();
+                    tx.commit().await.unwrap();
+                    let expect = if holder_commits { "holder" } else { "cancelled" };
+                    assert_eq!(answer, expect, "holder commits: {holder_commits}");
+                    let coupons_expected = if holder_commits { 0 } else { 1 };
+                    assert_eq!(coupons(&pool, &key).await, coupons_expected, "the cancelled call's body with its record");
+                }
+            }
         }
     };
 }
@@ -530,6 +934,7 @@ tx_suite! {
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = $1";
     delete_record = "DELETE FROM idem_records WHERE scope = 'tests.tx.vanishes' AND idem_key = $1";
     session_id = "SELECT pg_backend_pid()::int8";
+    short_lock_wait = "SET LOCAL lock_timeout = '300ms'";
 }
 
 tx_suite! {
@@ -542,16 +947,15 @@ tx_suite! {
     count_coupons = "SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?";
     delete_record = "DELETE FROM idem_records WHERE scope = 'tests.tx.vanishes' AND idem_key = ?";
     session_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
+    short_lock_wait = "SET SESSION innodb_lock_wait_timeout = 1";
 }
 
 mod postgres_only {
     use super::*;
 
-    /// A deferred constraint fails at COMMIT: nothing of the call commits,
-    /// and a retry runs again.
-    #[tokio::test]
-    async fn a_failed_commit_commits_nothing() {
-        let Some(pool) = common::postgres().await else { return };
+    /// The pool, with a table whose unique constraint is checked at COMMIT.
+    async fn with_deferred_table() -> Option<sqlx::PgPool> {
+        let pool = common::postgres().await?;
         sqlx::raw_sql(
             "CREATE TABLE IF NOT EXISTS idem_test_deferred (v TEXT, \
              CONSTRAINT idem_test_deferred_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)",
@@ -559,6 +963,14 @@ mod postgres_only {
         .execute(&pool)
         .await
         .unwrap();
+        Some(pool)
+    }
+
+    /// A deferred constraint fails at COMMIT: nothing of the call commits,
+    /// and a retry runs again.
+    #[tokio::test]
+    async fn a_failed_commit_commits_nothing() {
+        let Some(pool) = with_deferred_table().await else { return };
         let key = unique("deferred");
         let mut tx = idem::begin(&pool).await.unwrap();
         let Claim::Run(t) = Guard::new("tests.tx.deferred").key(&key).dedup::<u32, _>(&mut tx).await.unwrap() else {
@@ -572,6 +984,63 @@ mod postgres_only {
         assert!(err.to_string().contains("idem_test_deferred_v"), "{err}");
         let found = idem::sql::find_record(&pool, "tests.tx.deferred", &Key::new(&key).unwrap()).await.unwrap();
         assert!(found.is_none(), "the failed COMMIT committed no record");
+    }
+
+    /// `claim = "commit"`: a deferred constraint fails the COMMIT of the
+    /// record's text with a unique-key error of another table, which is no
+    /// duplicate: the call fails, nothing is committed, `Tx::commit` says
+    /// so too, and a retry runs again.
+    #[tokio::test]
+    async fn claim_commit_a_failed_commit_keeps_nothing_and_says_so() {
+        let Some(pool) = with_deferred_table().await else { return };
+        let key = unique("commit-deferred");
+        for twice in [true, false] {
+            let mut tx = idem::begin(&pool).await.unwrap();
+            let guard = Guard::new("tests.tx.commit.deferred").key(&key).claim_at_commit();
+            let Claim::Run(t) = guard.dedup::<u32, _>(&mut tx).await.unwrap() else { panic!("claims after") };
+            for _ in 0..if twice { 2 } else { 1 } {
+                sqlx::query("INSERT INTO idem_test_deferred (v) VALUES ($1)")
+                    .bind(&key)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+            }
+            let done = t.complete(&mut tx, Ok::<_, idem::Error>(1)).await;
+            let committed = tx.commit().await;
+            let found = idem::sql::find_record(&pool, "tests.tx.commit.deferred", &Key::new(&key).unwrap()).await;
+            if twice {
+                let err = done.unwrap_err();
+                assert!(err.to_string().contains("idem_test_deferred_v"), "{err}");
+                assert!(matches!(committed, Err(idem::Error::TxUnusable { .. })), "{committed:?}");
+                assert!(found.unwrap().is_none(), "the failed COMMIT committed no record");
+            } else {
+                assert_eq!(done.unwrap().unwrap(), 1, "the retry runs");
+                committed.unwrap();
+                assert_eq!(found.unwrap().unwrap().response.as_deref(), Some("1"));
+            }
+        }
+    }
+
+    /// `claim = "commit"`'s text names no prepared statement: a body that
+    /// deallocates the session's statements cannot break it.
+    #[tokio::test]
+    async fn claim_commit_survives_a_body_that_deallocates_every_statement() {
+        let Some(_) = common::postgres().await else { return };
+        // A pool of its own: sqlx's cached statements go too.
+        let pool =
+            sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(common::DEFAULT_PG_URL).await.unwrap();
+        let key = unique("commit-deallocate");
+        for expect_ran in [true, false] {
+            let mut tx = idem::begin(&pool).await.unwrap();
+            let guard = Guard::new("tests.tx.commit.deallocate").key(&key).claim_at_commit();
+            let Claim::Run(t) = guard.dedup::<String, _>(&mut tx).await.unwrap() else { panic!("claims after") };
+            sqlx::raw_sql("DEALLOCATE ALL").execute(&mut *tx).await.unwrap();
+            let answer = if expect_ran { "first" } else { "second" };
+            let got = t.complete(&mut tx, Ok::<_, idem::Error>(answer.to_owned())).await.unwrap().unwrap();
+            assert_eq!(got, "first");
+            tx.commit().await.unwrap();
+        }
+        pool.close().await;
     }
 
     /// Under REPEATABLE READ a repeat that waited on the first call replays
@@ -711,6 +1180,33 @@ mod sqlite {
         runs.fetch_add(1, SeqCst);
         sqlx::query("INSERT INTO idem_test_coupons (trade_no) VALUES (?)").bind(trade_no).execute(&mut **tx).await?;
         Ok(42)
+    }
+
+    #[idempotent(key = "trade_no", scope = "tests.tx.sqlite.commit", claim = "commit")]
+    async fn grant_at_commit(tx: &mut idem::SqliteTx, trade_no: &str, runs: &AtomicUsize) -> Result<u64, AppError> {
+        runs.fetch_add(1, SeqCst);
+        sqlx::query("INSERT INTO idem_test_coupons (trade_no) VALUES (?)").bind(trade_no).execute(&mut **tx).await?;
+        Ok(42)
+    }
+
+    /// `claim = "commit"` on SQLite: the record bound, then COMMIT; a
+    /// repeat's body is rolled back and the first answer replayed.
+    #[tokio::test]
+    async fn claim_commit_first_calls_commit_once_and_repeats_replay() {
+        let Some(pool) = common::sqlite().await else { return };
+        let (key, runs) = (unique("sqlite-commit"), AtomicUsize::new(0));
+        for _ in 0..3 {
+            let mut tx = idem::begin(&pool).await.unwrap();
+            assert_eq!(grant_at_commit(&mut tx, &key, &runs).await.unwrap(), 42);
+            assert!(!tx.is_begun());
+            tx.commit().await.unwrap();
+        }
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?")
+            .bind(&key)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!((runs.load(SeqCst), count), (3, 1), "three bodies ran, one committed");
     }
 
     /// SQLite sends the guard's statements one by one (no network to

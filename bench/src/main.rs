@@ -1,7 +1,7 @@
 //! Benchmark driver: what the guard costs a real business transaction.
 //!
 //! Scenario `dedup`: N clients run "insert a coupon + bump one of 1,000 users'
-//! counters" in a transaction, five ways, alternating in short slices so
+//! counters" in a transaction, six ways, alternating in short slices so
 //! that all of them see the same server conditions:
 //! - `unguarded`: the business transaction alone;
 //! - `guarded`: the same under `#[idempotent(strategy = "dedup")]` (claim,
@@ -12,7 +12,10 @@
 //!   INSERT, business, UPDATE with the response): the floor idem competes with;
 //! - `zero_rt`: `guarded` on an `idem::Tx` (`idem::begin(pool)` ...
 //!   `tx.commit()`): the claim rides with `BEGIN`, the response with
-//!   `COMMIT`, so the guard sends no round trip of its own.
+//!   `COMMIT`, so the guard sends no round trip of its own;
+//! - `one_write`: `guarded` on an `idem::Tx` with `claim = "commit"`: the
+//!   body, then the record with its response in the text of `COMMIT`
+//!   (`INSERT ...; COMMIT`): one write, no round trip of its own.
 //!
 //! Scenarios `state` and `dedup+state`: the same business change also pays
 //! the order (WAIT_PAY -> PAID, orders created ahead of each slice):
@@ -119,7 +122,9 @@ impl Scenario {
 
     fn modes(self) -> &'static [Mode] {
         match self {
-            Scenario::Dedup => &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten, Mode::ZeroRt],
+            Scenario::Dedup => {
+                &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten, Mode::ZeroRt, Mode::OneWrite]
+            }
             Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
             Scenario::Lease | Scenario::Steps | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait => &[],
         }
@@ -198,6 +203,9 @@ enum Mode {
     Handwritten,
     /// `guarded` on an `idem::Tx` (claim with BEGIN, response with COMMIT).
     ZeroRt,
+    /// `guarded` on an `idem::Tx` with `claim = "commit"` (the record with
+    /// its response in the text of COMMIT).
+    OneWrite,
 }
 
 /// The business change, shared by the modes.
@@ -218,6 +226,15 @@ where
 /// `guarded` on an `idem::Tx`: the same record, the same body.
 #[idempotent(key = "trade_no", scope = "loadgen.dedup_zero_rt", retention = "1h")]
 async fn guarded_zero_rt<DB: Shop>(tx: &mut idem::Tx<DB>, trade_no: &str, user_id: i64) -> Result<i64, AppError>
+where
+    DB::Connection: Send,
+{
+    Ok(business::<DB>(&mut **tx, trade_no, user_id).await?)
+}
+
+/// `guarded` on an `idem::Tx`, written once with its `COMMIT`.
+#[idempotent(key = "trade_no", scope = "loadgen.dedup_one_write", retention = "1h", claim = "commit")]
+async fn guarded_one_write<DB: Shop>(tx: &mut idem::Tx<DB>, trade_no: &str, user_id: i64) -> Result<i64, AppError>
 where
     DB::Connection: Send,
 {
@@ -305,8 +322,8 @@ fn set_status_sql(from: Option<i64>, (a, b): (&str, &str)) -> sqlx::AssertSqlSaf
 }
 
 const RESET: &str = "DELETE FROM idem_records WHERE scope IN \
-                       ('loadgen.dedup', 'loadgen.dedup_after', 'loadgen.dedup_zero_rt', 'loadgen.dedup_state', \
-                        'loadgen.hand'); \
+                       ('loadgen.dedup', 'loadgen.dedup_after', 'loadgen.dedup_zero_rt', 'loadgen.dedup_one_write', \
+                        'loadgen.dedup_state', 'loadgen.hand'); \
                      DELETE FROM shop_coupons WHERE trade_no LIKE 'L%'; \
                      DELETE FROM shop_orders WHERE trade_no LIKE 'L%'";
 
@@ -466,6 +483,13 @@ where
         tx.commit().await?;
         return Ok(());
     }
+    if mode == Mode::OneWrite {
+        // The guard commits: `commit` sends nothing.
+        let mut tx = idem::begin(pool).await?;
+        guarded_one_write::<DB>(&mut tx, trade_no, user_id).await?;
+        tx.commit().await?;
+        return Ok(());
+    }
     let mut tx = pool.begin().await?;
     let paid = OrderStatus::Paid.code();
     match (scenario, mode) {
@@ -499,7 +523,7 @@ where
         (Scenario::DedupState, Mode::Guarded) => {
             guarded_dedup_state(&mut tx, trade_no, user_id).await?;
         }
-        (_, Mode::ZeroRt) => unreachable!("an idem::Tx, above"),
+        (_, Mode::ZeroRt | Mode::OneWrite) => unreachable!("an idem::Tx, above"),
         (Scenario::Lease | Scenario::Steps | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait, _) => {
             unreachable!("the lease, steps, token, lock, mq and wait scenarios run in their own modules")
         }
@@ -664,6 +688,8 @@ where
     let after = tps(Mode::GuardedAfter);
     let zero_rt = tps(Mode::ZeroRt);
     let zero_rt_ratio = index(Mode::ZeroRt).map(|i| median_ratio(&tallies[i], &tallies[0]));
+    let one_write = tps(Mode::OneWrite);
+    let one_write_ratio = index(Mode::OneWrite).map(|i| median_ratio(&tallies[i], &tallies[0]));
     let vs_claim_after =
         index(Mode::ZeroRt).zip(index(Mode::GuardedAfter)).map(|(z, a)| median_ratio(&tallies[z], &tallies[a]));
     let mut percentiles = |mode| {
@@ -675,6 +701,7 @@ where
     let (p50, p99) = percentiles(Mode::Guarded);
     let (after_p50, after_p99) = percentiles(Mode::GuardedAfter);
     let (zero_rt_p50, zero_rt_p99) = percentiles(Mode::ZeroRt);
+    let (one_write_p50, one_write_p99) = percentiles(Mode::OneWrite);
     let errors: u64 = tallies.iter().map(|t| t.errors).sum();
     let name = scenario.name();
     println!(
@@ -701,6 +728,16 @@ where
         line.push_str(&format!(
             " zero_rt_tps={zero_rt:.0} ratio_zero_rt={zero_rt_ratio:.3} vs_claim_after={vs_claim_after:.3} \
              zero_rt_p50_us={zero_rt_p50} zero_rt_p99_us={zero_rt_p99}"
+        ));
+    }
+    if let Some(one_write_ratio) = one_write_ratio {
+        println!(
+            "guarded on an idem::Tx, claim=commit (one write): {one_write:.0} tx/s, {one_write_ratio:.3} of unguarded \
+             (median of per-round ratios), p50 {one_write_p50} us, p99 {one_write_p99} us"
+        );
+        line.push_str(&format!(
+            " one_write_tps={one_write:.0} ratio_one_write={one_write_ratio:.3} one_write_p50_us={one_write_p50} \
+             one_write_p99_us={one_write_p99}"
         ));
     }
     if let Some(AddedRtt { asked_us, measured }) = added_rtt {

@@ -65,7 +65,10 @@ impl Expansion<'_> {
             quote_spanned!(part.span()=> .#method(&(#part)))
         });
         let retention = plan.retention_ms.map(|ms| quote!(.retention(#krate::__private::Duration::from_millis(#ms))));
-        let claim_after = plan.claim_after.then(|| quote!(.claim_after()));
+        let claim_after = plan.claim.map(|method| {
+            let method = Ident::new(method, Span::call_site());
+            quote!(.#method())
+        });
         let fingerprint = plan.fingerprint.as_ref().map(|fp| quote_spanned!(fp.span()=> .fingerprint(&(#fp))));
         let on_store_error =
             plan.allow_on_store_error.then(|| quote!(.on_store_error(#krate::__private::OnStoreError::Allow)));

@@ -27,7 +27,8 @@ pub struct Plan {
     pub fingerprint: Option<Expr>,
     /// `None`: the runtime's `DEFAULT_RETENTION`.
     pub retention_ms: Option<u64>,
-    pub claim_after: bool,
+    /// `claim = "after"` or `"commit"`: the builder method that says so.
+    pub claim: Option<&'static str>,
     pub transition: Option<TransitionArg>,
     /// The transaction parameter and its type (where errors about it point);
     /// `None` for `lease`, which keeps its record outside any transaction.
@@ -103,7 +104,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
     let retention_ms = raw.retention.as_ref().and_then(|r| check_duration(r, &RETENTION, errors));
     check_scope(&input, errors);
     check_method_scope(&input, errors);
-    let claim_after = check_claim(&input, errors);
+    let claim = check_claim(&input, errors);
     let steps = spec.and_then(|spec| check_steps(&input, spec, errors));
     let (Some(spec), Some(checked), Some(ret), true) = (spec, checked, ret, errors.is_empty()) else { return None };
     let precheck = input.precheck();
@@ -114,7 +115,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
         scope: raw.scope.map(|s| s.as_str().to_owned()),
         fingerprint: raw.fingerprint.map(|fp| fp.0),
         retention_ms,
-        claim_after,
+        claim,
         transition: checked.transition,
         tx: checked.tx,
         lease_ms: checked.lease_ms,
@@ -405,32 +406,33 @@ fn check_method_scope(input: &Input, errors: &mut Errors) {
     }
 }
 
-/// `claim = "before" | "after"`, where the strategy takes it.
-fn check_claim(input: &Input, errors: &mut Errors) -> bool {
-    let Some(claim) = &input.raw.claim else { return false };
+/// `claim = "before" | "after" | "commit"`, where the strategy takes it:
+/// the `Guard` method of a claim after the body.
+fn check_claim(input: &Input, errors: &mut Errors) -> Option<&'static str> {
+    let claim = input.raw.claim.as_ref()?;
     let span = claim.span();
     let rule = input.spec.map(|s| (s.name, s.claim));
     if let Some((name, Claim::Refused { why })) = rule {
         errors.at(span, format!("`claim` has no meaning for strategy `{name}`: {why}"), "remove `claim`");
-        return false;
+        return None;
     }
-    match claim.as_str() {
-        "before" => false,
-        "after" => match rule {
-            Some((name, Claim::BeforeOnly { why })) => {
-                let what = format!("`claim = \"after\"` does not apply to strategy `{name}`: {why}");
-                errors.at(span, what, "remove `claim`; only `dedup` claims after the body");
-                false
-            }
-            _ => true,
-        },
+    let method = match claim.as_str() {
+        "before" => return None,
+        "after" => "claim_after",
+        "commit" => "claim_at_commit",
         other => {
-            let help =
-                "use \"before\" (the default) or \"after\" (run the body first, then write the record with its answer)";
+            let help = "use \"before\" (the default), \"after\" (run the body first, then write the record with its \
+                        answer) or \"commit\" (as \"after\", the record sent with an idem::Tx's COMMIT)";
             errors.at(span, format!("unknown `claim = \"{other}\"`"), help);
-            false
+            return None;
         }
+    };
+    if let Some((name, Claim::BeforeOnly { why })) = rule {
+        let what = format!("`claim = \"{}\"` does not apply to strategy `{name}`: {why}", claim.as_str());
+        errors.at(span, what, "remove `claim`; only `dedup` claims after the body");
+        return None;
     }
+    Some(method)
 }
 
 /// A duration argument, parsed.

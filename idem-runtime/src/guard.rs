@@ -86,6 +86,7 @@ pub struct Guard<'s> {
     fingerprint: Option<Result<Fingerprint, String>>,
     retention: Duration,
     claim_after: bool,
+    at_commit: bool,
     precheck: Option<(&'s dyn PrecheckStore, Duration)>,
     on_store_error: OnStoreError,
 }
@@ -103,6 +104,7 @@ impl<'s> Guard<'s> {
             fingerprint: None,
             retention: DEFAULT_RETENTION,
             claim_after: false,
+            at_commit: false,
             precheck: None,
             on_store_error: OnStoreError::Reject,
         }
@@ -145,6 +147,23 @@ impl<'s> Guard<'s> {
     /// is replayed.
     pub fn claim_after(mut self) -> Guard<'s> {
         self.claim_after = true;
+        self
+    }
+
+    /// `dedup` only: [`claim_after`](Self::claim_after), and on an
+    /// [`idem::Tx`](crate::Tx) the record with its answer is written in the
+    /// text that commits the transaction (`INSERT ...; COMMIT`), so the
+    /// guard writes once and sends nothing of its own:
+    /// [`Ticket::complete`](crate::Ticket::complete) commits the `Tx` (a
+    /// later `Tx::commit` sends nothing). The guarded call is then the
+    /// whole transaction, its first work and its last. A repeat's insert
+    /// fails on the key, which stops the text before its `COMMIT`: the
+    /// transaction is rolled back, the body's writes with it, and the
+    /// first answer replayed. On a `sqlx::Transaction`, which idem does not
+    /// commit, it is `claim_after`. See `docs/dedup.md`.
+    pub fn claim_at_commit(mut self) -> Guard<'s> {
+        self.claim_after = true;
+        self.at_commit = true;
         self
     }
 
@@ -207,6 +226,7 @@ impl<'s> Guard<'s> {
     pub(crate) fn prepare_claim_before(self, strategy: &'static str, store: &'static str) -> Result<Prepared, Error> {
         let mut p = self.prepare(strategy, store)?;
         p.claim_after = false;
+        p.at_commit = false;
         Ok(p)
     }
 
@@ -236,6 +256,7 @@ impl<'s> Guard<'s> {
             stored_scope,
             retention,
             claim_after: self.claim_after,
+            at_commit: self.at_commit,
             key,
             #[cfg(feature = "sql")]
             entity,
@@ -250,6 +271,7 @@ impl std::fmt::Debug for Guard<'_> {
             .field("scope", &self.scope)
             .field("retention", &self.retention)
             .field("claim_after", &self.claim_after)
+            .field("at_commit", &self.at_commit)
             .field("precheck", &self.precheck.map(|(store, ttl)| (store.kind(), ttl)))
             .field("on_store_error", &self.on_store_error)
             .finish_non_exhaustive()
@@ -285,6 +307,9 @@ pub struct Prepared {
     pub(crate) stored_scope: String,
     pub(crate) retention: Duration,
     pub(crate) claim_after: bool,
+    /// `claim = "commit"` (with `claim_after`): the record goes with the
+    /// `COMMIT` of an `idem::Tx`.
+    pub(crate) at_commit: bool,
     pub(crate) key: Key,
     /// The key parts as bound to the entity's key columns (state strategies).
     #[cfg(feature = "sql")]

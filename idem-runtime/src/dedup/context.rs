@@ -76,6 +76,23 @@ pub trait TxContext: Send {
         store_answer::<Self::Db>(self.guard_connection(), p, json)
     }
 
+    /// `claim = "commit"`: write the record with its answer (`None`: not
+    /// kept) and commit the transaction, the record's text going with
+    /// `COMMIT`. `Ok(None)`: this transaction is not one idem commits (a
+    /// `sqlx::Transaction`): the record is written as with `claim =
+    /// "after"`, and the caller commits. `Claimed::Fresh`: committed;
+    /// `Claimed::Existing`: a live record held the key, nothing of this
+    /// call was committed. Not a stable API.
+    #[doc(hidden)]
+    fn commit_with_record(
+        &mut self,
+        p: &Prepared,
+        json: Option<&str>,
+    ) -> impl Future<Output = Result<Option<Claimed>, Error>> + Send {
+        let _ = (p, json);
+        std::future::ready(Ok(None))
+    }
+
     /// Roll the transaction back to its start and continue in a fresh one
     /// (`claim = "after"` found a repeat). Not a stable API.
     #[doc(hidden)]
@@ -210,6 +227,11 @@ pub trait DynContext<DB: SqlBackend>: Send {
         cas: Option<&'a Cas<'a>>,
     ) -> BoxFuture<'a, Result<Claimed, Error>>;
     fn store_answer<'a>(&'a mut self, p: &'a Prepared, json: Option<String>) -> BoxFuture<'a, Result<(), Error>>;
+    fn commit_with_record<'a>(
+        &'a mut self,
+        p: &'a Prepared,
+        json: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Claimed>, Error>>;
     fn restart(&mut self) -> BoxFuture<'_, Result<(), Error>>;
     fn body_started(&mut self);
     fn body_ended(&mut self);
@@ -234,6 +256,13 @@ impl<T: TxContext> DynContext<T::Db> for T {
     }
     fn store_answer<'a>(&'a mut self, p: &'a Prepared, json: Option<String>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(TxContext::store_answer(self, p, json))
+    }
+    fn commit_with_record<'a>(
+        &'a mut self,
+        p: &'a Prepared,
+        json: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Claimed>, Error>> {
+        Box::pin(TxContext::commit_with_record(self, p, json))
     }
     fn restart(&mut self) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(TxContext::restart(self))
@@ -267,6 +296,9 @@ where
     }
     async fn store_answer(&mut self, p: &Prepared, json: Option<String>) -> Result<(), Error> {
         self.0.store_answer(p, json).await
+    }
+    async fn commit_with_record(&mut self, p: &Prepared, json: Option<&str>) -> Result<Option<Claimed>, Error> {
+        self.0.commit_with_record(p, json).await
     }
     fn restart(&mut self) -> impl Future<Output = Result<(), Error>> + Send {
         self.0.restart()

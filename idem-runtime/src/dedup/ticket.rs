@@ -4,7 +4,7 @@
 
 use std::marker::PhantomData;
 
-use crate::dedup::context::{EntityMove, TxContext, new_record};
+use crate::dedup::context::{Claimed, EntityMove, TxContext, new_record};
 use crate::dedup::record::{SURE_FIT, discard, judge};
 use crate::error::Error;
 use crate::guard::keep;
@@ -114,7 +114,7 @@ async fn complete<T: Replayable, E, C: TxContext + ?Sized>(
     .split();
     let started = std::time::Instant::now();
     let done = if p.claim_after {
-        complete_after::<T, E, C>(tx, &p, value, json.as_deref()).await
+        complete_after::<T, E, C>(tx, &p, value, json).await
     } else {
         tx.store_answer(&p, json).await.map(|()| {
             p.report(Outcome::Executed);
@@ -129,13 +129,27 @@ async fn complete<T: Replayable, E, C: TxContext + ?Sized>(
 /// the record with its response in one statement. If a live record is there,
 /// this call was a repeat: roll the transaction back to its start (the body's
 /// writes go with it), continue in a fresh one, and replay the first answer.
+///
+/// `claim = "commit"` on an `idem::Tx`: the record goes out with `COMMIT`,
+/// and a repeat finds the transaction already rolled back.
 async fn complete_after<T: Replayable, E, C: TxContext + ?Sized>(
     tx: &mut C,
     p: &Prepared,
     value: T,
-    json: Option<&str>,
+    json: Option<String>,
 ) -> Result<Result<T, E>, Error> {
-    let inserted = sql_record::insert_done::<C::Db>(tx.guard_connection(), &new_record(p), json).await;
+    if p.at_commit {
+        match tx.commit_with_record(p, json.as_deref()).await? {
+            Some(Claimed::Fresh { .. }) => {
+                p.report(Outcome::Executed);
+                return Ok(Ok(value));
+            }
+            Some(Claimed::Existing(existing)) => return judge(p, existing).map(Ok),
+            // Not a transaction idem commits: as `claim = "after"`.
+            None => {}
+        }
+    }
+    let inserted = sql_record::insert_done::<C::Db>(tx.guard_connection(), &new_record(p), json.as_deref()).await;
     match inserted.map_err(classify::<C::Db>)? {
         InsertDone::Written => {
             p.report(Outcome::Executed);

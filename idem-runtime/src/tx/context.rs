@@ -5,7 +5,7 @@
 //! [`TxContext`](crate::dedup::context::TxContext).
 
 use super::Tx;
-use super::core::INLINE_ANSWER_MAX;
+use super::core::{Committed, INLINE_ANSWER_MAX};
 use crate::dedup::context::{self, Claimed, EntityMove, MAX_ATTEMPTS, TxContext, new_record, require_transaction};
 use crate::error::Error;
 use crate::guard::Prepared;
@@ -61,6 +61,54 @@ where
             }
             (_, json) => context::store_answer::<DB>(&mut self.conn, p, json).await,
         }
+    }
+
+    /// `claim = "commit"`: the record with its answer goes out in the text
+    /// of `COMMIT` (an answer too large to ride as text, or SQLite: bound,
+    /// then `COMMIT`). A repeat finds the transaction rolled back and
+    /// replays the record it read in the same round trip.
+    async fn commit_with_record(&mut self, p: &Prepared, json: Option<&str>) -> Result<Option<Claimed>, Error> {
+        if self.core.bodies > 0 {
+            // Inside another guard's body on this `Tx`: the call is not the
+            // whole transaction, and committing would leave that body's
+            // next statements outside any. Written as `claim = "after"`.
+            return Ok(None);
+        }
+        let record = new_record(p);
+        let inline = json.is_none_or(|json| json.len() <= INLINE_ANSWER_MAX);
+        let (texts, done) = match texts::<DB>().filter(|_| inline) {
+            Some(texts) => {
+                (Some(texts), self.core.commit_with_record::<DB>(&mut self.conn, texts, &record, json).await?)
+            }
+            None => (None, self.core.commit_with_bound_record::<DB>(&mut self.conn, &record, json).await?),
+        };
+        let (found, deadlock) = match done {
+            Committed::Kept => return Ok(Some(Claimed::Fresh { moved: 0 })),
+            Committed::Refused { found, deadlock } => (found, deadlock),
+        };
+        match found {
+            Some(existing) if !existing.expired => return Ok(Some(Claimed::Existing(existing))),
+            // Past its retention, not yet purged: the body's writes went with
+            // the rollback, so this call cannot take it over (a bound insert
+            // does, in place). Remove it, only if still expired: the retry
+            // runs the body and writes its own.
+            Some(_) => {
+                if let Some(texts) = texts {
+                    self.core.discard_expired::<DB>(&mut self.conn, texts, &record).await?;
+                }
+            }
+            // A deadlock's victim with no record committed yet: the
+            // deadlock, which is retryable. Refused on the key: the record
+            // is gone since (its retention over, and purged).
+            None => {
+                if let Some(deadlock) = deadlock {
+                    self.core.refuse_commit();
+                    return Err(deadlock);
+                }
+            }
+        }
+        self.core.refuse_commit();
+        Err(p.in_progress(Some(std::time::Duration::ZERO)))
     }
 
     /// Begin again with the `Tx`'s own statement (its isolation level); the

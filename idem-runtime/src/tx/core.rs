@@ -5,7 +5,7 @@ use sqlx_core::transaction::TransactionManager;
 
 use crate::error::Error;
 use crate::store::sql::texts::{Texts, read_text_record, texts};
-use crate::store::sql::{ExistingRecord, NewRecord, SqlBackend, classify};
+use crate::store::sql::{ExistingRecord, InsertDone, NewRecord, SqlBackend, classify, record as sql_record};
 
 type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 
@@ -34,6 +34,10 @@ pub(super) enum State {
     Failed,
     /// Committed or rolled back.
     Closed,
+    /// A `claim = "commit"` guard ended it: committed with its record, or
+    /// rolled back on a repeat. `Tx::commit` and `Tx::rollback` send
+    /// nothing; nothing else may use it.
+    Ended,
 }
 
 /// The bookkeeping of an [`idem::Tx`](super::Tx).
@@ -116,6 +120,9 @@ impl TxCore {
                 reason: "the answer of an earlier guarded call in it could not be stored; roll it back",
             }),
             State::Closed => Some(Error::TxUnusable { reason: "it was committed or rolled back" }),
+            State::Ended => Some(Error::TxUnusable {
+                reason: "a guard with `claim = \"commit\"` ended it (its call is the whole transaction)",
+            }),
             _ => None,
         }
     }
@@ -297,6 +304,126 @@ impl TxCore {
         }
     }
 
+    /// `claim = "commit"`: the statements queued for `COMMIT`, the record
+    /// with its answer, and `COMMIT`, in one text. A unique-key error on
+    /// the record (or a deadlock, whose victim InnoDB has rolled back
+    /// whole, or a serialization failure) stops the text before its `COMMIT`: the transaction is then
+    /// rolled back, the body's writes with it, and the record read in one
+    /// more text (`ROLLBACK; BEGIN; read`: sqlx still counts the block
+    /// open, and the `ROLLBACK` queued for it ends the fresh one). Either
+    /// way the `Tx` has ended.
+    pub(crate) async fn commit_with_record<DB: SqlBackend>(
+        &mut self,
+        conn: &mut DB::Connection,
+        texts: &Texts,
+        record: &NewRecord<'_>,
+        answer: Option<&str>,
+    ) -> Result<Committed, Error> {
+        if let Some(e) = self.unusable() {
+            return Err(e);
+        }
+        debug_assert!(self.state == State::Open);
+        let (mut text, scopes) = self.take_pending();
+        if !text.is_empty() {
+            text.push_str("; ");
+        }
+        text.push_str(&(texts.insert_done)(texts, record, answer));
+        text.push_str("; ");
+        text.push_str(texts.commit);
+        self.state = State::Busy;
+        let sent = DB::execute_text(&mut *conn, sql(text)).await;
+        let refused = match sent {
+            Ok(_) => {
+                // sqlx's depth, lowered by a queued ROLLBACK (see `Tx::commit`).
+                Tm::<DB>::start_rollback(conn);
+                self.state = State::Ended;
+                return Ok(Committed::Kept);
+            }
+            Err(e) if record_duplicate(&e, texts) => None,
+            Err(e) => {
+                let server_said = e.as_database_error().is_some();
+                let error = pending_error::<DB>(e, &scopes);
+                if !error.is_deadlock() {
+                    // Nothing committed: a database error stops the text
+                    // before its COMMIT, or is the COMMIT's own (a deferred
+                    // constraint). `Closed`: a `Tx::commit` after it fails too.
+                    Tm::<DB>::start_rollback(conn);
+                    self.state = if server_said { State::Closed } else { State::Broken };
+                    return Err(error);
+                }
+                Some(error)
+            }
+        };
+        let read = (texts.read)(texts, record.scope, record.key, false);
+        let text = format!("{}; {}; {read}", DB::ROLLBACK, self.begin);
+        let found = read_text_record::<DB>(&mut *conn, sql(text)).await;
+        Tm::<DB>::start_rollback(conn);
+        self.state = match &found {
+            Ok(_) => State::Ended,
+            Err(sqlx::Error::Database(_)) => State::Closed,
+            Err(_) => State::Broken,
+        };
+        Ok(Committed::Refused { found: found.map_err(classify::<DB>)?, deadlock: refused })
+    }
+
+    /// [`commit_with_record`](Self::commit_with_record) with the bound
+    /// statements of `claim = "after"` (an answer too large to ride as
+    /// text, or SQLite, which has no texts): the statements queued for
+    /// `COMMIT`, the record with its answer (an expired record taken over
+    /// in place), then `COMMIT`; on a live record, `ROLLBACK` and a read.
+    pub(crate) async fn commit_with_bound_record<DB: SqlBackend>(
+        &mut self,
+        conn: &mut DB::Connection,
+        record: &NewRecord<'_>,
+        answer: Option<&str>,
+    ) -> Result<Committed, Error> {
+        self.ready::<DB>(&mut *conn).await?;
+        self.state = State::Busy;
+        let done = match sql_record::insert_done::<DB>(&mut *conn, record, answer).await {
+            Ok(InsertDone::Written) => Tm::<DB>::commit(&mut *conn).await.map(|()| Committed::Kept),
+            Ok(InsertDone::Conflict) => match Tm::<DB>::rollback(&mut *conn).await {
+                Ok(()) => sql_record::read::<DB>(&mut *conn, record.scope, record.key)
+                    .await
+                    .map(|found| Committed::Refused { found, deadlock: None }),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        // Ends a block a failure left open (nothing if there is none).
+        Tm::<DB>::start_rollback(conn);
+        self.state = match &done {
+            Ok(_) => State::Ended,
+            Err(sqlx::Error::Database(_)) => State::Closed,
+            Err(_) => State::Broken,
+        };
+        done.map_err(classify::<DB>)
+    }
+
+    /// A `claim = "commit"` guard fails after its text: nothing of its
+    /// call committed, and a `Tx::commit` must not say otherwise.
+    pub(crate) fn refuse_commit(&mut self) {
+        if self.state == State::Ended {
+            self.state = State::Closed;
+        }
+    }
+
+    /// After a refused `claim = "commit"` text found the record expired
+    /// (its retention over, not yet purged): remove it, only if still
+    /// expired (in autocommit), so that the next call can write its own.
+    pub(crate) async fn discard_expired<DB: SqlBackend>(
+        &mut self,
+        conn: &mut DB::Connection,
+        texts: &Texts,
+        record: &NewRecord<'_>,
+    ) -> Result<(), Error> {
+        // In autocommit, after the ROLLBACK queued for sqlx's depth.
+        let text = (texts.discard_expired)(texts, record.scope, record.key);
+        self.state = State::Busy;
+        DB::execute_text(&mut *conn, sql(text)).await.map_err(classify::<DB>)?;
+        self.state = State::Ended;
+        Ok(())
+    }
+
     /// `claim = "after"` found a repeat: roll back to the transaction's
     /// start and begin again with the Tx's own statement (its isolation
     /// level); the answers queued for `COMMIT` went with the rollback.
@@ -310,6 +437,27 @@ impl TxCore {
         self.state = State::Open;
         Ok(())
     }
+}
+
+/// What a `claim = "commit"` text did.
+pub(crate) enum Committed {
+    /// The record with its answer committed, and the body's writes.
+    Kept,
+    /// Nothing committed: the record's key was held; `found`: the record
+    /// that holds it, read after the rollback. `deadlock`: the text was
+    /// not refused on the key but a deadlock's victim (on MySQL/MariaDB,
+    /// claims of one key after its first call rolled back) or a
+    /// serialization failure, both retryable.
+    Refused { found: Option<ExistingRecord>, deadlock: Option<Error> },
+}
+
+/// A unique-key error of the record table: a duplicate. A unique-key
+/// error of another table comes from the body's deferred constraint
+/// failing at `COMMIT` (PostgreSQL names the table; MySQL has no deferred
+/// constraints).
+fn record_duplicate(e: &sqlx::Error, texts: &Texts) -> bool {
+    e.as_database_error()
+        .is_some_and(|d| d.is_unique_violation() && d.table().is_none_or(|t| t.eq_ignore_ascii_case(&texts.table_name)))
 }
 
 /// An error of the statement a text named, not of the server's state (a

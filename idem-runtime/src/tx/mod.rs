@@ -36,6 +36,8 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// |---|---|---|
 /// | first call | BEGIN, claim, body, answer, COMMIT | BEGIN + claim, body, answer + COMMIT |
 /// | repeat | BEGIN, claim, read, COMMIT | claim (refused), ROLLBACK + read |
+/// | first call, `claim = "commit"` | (as `"after"`) BEGIN, body, record, COMMIT | BEGIN, body, record + COMMIT |
+/// | repeat, `claim = "commit"` | (as `"after"`) BEGIN, body, record (refused), ROLLBACK + BEGIN, read, COMMIT | BEGIN, body, record + COMMIT (refused), ROLLBACK + BEGIN + read |
 ///
 /// `BEGIN` is held back until there is something to send with it: the
 /// first guard's claim (`BEGIN; INSERT ...` as one text), or
@@ -46,6 +48,35 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// the `Tx` and goes out with `COMMIT` (`UPDATE ...; COMMIT`); if that
 /// `UPDATE` finds no record the text fails before `COMMIT`, so a record is
 /// never committed unfinished by it.
+///
+/// With `claim = "commit"` ([`Guard::claim_at_commit`](crate::Guard::claim_at_commit))
+/// the guard writes once: after the body, the record with its answer is a
+/// plain `INSERT` in the text of `COMMIT` (`INSERT ...; COMMIT`; on
+/// PostgreSQL `INSERT ...; COMMIT; BEGIN`, for sqlx's `ROLLBACK`, as in
+/// [`Tx::commit`]), so a first call
+/// sends the statements of the transaction alone and one index insert
+/// more. The guarded call ends the transaction: [`Tx::commit`] after it
+/// sends nothing, and the connection serves nothing else. (Inside another
+/// guard's body on the same `Tx` it is not the whole transaction: there it
+/// is `claim = "after"`.) A repeat's
+/// `INSERT` fails on the key, which stops the text before its `COMMIT`:
+/// `ROLLBACK; BEGIN; <read>` then drops the body's writes and reads the
+/// first answer, which the call returns. Only a unique-key error of the
+/// record table counts as a repeat (PostgreSQL names the table: a
+/// deferred constraint of the body's failing at `COMMIT` is an error); a
+/// deadlock's victim (InnoDB, among claims of a key whose first call
+/// rolled back) replays a record committed meanwhile, or returns the
+/// retryable deadlock. Any other error means nothing was committed, and
+/// `Tx::commit` then fails too; a cancelled text leaves it unknown (as a
+/// cancelled `COMMIT` does: the record and the body's writes commit
+/// together or not at all), the `Tx` refuses to commit and a rerun
+/// replays or runs. A record past its retention in the way cannot be
+/// taken over (the body's writes went with the rollback): it is removed,
+/// only if still expired, and the call returns [`Error::InProgress`] with
+/// `retry_after` zero; the rerun writes its own. An answer over the
+/// inline limit below, and SQLite, take the bound statements of
+/// `claim = "after"` (an expired record taken over in place), then
+/// `COMMIT`.
 ///
 /// Values in these texts (scope, key, fingerprint, answer) are literals no
 /// value can break out of: on PostgreSQL escape-string literals in which
@@ -66,7 +97,8 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// of the transaction. The answer is always written out: it goes with
 /// `COMMIT`, after a body that may have deallocated the session's
 /// statements, where a missing one would abort the transaction with the
-/// body's writes and nothing left to retry. An answer over 256 KiB of JSON
+/// body's writes and nothing left to retry; so are a `claim = "commit"`
+/// record and the read after it. An answer over 256 KiB of JSON
 /// is bound as a parameter instead (one more round trip), so no text nears
 /// MySQL's `max_allowed_packet`. SQLite sends the same statements one by
 /// one (it has no network to save).
@@ -205,13 +237,20 @@ impl<DB: SqlBackend> Tx<DB> {
     /// Commit: the answers guards queued, then `COMMIT`, in one round trip
     /// (and one `ROLLBACK` of sqlx's bookkeeping that goes out with the
     /// connection's next use). If nothing has begun (every guard replayed),
-    /// nothing is sent.
+    /// or a `claim = "commit"` guard ended the transaction (committed, or
+    /// rolled back on a repeat), nothing is sent.
     ///
     /// An error from the database means nothing was committed. An I/O
     /// error (or dropping this future) leaves it unknown, as with
     /// `sqlx::Transaction::commit`: running the whole call again is safe,
     /// it replays or runs.
     pub async fn commit(mut self) -> Result<(), Error> {
+        if self.core.state == State::Ended {
+            // A `claim = "commit"` guard committed it (or rolled it back
+            // on a repeat): nothing is left to send.
+            self.core.state = State::Closed;
+            return Ok(());
+        }
         if let Some(e) = self.core.unusable() {
             return Err(e);
         }
@@ -241,7 +280,7 @@ impl<DB: SqlBackend> Tx<DB> {
     /// Roll back (nothing is sent if nothing has begun).
     pub async fn rollback(mut self) -> Result<(), Error> {
         match self.core.state {
-            State::Deferred | State::Closed => {}
+            State::Deferred | State::Closed | State::Ended => {}
             State::Open | State::Failed => {
                 self.core.state = State::Busy;
                 Tm::<DB>::rollback(&mut self.conn).await?;
@@ -295,7 +334,7 @@ impl<DB: SqlBackend> Drop for Tx<DB> {
     fn drop(&mut self) {
         let depth = Tm::<DB>::get_transaction_depth(&self.conn);
         match self.core.state {
-            State::Deferred | State::Closed => {}
+            State::Deferred | State::Closed | State::Ended => {}
             State::Busy if depth == 0 => self.conn.close_on_drop(),
             State::Broken => self.conn.close_on_drop(),
             // Queues the ROLLBACK; it goes out with the connection's next use.

@@ -21,6 +21,8 @@ impl TxSql for MySql {
             complete,
             // The scalar subquery of two rows (error 1242).
             no_record: "21000",
+            insert_done,
+            table_name: t.name().to_owned(),
         })
     }
 
@@ -36,6 +38,22 @@ fn claim(texts: &Texts, r: &NewRecord<'_>, _prepared: bool) -> String {
         bytes(r.scope),
         bytes(r.key),
         r.fingerprint.map_or_else(|| "NULL".to_owned(), text),
+        i64::try_from(r.retention.as_micros()).unwrap_or(i64::MAX),
+    )
+}
+
+/// `claim = "commit"`: a plain `INSERT`, whose duplicate-key error (1062)
+/// stops the text before its `COMMIT`.
+fn insert_done(texts: &Texts, r: &NewRecord<'_>, response: Option<&str>) -> String {
+    format!(
+        "INSERT INTO {} (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at) \
+         VALUES ({}, {}, 'DONE', {}, {}, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+         UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)",
+        texts.table,
+        bytes(r.scope),
+        bytes(r.key),
+        r.fingerprint.map_or_else(|| "NULL".to_owned(), text),
+        response.map_or_else(|| "NULL".to_owned(), text),
         i64::try_from(r.retention.as_micros()).unwrap_or(i64::MAX),
     )
 }

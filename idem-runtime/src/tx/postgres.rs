@@ -43,6 +43,8 @@ impl TxSql for Postgres {
             complete,
             // `1 / count(*)` of no rows: division by zero.
             no_record: "22012",
+            insert_done,
+            table_name: t.name().to_owned(),
         })
     }
 }
@@ -87,6 +89,22 @@ fn discard_expired(texts: &Texts, scope: &str, key: &str) -> String {
 /// transaction.)
 fn complete(texts: &Texts, scope: &str, key: &str, response: &str) -> String {
     complete_sql(&texts.table, &key_text(scope), &key_text(key), &text(response))
+}
+
+/// `claim = "commit"`: written out, as [`complete`] is, for the same
+/// reason (it goes out with `COMMIT`, after the body).
+fn insert_done(texts: &Texts, r: &NewRecord<'_>, response: Option<&str>) -> String {
+    let fingerprint = r.fingerprint.map_or_else(|| "NULL".to_owned(), text);
+    let response = response.map_or_else(|| "NULL".to_owned(), text);
+    format!(
+        "INSERT INTO {} (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at) \
+         VALUES ({}, {}, 'DONE', {fingerprint}, {response}, now(), now(), \
+         clock_timestamp() + {} * interval '1 microsecond')",
+        texts.table,
+        text(r.scope),
+        text(r.key),
+        retention_us(r.retention),
+    )
 }
 
 fn claim_sql(table: &str, scope: &str, key: &str, fingerprint: &str, retention_us: &str) -> String {

@@ -68,6 +68,14 @@ pub struct Texts {
     /// The SQLSTATE with which [`complete`](Self::complete) says it
     /// matched no record.
     pub no_record: &'static str,
+    /// `claim = "commit"`: the record `DONE` with its answer (`None`:
+    /// not kept), a plain `INSERT` whose unique-key error stops the text
+    /// before the `COMMIT` after it. Written out, as `complete` is.
+    pub insert_done: fn(&Texts, &NewRecord<'_>, Option<&str>) -> String,
+    /// The record table's own name, as the server names the table of a
+    /// unique-key error (PostgreSQL), to tell the record's duplicate from
+    /// one of the body's deferred constraints failing at `COMMIT`.
+    pub table_name: String,
 }
 
 /// Statements prepared once per session.
