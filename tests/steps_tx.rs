@@ -190,6 +190,31 @@ macro_rules! steps_tx_suite {
                 assert_eq!((runs.load(SeqCst), rows(&pool, &id).await), (1, 1));
             }
 
+            /// A call whose steps outlived their retention (its body
+            /// failed, no retry came in time) runs from its first step
+            /// again: the expired rows are no steps of it, and make way for
+            /// its new ones.
+            #[tokio::test]
+            async fn steps_past_their_retention_make_way_for_new_ones() {
+                let pool = pool!();
+                let store = SqlStore::new(pool.clone());
+                let (id, runs) = (unique("tx-expired"), AtomicUsize::new(0));
+                let guard = || Guard::new(SCOPE).key(&id).retention(Duration::from_secs(1));
+                let lease = Duration::from_secs(5);
+                let Claim::Run(ticket) = guard().lease::<u64>(&store, lease).await.unwrap() else { panic!() };
+                let failed = ticket.run_steps(|steps| transfer(steps, &pool, &id, &runs, Then::Fail)).await;
+                assert!(failed.is_err());
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let Claim::Run(ticket) = guard().lease::<u64>(&store, lease).await.unwrap() else { panic!() };
+                let (pool_ref, id_ref, runs_ref) = (&pool, &id, &runs);
+                let done = ticket.run_steps(|steps| async move {
+                    assert_eq!(steps.recorded(), 0, "expired steps are not the call's");
+                    transfer(steps, pool_ref, id_ref, runs_ref, Then::Complete).await
+                });
+                assert_eq!(done.await.unwrap(), 500);
+                assert_eq!(runs.load(SeqCst), 2, "the expired ledger step ran again");
+            }
+
             /// Lease records in memory: a step in a transaction of this
             /// database cannot be recorded with its writes; refused before
             /// it runs.

@@ -1,6 +1,8 @@
 //! `strategy = "lease"`: a record committed on its own, held for the
 //! duration of the body by a lease the runtime keeps renewing.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::Error;
@@ -207,12 +209,15 @@ impl<'s> LeaseTicket<'s> {
             retention: p.retention,
         };
         let limit = self.store.answer_limit().await;
-        let steps = Steps::new(self.store, holder, (p.scope.to_string(), p.key.hash()), limit, recorded);
+        let had_steps = !recorded.is_empty();
+        let wrote = Arc::new(AtomicBool::new(false));
+        let steps = Steps::new(self.store, holder, (p.scope.to_string(), p.key.hash()), limit, recorded, wrote.clone());
         let value = self.run_body(body(steps)).await?;
         let (value, written) = self.completed_written(value).await?;
         // A record left as a crash leaves it (the store failed for the
         // whole lease) is taken over later: its steps must be there then.
-        if !written {
+        // A call that neither found nor recorded a step has none to forget.
+        if !written || !(had_steps || wrote.load(Ordering::Relaxed)) {
             return Ok(value);
         }
         if let Err(e) = self.store.forget_steps(&p.stored_scope, p.key.as_str()).await {

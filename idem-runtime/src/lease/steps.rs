@@ -4,7 +4,8 @@
 //! at the first step without a result. See `docs/decisions/0002`.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
 use crate::future::BoxFuture;
@@ -55,6 +56,9 @@ pub struct Steps<'s> {
     key_hash: String,
     answer_limit: usize,
     log: Mutex<Log>,
+    /// Set once a step may have been recorded: shared with the ticket,
+    /// which then knows the completed call has steps to forget.
+    wrote: Arc<AtomicBool>,
 }
 
 /// The lease this call holds (a [`HeldLease`] of its own, so that the step
@@ -104,9 +108,10 @@ impl<'s> Steps<'s> {
         (scope, key_hash): (String, String),
         answer_limit: usize,
         recorded: Vec<RecordedStep>,
+        wrote: Arc<AtomicBool>,
     ) -> Steps<'s> {
         let log = Mutex::new(Log { recorded, seen: Vec::new() });
-        Steps { store, held, scope, key_hash, answer_limit, log }
+        Steps { store, held, scope, key_hash, answer_limit, log, wrote }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
@@ -243,6 +248,7 @@ impl<'s> Steps<'s> {
             drop(tx);
             return Err(self.not_recorded(name, matches!(here, Ok(None))).await.into());
         }
+        self.wrote.store(true, Ordering::Relaxed);
         tx.commit().await.map_err(classify::<DB>)?;
         Ok(value)
     }
@@ -336,6 +342,8 @@ impl<'s> Steps<'s> {
 
     async fn record(&self, number: usize, name: &str, json: &str) -> Result<(), Error> {
         let step = NewStep { number, name, result: json };
+        // Set before: a write whose answer was lost may have landed.
+        self.wrote.store(true, Ordering::Relaxed);
         match self.store.record_step(&self.held.held(), &step).await? {
             true => Ok(()),
             false => Err(Error::LeaseLost { scope: self.scope.clone(), key_hash: self.key_hash.clone() }),

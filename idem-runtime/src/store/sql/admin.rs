@@ -161,7 +161,7 @@ fn decode_admin<DB: SqlBackend>(row: &DB::Row) -> Result<Record, sqlx::Error> {
 /// `record` with the steps its call recorded ([`Record::steps`]), read on
 /// the same connection just after it.
 async fn with_steps<DB: SqlBackend>(conn: &mut DB::Connection, mut record: Record) -> Result<Record, Error> {
-    let steps = super::steps::peek::<DB>(conn, &record.scope, &record.key).await.map_err(classify::<DB>)?;
+    let steps = super::steps::read::<DB>(conn, &record.scope, &record.key).await.map_err(classify::<DB>)?;
     record.set_steps(steps.into_iter().map(|step| (step.name, step.result)));
     Ok(record)
 }

@@ -71,31 +71,16 @@ fn step_key(number: usize) -> String {
     format!("{number:02}")
 }
 
-/// The call's steps for a claim: those past their retention deleted
-/// first (the claim starts the call over), then the others read.
+/// The call's steps, in order, those past their retention left out (a
+/// first record in their way deletes them, see [`record`]): one statement,
+/// what a call reads before its body and the operator's reads show.
 pub(crate) async fn read<DB: SqlBackend>(
     conn: &mut DB::Connection,
     scope: &str,
     key: &str,
 ) -> Result<Vec<RecordedStep>, sqlx::Error> {
     let call = call(scope, key);
-    DB::execute(conn, statements::<DB>().steps.clear_expired.query::<DB>(&[text(&call)])).await?;
-    recorded::<DB>(conn, &call).await
-}
-
-/// The call's steps as they are, those past their retention left out (and
-/// left to the claim or a purge to delete): what the operator's reads show.
-pub(crate) async fn peek<DB: SqlBackend>(
-    conn: &mut DB::Connection,
-    scope: &str,
-    key: &str,
-) -> Result<Vec<RecordedStep>, sqlx::Error> {
-    recorded::<DB>(conn, &call(scope, key)).await
-}
-
-/// The steps of the call whose step scope is `call`, in order.
-async fn recorded<DB: SqlBackend>(conn: &mut DB::Connection, call: &str) -> Result<Vec<RecordedStep>, sqlx::Error> {
-    let rows = DB::fetch_all(conn, statements::<DB>().steps.read.query::<DB>(&[text(call)])).await?;
+    let rows = DB::fetch_all(conn, statements::<DB>().steps.read.query::<DB>(&[text(&call)])).await?;
     let mut steps = Vec::with_capacity(rows.len());
     for (number, row) in rows.iter().enumerate() {
         let key = read_text::<DB>(row, 0)?.unwrap_or_default();
@@ -137,11 +122,22 @@ pub(crate) async fn record<DB: SqlBackend>(
     // is there already: written by this very holder (its reply lost), it is
     // the same step at its fence.
     let rows = DB::fetch_all(conn, s.read.query::<DB>(&[text(&call)])).await?;
-    Ok(rows.iter().any(|row| {
+    let mine = rows.iter().any(|row| {
         read_text::<DB>(row, 0).ok().flatten().as_deref() == Some(key.as_str())
             && read_text::<DB>(row, 1).ok().flatten().as_deref() == Some(value.as_str())
             && DB::int(row, 2).ok() == Some(held.fence)
-    }))
+    });
+    if mine {
+        return Ok(true);
+    }
+    // Or rows of an earlier call of this key past their retention are in
+    // the way (reads leave them out): cleared here, off the common path,
+    // then the step written once more.
+    let cleared = DB::execute(conn, s.clear_expired.query::<DB>(&[text(&call)])).await?;
+    if DB::rows(&cleared) == 0 {
+        return Ok(false);
+    }
+    inserted::<DB>(DB::execute(conn, s.record.query::<DB>(&args)).await)
 }
 
 pub(crate) async fn forget<DB: SqlBackend>(
