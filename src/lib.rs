@@ -114,6 +114,8 @@ pub mod lease {
         DEFAULT_LEASE, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, LeaseTicket, MAX_STEPS, NewStep,
         RecordedStep, StepKey, Steps, Watch, current,
     };
+    #[cfg(feature = "sql")]
+    pub use idem_runtime::lease::{StepInTransaction, StepTransactions};
 }
 
 /// Locks: `lock+dedup`, `lock+state`, `lock`.

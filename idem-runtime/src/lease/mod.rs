@@ -12,6 +12,8 @@ use std::time::Duration;
 pub use crate::lease::guard::LeaseTicket;
 pub use crate::lease::steps::{MAX_STEPS, StepKey, Steps};
 pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, RecordedStep, Watch};
+#[cfg(feature = "sql")]
+pub use crate::lease::store::{StepInTransaction, StepTransactions};
 
 /// Default lease when the attribute gives none.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);

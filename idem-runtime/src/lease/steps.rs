@@ -8,9 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
-use crate::future::BoxFuture;
 use crate::lease::store::{HeldLease, LeaseStore, NewStep, RecordedStep};
 use crate::replay::{Replayable, encode, fit};
+#[cfg(feature = "sql")]
+use crate::{
+    future::BoxFuture,
+    lease::store::{StepInTransaction, StepTransactions},
+};
 
 /// The most steps one call records.
 pub const MAX_STEPS: usize = 64;
@@ -214,24 +218,23 @@ impl<'s> Steps<'s> {
     #[cfg(feature = "sql")]
     pub async fn run_tx<'c, DB, T, E, F>(&self, name: &str, pool: &sqlx::Pool<DB>, step: F) -> Result<T, E>
     where
-        DB: crate::store::sql::SqlBackend,
+        DB: StepTransactions,
         T: Replayable,
         E: From<Error>,
         // `'c` outlives every `'t` (`&'t mut Transaction<'c, _>` says so):
         // the step's future may borrow what lives that long.
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'c, DB>, StepKey) -> BoxFuture<'t, Result<T, E>>,
     {
-        use crate::store::sql::{classify, record, steps};
         let number = self.begin(name)?;
         if let Some(json) = self.replay(number, name)? {
             return Ok(self.decode(name, &json)?);
         }
-        if let Err(e) = self.same_database(name, DB::BACKEND) {
+        if let Err(e) = self.same_database(name, DB::LEASE_KIND) {
             return Err(self.not_run(e.into()));
         }
         let mut tx: sqlx::Transaction<'c, DB> = match pool.begin().await {
             Ok(tx) => tx,
-            Err(e) => return Err(self.not_run(classify::<DB>(e).into())),
+            Err(e) => return Err(self.not_run(Error::Database(e).into())),
         };
         // Dropped on any return before COMMIT, `tx` rolls back.
         let value = match step(&mut tx, self.key(name)).await {
@@ -241,15 +244,12 @@ impl<'s> Steps<'s> {
         // Not recordable: rolled back with the step's writes.
         let (json, value) = self.result(name, value).map_err(|e| self.not_run(e))?;
         let new = NewStep { number, name, result: &json };
-        if !steps::record::<DB>(&mut tx, &self.held.held(), &new).await.map_err(classify::<DB>)? {
-            // No holder's row to write from: the lease passed or was taken
-            // over, or this database holds no such record at all.
-            let here = record::read::<DB>(&mut tx, &self.held.scope, &self.held.key).await;
+        if let StepInTransaction::Refused { call_here } = DB::record_step_in(&mut tx, &self.held.held(), &new).await? {
             drop(tx);
-            return Err(self.not_recorded(name, matches!(here, Ok(None))).await.into());
+            return Err(self.not_recorded(name, !call_here).await.into());
         }
         self.wrote.store(true, Ordering::Relaxed);
-        tx.commit().await.map_err(classify::<DB>)?;
+        tx.commit().await.map_err(Error::Database)?;
         Ok(value)
     }
 

@@ -102,6 +102,43 @@ pub struct NewStep<'a> {
     pub result: &'a str,
 }
 
+/// A database whose transactions can record a step with the step's own
+/// writes ([`Steps::run_tx`](crate::lease::Steps::run_tx)): the databases
+/// of [`SqlStore`](crate::store::SqlStore) (PostgreSQL, MySQL/MariaDB,
+/// SQLite), which implement it.
+#[cfg(feature = "sql")]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` keeps no lease records: a step cannot be recorded in its transactions",
+    note = "`run_tx` takes a pool of sqlx::Postgres, sqlx::MySql or sqlx::Sqlite: the database of the call's `SqlStore`"
+)]
+pub trait StepTransactions: sqlx::Database {
+    /// The [`LeaseStore::kind`] of a lease store on this database.
+    const LEASE_KIND: &'static str;
+    /// Record `step` in the transaction open on `conn`, as
+    /// [`LeaseStore::record_step`] records it on its own (only the live
+    /// holder's next step), the holder's record kept from changing until
+    /// the transaction ends.
+    fn record_step_in<'a>(
+        conn: &'a mut Self::Connection,
+        held: &'a HeldLease<'a>,
+        step: &'a NewStep<'a>,
+    ) -> BoxFuture<'a, Result<StepInTransaction, Error>>;
+}
+
+/// What [`StepTransactions::record_step_in`] did.
+#[cfg(feature = "sql")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepInTransaction {
+    /// Written: it commits with the transaction.
+    Recorded,
+    /// Not written: the lease is no longer the holder's, or the record is
+    /// not in this database (`call_here` false: no record of the call).
+    Refused {
+        /// The database holds a record of the call.
+        call_here: bool,
+    },
+}
+
 /// News of one lease record that a waiting call takes before its claim
 /// ([`LeaseStore::watch`]).
 pub struct Watch<'a> {

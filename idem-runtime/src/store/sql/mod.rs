@@ -50,7 +50,7 @@ pub(crate) mod record;
 pub(crate) mod schema;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-pub(crate) mod steps;
+mod steps;
 pub(crate) mod texts;
 
 pub use lease::SqlStore;

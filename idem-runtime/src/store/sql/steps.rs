@@ -9,9 +9,12 @@
 //! holder's row, which checks its owner, fence and live lease by the
 //! database's clock in the same statement.
 
+use super::classify;
 use super::dialect::{Arg, Dialect, Stmt, inserted, read_text, text};
 use super::{SqlBackend, statements};
-use crate::lease::store::{HeldLease, NewStep, RecordedStep};
+use crate::error::Error;
+use crate::future::BoxFuture;
+use crate::lease::store::{HeldLease, NewStep, RecordedStep, StepInTransaction, StepTransactions};
 use crate::table::RecordTable;
 
 /// The step statements of one record table.
@@ -138,6 +141,26 @@ pub(crate) async fn record<DB: SqlBackend>(
         return Ok(false);
     }
     inserted::<DB>(DB::execute(conn, s.record.query::<DB>(&args)).await)
+}
+
+impl<DB: SqlBackend> StepTransactions for DB {
+    const LEASE_KIND: &'static str = DB::BACKEND;
+
+    fn record_step_in<'a>(
+        conn: &'a mut DB::Connection,
+        held: &'a HeldLease<'a>,
+        step: &'a NewStep<'a>,
+    ) -> BoxFuture<'a, Result<StepInTransaction, Error>> {
+        Box::pin(async move {
+            if record::<DB>(conn, held, step).await.map_err(classify::<DB>)? {
+                return Ok(StepInTransaction::Recorded);
+            }
+            // No holder's row to write from: the lease passed or was taken
+            // over, or this database holds no record of the call at all.
+            let call = super::record::read::<DB>(conn, held.scope, held.key).await.map_err(classify::<DB>)?;
+            Ok(StepInTransaction::Refused { call_here: call.is_some() })
+        })
+    }
 }
 
 pub(crate) async fn forget<DB: SqlBackend>(
