@@ -24,6 +24,7 @@ use crate::stores::Stores;
 pub(crate) type TenantFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
 
 /// Where a layer's lease records live.
+#[derive(Clone)]
 pub(crate) enum Records {
     /// The store given to the layer's `new`.
     Store(Arc<dyn LeaseStore>),
@@ -65,6 +66,29 @@ pub(crate) struct Settings {
     fits: OnceLock<Result<(), String>>,
     /// Whether the warning about keys shared by every caller was logged.
     warned_shared: AtomicBool,
+}
+
+/// A copy for a layer configured after it was cloned: what was learnt of
+/// the store (whether responses fit) is asked again, the settings may
+/// have changed.
+impl Clone for Settings {
+    fn clone(&self) -> Settings {
+        Settings {
+            store: self.store.clone(),
+            scope: self.scope.clone(),
+            header: self.header.clone(),
+            required: self.required,
+            tenant: self.tenant.clone(),
+            fingerprint: self.fingerprint.clone(),
+            max_request: self.max_request,
+            max_response: self.max_response,
+            lease: self.lease,
+            retention: self.retention,
+            wait: self.wait,
+            fits: OnceLock::new(),
+            warned_shared: AtomicBool::new(false),
+        }
+    }
 }
 
 /// A request a door guards, read: to pass on, to refuse, or to guard.

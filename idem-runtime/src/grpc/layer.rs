@@ -17,6 +17,7 @@ pub(super) type KeepFn = dyn Fn(Code) -> bool + Send + Sync;
 
 /// What a layer was configured with, shared by its services and their
 /// calls.
+#[derive(Clone)]
 pub(super) struct Config {
     pub(super) door: Settings,
     /// Full method paths (`/pkg.Service/Method`) and service names
@@ -120,7 +121,9 @@ impl IdempotencyLayer {
     }
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> IdempotencyLayer {
-        change(Arc::get_mut(&mut self.config).expect("a layer is configured before it is cloned"));
+        // A layer cloned (its services share its configuration) and then
+        // configured changes a copy of its own.
+        change(Arc::make_mut(&mut self.config));
         self
     }
 
@@ -262,5 +265,14 @@ mod tests {
         assert!(passes("/grpc.health.v1.Health/Watch"));
         assert!(!passes("/grpc.health.v1.HealthX/Check"));
         assert!(!passes("/grpc.health.v1/Health"));
+    }
+
+    /// A layer cloned, then configured, changes its own copy (it panicked).
+    #[test]
+    fn a_cloned_layer_is_configured_on_its_own() {
+        let base = IdempotencyLayer::new(crate::store::MemoryStore::new());
+        let waiting = base.clone().wait(std::time::Duration::from_secs(5));
+        assert_eq!(waiting.config.door.wait, std::time::Duration::from_secs(5));
+        assert_eq!(base.config.door.wait, std::time::Duration::ZERO);
     }
 }

@@ -16,6 +16,7 @@ pub(super) type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// What a layer was configured with, shared by its services and their
 /// requests.
+#[derive(Clone)]
 pub(super) struct Config {
     pub(super) door: Settings,
     pub(super) methods: Vec<Method>,
@@ -126,7 +127,9 @@ impl IdempotencyLayer {
     }
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> IdempotencyLayer {
-        change(Arc::get_mut(&mut self.config).expect("a layer is configured before it is cloned"));
+        // A layer cloned (its services share its configuration) and then
+        // configured changes a copy of its own.
+        change(Arc::make_mut(&mut self.config));
         self
     }
 
@@ -246,5 +249,19 @@ impl IdempotencyLayer {
     /// by what the server can keep open.
     pub fn wait(self, wait: Duration) -> IdempotencyLayer {
         self.with_door(|c| c.wait = wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdempotencyLayer;
+
+    /// A layer cloned, then configured, changes its own copy (it panicked).
+    #[test]
+    fn a_cloned_layer_is_configured_on_its_own() {
+        let base = IdempotencyLayer::new(crate::store::MemoryStore::new());
+        let waiting = base.clone().wait(std::time::Duration::from_secs(5));
+        assert_eq!(waiting.config.door.wait, std::time::Duration::from_secs(5));
+        assert_eq!(base.config.door.wait, std::time::Duration::ZERO);
     }
 }
