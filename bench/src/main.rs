@@ -17,6 +17,12 @@
 //!   body, then the record with its response in the text of `COMMIT`
 //!   (`INSERT ...; COMMIT`): one write, no round trip of its own.
 //!
+//! On PostgreSQL, with `pgbench` on `PATH`, a seventh turn in each round runs
+//! pgbench sending `one_write`'s statements (`bench/pgbench/one_write.sql`,
+//! see `pgbench_floor`): `vs_floor` is `one_write` against it, what the
+//! server allows a C client with the same statements (`vs_floor=na` without
+//! pgbench).
+//!
 //! Scenarios `state` and `dedup+state`: the same business change also pays
 //! the order (WAIT_PAY -> PAID, orders created ahead of each slice):
 //! - `unguarded`: the status written blindly (`UPDATE ... SET status = 2
@@ -678,11 +684,6 @@ where
     let scenario = args.scenario;
     let modes = scenario.modes();
     let mut tallies: Vec<Tally> = modes.iter().map(|_| Tally::default()).collect();
-    // pgbench's slice (`vs_floor`) takes its turn after the modes, in the
-    // same rotation, and its share of `--seconds`.
-    let turns = modes.len() + usize::from(matches!(floor, FloorControl::Pgbench(_)));
-    let slices = turns as f64 * f64::from(args.rounds.max(1));
-    let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
     let clients = args.clients;
     // Warm-up: connections open, caches and statement caches filled.
     let mut warm = Tally::default();
@@ -690,9 +691,17 @@ where
         let length = Duration::from_millis(500);
         slice(pool, Slice { scenario, mode, clients, length, run: &run }, &mut warm).await?;
     }
-    if let FloorControl::Pgbench(floor) = floor {
-        floor.slice(Duration::from_secs(1), &format!("P{run}-w-")).await?;
+    if let FloorControl::Pgbench(f) = floor
+        && let Err(e) = f.slice(Duration::from_secs(1), &format!("P{run}-w-")).await
+    {
+        eprintln!("no floor: {e}");
+        *floor = FloorControl::Na("pgbench_failed");
     }
+    // pgbench's slice (`vs_floor`) takes its turn after the modes, in the
+    // same rotation, and its share of `--seconds`.
+    let turns = modes.len() + usize::from(matches!(floor, FloorControl::Pgbench(_)));
+    let slices = turns as f64 * f64::from(args.rounds.max(1));
+    let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
     for round in 0..args.rounds.max(1) as usize {
         // Rotate the order each round so no mode always follows another.
         for i in 0..turns {
@@ -779,9 +788,9 @@ where
             );
             line.push_str(&format!(" vs_floor={vs_floor:.3} floor_tps={floor_tps:.0} floor_slice_s={seconds}"));
         }
-        FloorControl::NoPgbench => {
-            println!("no pgbench on PATH: no floor for one_write (vs_floor=na)");
-            line.push_str(" vs_floor=na floor_tps=na floor=no_pgbench_on_path");
+        FloorControl::Na(why) => {
+            println!("no pgbench floor for one_write ({why}): vs_floor=na");
+            line.push_str(&format!(" vs_floor=na floor_tps=na floor={why}"));
         }
         FloorControl::NotHere => {}
     }
@@ -853,10 +862,7 @@ async fn main() -> Result<(), BoxError> {
     let store = Store::connect(url.as_deref(), args.clients as u32 + 2).await?;
     let mut floor = FloorControl::NotHere;
     if let (Store::Postgres(_), Scenario::Dedup, Some(url)) = (&store, args.scenario, url.as_deref()) {
-        floor = match pgbench_floor::find() {
-            Some(pgbench) => FloorControl::Pgbench(Floor::new(pgbench, url, args.clients)?),
-            None => FloorControl::NoPgbench,
-        };
+        floor = FloorControl::new(url, args.clients)?;
     }
     match &store {
         Store::Sqlite(pool, _) => run(store.name(), pool, &args, added_rtt, &mut floor).await?,

@@ -22,9 +22,30 @@ const THREADS: usize = 2;
 pub(crate) enum FloorControl {
     /// Not `--scenario dedup` on PostgreSQL.
     NotHere,
-    /// `dedup` on PostgreSQL, but no `pgbench` on `PATH`: `vs_floor=na`.
-    NoPgbench,
+    /// `dedup` on PostgreSQL, but no floor (`vs_floor=na floor=<why>`): no
+    /// `pgbench` on `PATH`, a URL libpq would read otherwise than sqlx, or
+    /// pgbench failed its warm-up (its output on stderr).
+    Na(&'static str),
     Pgbench(Floor),
+}
+
+impl FloorControl {
+    /// The control for `url` (loadgen's, `--scenario dedup` on PostgreSQL).
+    pub(crate) fn new(url: &str, clients: usize) -> Result<FloorControl, BoxError> {
+        let Some(pgbench) = find() else {
+            return Ok(FloorControl::Na("no_pgbench_on_path"));
+        };
+        // sqlx's `options[key]=value` is no libpq parameter: pgbench would
+        // refuse the URL, or (with a search path) write to another table.
+        // `options=-c key=value` means the same to both.
+        if url.contains("options[") || url.contains("options%5B") {
+            eprintln!(
+                "no floor: pgbench (libpq) does not read sqlx's `options[key]=value`; write `options=-c key=value`"
+            );
+            return Ok(FloorControl::Na("url_not_libpq"));
+        }
+        Ok(FloorControl::Pgbench(Floor::new(pgbench, url, clients)?))
+    }
 }
 
 /// pgbench, ready to run the script against the database loadgen measures.
@@ -38,7 +59,7 @@ pub(crate) struct Floor {
 }
 
 /// `pgbench` in a directory of `PATH`, if there is one.
-pub(crate) fn find() -> Option<PathBuf> {
+fn find() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|dir| dir.join("pgbench")).find(|p| is_executable(p))
 }
@@ -51,7 +72,7 @@ fn is_executable(p: &Path) -> bool {
 impl Floor {
     /// `url`: the one loadgen's pool uses (through `--added-rtt-us`'s proxy
     /// when there is one), as libpq takes it.
-    pub(crate) fn new(program: PathBuf, url: &str, clients: usize) -> Result<Floor, BoxError> {
+    fn new(program: PathBuf, url: &str, clients: usize) -> Result<Floor, BoxError> {
         let script = std::env::temp_dir().join(format!("idem-loadgen-{}-one_write.sql", std::process::id()));
         std::fs::write(&script, SCRIPT)?;
         Ok(Floor { program, script, url: url.to_owned(), clients, slice_tps: Vec::new() })
