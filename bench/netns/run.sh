@@ -60,10 +60,16 @@ if ip netns list | grep -qw "$ns" || ip link show "$host_if" > /dev/null 2>&1; t
     exit 1
 fi
 
-socat_pid=
+socat_pid='' loadgen_pid='' out=''
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
     set +e
+    # An interrupted run: loadgen (under `timeout`, which passes the signal on) first.
+    if [[ -n $loadgen_pid ]]; then
+        kill "$loadgen_pid" 2> /dev/null
+        wait "$loadgen_pid" 2> /dev/null
+    fi
+    [[ -n $out ]] && rm -f "$out"
     if [[ -n $socat_pid ]]; then
         # Its children (one per connection) first, by parent id; then it.
         pkill -P "$socat_pid" 2> /dev/null
@@ -129,6 +135,7 @@ hop_latency() {
 }
 
 status=0
+out=$(mktemp)
 for us in "${delays[@]}"; do
     if ! set_delay "$us"; then
         echo "netns delay_us=$us skipped=netem_unavailable"
@@ -137,7 +144,15 @@ for us in "${delays[@]}"; do
     fi
     echo "netns delay_us=$us store=$store clients=$clients seconds=$seconds rounds=$rounds load: $(cut -d' ' -f1-3 /proc/loadavg)"
     hop_latency
+    # In the background, so that a signal runs the trap now, not when loadgen is done.
     timeout "$((seconds * 2 + 120))" ip netns exec "$ns" "$loadgen" --scenario "$scenario" --database-url "$url" \
-        --clients "$clients" --seconds "$seconds" --rounds "$rounds" | sed "\$s/\$/ netns_delay_us=$us/"
+        --clients "$clients" --seconds "$seconds" --rounds "$rounds" > "$out" 2>&1 &
+    loadgen_pid=$!
+    if ! wait "$loadgen_pid"; then
+        echo "netns: loadgen failed at delay_us=$us" >&2
+        status=1
+    fi
+    loadgen_pid=''
+    sed "\$s/\$/ netns_delay_us=$us/" "$out"
 done
 exit "$status"
