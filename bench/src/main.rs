@@ -17,6 +17,12 @@
 //!   body, then the record with its response in the text of `COMMIT`
 //!   (`INSERT ...; COMMIT`): one write, no round trip of its own.
 //!
+//! On PostgreSQL, with `pgbench` on `PATH`, a seventh turn in each round runs
+//! pgbench sending `one_write`'s statements (`bench/pgbench/one_write.sql`,
+//! see `pgbench_floor`): `vs_floor` is `one_write` against it, what the
+//! server allows a C client with the same statements (`vs_floor=na` without
+//! pgbench).
+//!
 //! Scenarios `state` and `dedup+state`: the same business change also pays
 //! the order (WAIT_PAY -> PAID, orders created ahead of each slice):
 //! - `unguarded`: the status written blindly (`UPDATE ... SET status = 2
@@ -68,6 +74,7 @@ mod cluster_bench;
 mod common;
 mod lease_bench;
 mod mq_bench;
+mod pgbench_floor;
 mod rtt_proxy;
 mod steps_bench;
 mod token_bench;
@@ -80,6 +87,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use common::{AppError, BoxError, OrderStatus, Shop, Store};
 use idem::idempotent;
+use pgbench_floor::{Floor, FloorControl};
 use sqlx::{MySql, Postgres, Sqlite, Transaction};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -330,6 +338,14 @@ const RESET: &str = "DELETE FROM idem_records WHERE scope IN \
 impl Handwritten for Postgres {
     async fn reset(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
+        // pgbench's rows too (the `vs_floor` slices', bench/pgbench/run.sh's),
+        // as bench/pgbench/setup.sql removes them: both clients start from
+        // the same tables.
+        sqlx::raw_sql(
+            "DELETE FROM idem_records WHERE scope LIKE 'pgbench.%'; DELETE FROM shop_coupons WHERE trade_no LIKE 'P%'",
+        )
+        .execute(pool)
+        .await?;
         // A service's record table is never empty for long; an empty one
         // analyzed as empty gives every connection's prepared statements a
         // cached sequential-scan plan for the key lookups, which stays while
@@ -622,7 +638,12 @@ where
 /// drifts (tables grow, checkpoints, autovacuum), and comparing slices that
 /// ran next to each other cancels most of that drift.
 fn median_ratio(a: &Tally, b: &Tally) -> f64 {
-    let mut r: Vec<f64> = a.slice_tps.iter().zip(&b.slice_tps).map(|(x, y)| x / y).collect();
+    median_of_ratios(&a.slice_tps, &b.slice_tps)
+}
+
+/// The median of a[i] / b[i].
+fn median_of_ratios(a: &[f64], b: &[f64]) -> f64 {
+    let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
     r.sort_by(f64::total_cmp);
     if r.is_empty() {
         return f64::NAN;
@@ -649,6 +670,7 @@ async fn run<DB: Handwritten>(
     pool: &sqlx::Pool<DB>,
     args: &Args,
     added_rtt: Option<AddedRtt>,
+    floor: &mut FloorControl,
 ) -> Result<(), BoxError>
 where
     DB::Connection: Send,
@@ -662,8 +684,6 @@ where
     let scenario = args.scenario;
     let modes = scenario.modes();
     let mut tallies: Vec<Tally> = modes.iter().map(|_| Tally::default()).collect();
-    let slices = modes.len() as f64 * f64::from(args.rounds.max(1));
-    let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
     let clients = args.clients;
     // Warm-up: connections open, caches and statement caches filled.
     let mut warm = Tally::default();
@@ -671,10 +691,26 @@ where
         let length = Duration::from_millis(500);
         slice(pool, Slice { scenario, mode, clients, length, run: &run }, &mut warm).await?;
     }
+    if let FloorControl::Pgbench(f) = floor
+        && let Err(e) = f.slice(Duration::from_secs(1), &format!("P{run}-w-")).await
+    {
+        eprintln!("no floor: {e}");
+        *floor = FloorControl::Na("pgbench_failed");
+    }
+    // pgbench's slice (`vs_floor`) takes its turn after the modes, in the
+    // same rotation, and its share of `--seconds`.
+    let turns = modes.len() + usize::from(matches!(floor, FloorControl::Pgbench(_)));
+    let slices = turns as f64 * f64::from(args.rounds.max(1));
+    let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
     for round in 0..args.rounds.max(1) as usize {
         // Rotate the order each round so no mode always follows another.
-        for i in 0..modes.len() {
-            let m = (i + round) % modes.len();
+        for i in 0..turns {
+            let m = (i + round) % turns;
+            if let (FloorControl::Pgbench(floor), true) = (&mut *floor, m == modes.len()) {
+                let tps = floor.slice(slice_len, &format!("P{run}-{round}-")).await?;
+                floor.slice_tps.push(tps);
+                continue;
+            }
             let s = Slice { scenario, mode: modes[m], clients, length: slice_len, run: &run };
             slice(pool, s, &mut tallies[m]).await?;
         }
@@ -739,6 +775,24 @@ where
             " one_write_tps={one_write:.0} ratio_one_write={one_write_ratio:.3} one_write_p50_us={one_write_p50} \
              one_write_p99_us={one_write_p99}"
         ));
+    }
+    match floor {
+        FloorControl::Pgbench(floor) => {
+            let floor_tps = floor.slice_tps.iter().sum::<f64>() / floor.slice_tps.len().max(1) as f64;
+            let vs_floor =
+                index(Mode::OneWrite).map_or(f64::NAN, |i| median_of_ratios(&tallies[i].slice_tps, &floor.slice_tps));
+            let seconds = Floor::whole_seconds(slice_len);
+            println!(
+                "pgbench sending one_write's statements (bench/pgbench/one_write.sql, {seconds} s slices): \
+                 {floor_tps:.0} tx/s; one_write {vs_floor:.3} of it (median of per-round ratios)"
+            );
+            line.push_str(&format!(" vs_floor={vs_floor:.3} floor_tps={floor_tps:.0} floor_slice_s={seconds}"));
+        }
+        FloorControl::Na(why) => {
+            println!("no pgbench floor for one_write ({why}): vs_floor=na");
+            line.push_str(&format!(" vs_floor=na floor_tps=na floor={why}"));
+        }
+        FloorControl::NotHere => {}
     }
     if let Some(AddedRtt { asked_us, measured }) = added_rtt {
         let measured_us = measured.as_micros();
@@ -806,10 +860,14 @@ async fn main() -> Result<(), BoxError> {
         url = Some(proxied);
     }
     let store = Store::connect(url.as_deref(), args.clients as u32 + 2).await?;
+    let mut floor = FloorControl::NotHere;
+    if let (Store::Postgres(_), Scenario::Dedup, Some(url)) = (&store, args.scenario, url.as_deref()) {
+        floor = FloorControl::new(url, args.clients)?;
+    }
     match &store {
-        Store::Sqlite(pool, _) => run(store.name(), pool, &args, added_rtt).await?,
-        Store::Postgres(pool) => run(store.name(), pool, &args, added_rtt).await?,
-        Store::MySql(pool) => run(store.name(), pool, &args, added_rtt).await?,
+        Store::Sqlite(pool, _) => run(store.name(), pool, &args, added_rtt, &mut floor).await?,
+        Store::Postgres(pool) => run(store.name(), pool, &args, added_rtt, &mut floor).await?,
+        Store::MySql(pool) => run(store.name(), pool, &args, added_rtt, &mut floor).await?,
     }
     store.close().await;
     Ok(())
