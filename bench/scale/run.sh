@@ -16,7 +16,9 @@
 #   scale:  small (SMALL records) vs big (RECORDS records, EXPIRED of them expired);
 #   purge:  big vs big with `--purge-beside PURGE_BATCH` (purge_expired in
 #           batches, PURGE_PAUSE_MS between them) while the rounds run;
-#   lean:   small as migrated vs without the expiry index vs fillfactor 90.
+#   lean:   small as migrated vs without the expiry index vs fillfactor 90;
+#   lean_big: big at fillfactor 100 (as migrated) vs 90, switched before
+#           each run on the one table (not in the default STAGES).
 # STAGES ("scale purge lean") picks stages; each run's last line goes to
 # OUT (target/scale-<time>.txt), tagged, and a summary of medians ends it.
 #
@@ -25,7 +27,8 @@
 # beside them; do not run the script itself under that lock.
 #
 # Environment: RECORDS (10000000), EXPIRED (5000000), SMALL (100000),
-# CLIENTS (16), ROUNDS (3), PURGE_BATCH (2000), PURGE_PAUSE_MS (10),
+# PREFIX (idem_bench_scale_, the schemas' names), CLIENTS (16), ROUNDS (3),
+# PURGE_BATCH (2000), PURGE_PAUSE_MS (10),
 # LOADGEN (target/release/loadgen), KEEP=1 (keep the schemas), REUSE=1
 # (use the kept schemas as they are: a purge stage left fewer expired
 # records behind), and libpq's PGHOST (127.0.0.1),
@@ -49,8 +52,13 @@ loadgen=${LOADGEN:-$root/target/release/loadgen}
 out=${OUT:-$root/target/scale-$(date +%Y%m%d-%H%M%S).txt}
 url="postgres://$PGUSER@$PGHOST/$PGDATABASE"
 migrations=$root/idem-runtime/migrations/postgres
-prefix=idem_bench_scale_
+prefix=${PREFIX:-idem_bench_scale_}
 all=(small big small_noexp small_ff90)
+# SQL run (under the lock) before each loadgen run of a tag.
+declare -A before_run=(
+    [lean_big_ff100]="ALTER TABLE ${prefix}big.idem_records SET (fillfactor = 100)"
+    [lean_big_ff90]="ALTER TABLE ${prefix}big.idem_records SET (fillfactor = 90)"
+)
 
 psql_() { PGOPTIONS="-c client_min_messages=warning" psql -Xq -v ON_ERROR_STOP=1 "$@"; }
 
@@ -99,11 +107,18 @@ SQL
 
 # measure TAG SCHEMA [loadgen options]: one loadgen run on that schema's tables.
 measure() {
-    local tag=$1 schema=$prefix$2 line
+    local tag=$1 schema=$prefix$2 line updates before after
     shift 2
+    # The record table's updates, and how many were HOT (no index touched).
+    updates="SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_user_tables
+             WHERE schemaname = '$schema' AND relname = 'idem_records'"
     echo "== $tag ($(uptime | sed 's/.*load average: //'))" >&2
+    if [[ -n ${before_run[$tag]:-} ]]; then flock "$lock" psql -Xq -v ON_ERROR_STOP=1 -c "${before_run[$tag]}"; fi
+    before=$(psql -XAtc "$updates")
     line=$(flock "$lock" "$loadgen" --scenario dedup --database-url "$url?options[search_path]=$schema" \
         --clients "$clients" --seconds "$seconds" --rounds "$rounds" "$@" | tail -1)
+    after=$(psql -XAtc "$updates")
+    line+=" record_updates=$((${after% *} - ${before% *})) hot_updates=$((${after#* } - ${before#* }))"
     echo "tag=$tag load=\"$(uptime | sed 's/.*load average: //')\" $line" | tee -a "$out"
 }
 
@@ -144,6 +159,13 @@ for stage in "${stages[@]}"; do
         load small_ff90 "$small" $((small * expired / records)) "ALTER TABLE idem_records SET (fillfactor = 90);"
         interleave lean_as_is:small lean_no_expiry_index:small_noexp lean_fillfactor90:small_ff90
         ;;
+    lean_big)
+        # One table, its fill factor switched before each run: rows inserted
+        # from then on fill its new pages to that much.
+        psql -XAtc "SELECT 1 FROM pg_namespace WHERE nspname = '${prefix}big'" | grep -q 1 ||
+            load big "$records" "$expired"
+        interleave lean_big_ff100:big lean_big_ff90:big
+        ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
 done
@@ -165,7 +187,7 @@ for tag in $(grep -o '^tag=[^ ]*' "$out" | cut -d= -f2 | sort -u); do
             }
         }
         END {
-            split("unguarded_tps guarded_tps claim_after_tps one_write_tps p99_us claim_after_p99_us one_write_p99_us ratio ratio_one_write purged", keys, " ")
+            split("unguarded_tps guarded_tps claim_after_tps one_write_tps p99_us claim_after_p99_us one_write_p99_us ratio ratio_one_write purged record_updates hot_updates", keys, " ")
             line = "tag=" tag " runs=" n
             for (k = 1; k in keys; k++) {
                 m = 0
