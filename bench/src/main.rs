@@ -194,6 +194,16 @@ struct Args {
     /// an in-process TCP proxy), as if it ran on another host; 0: off.
     #[arg(long, default_value_t = 0, value_name = "N")]
     added_rtt_us: u64,
+    /// `dedup`, `state` and `dedup+state` on PostgreSQL or MySQL: while the
+    /// measured rounds run, `idem::sql::purge_expired` deletes expired
+    /// records beside them in batches of N (`PurgeOptions::batch_size`), as a
+    /// scheduled purge does on a busy service; 0: off. The record table's
+    /// expired records are the caller's to load (`bench/scale/run.sh`).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    purge_beside: u32,
+    /// `--purge-beside`: pause between batches (`PurgeOptions::pause`).
+    #[arg(long, default_value_t = 10, value_name = "MS")]
+    purge_pause_ms: u64,
 }
 
 /// `--added-rtt-us`: what was asked, and what a ping gained through the proxy.
@@ -702,6 +712,14 @@ where
     let turns = modes.len() + usize::from(matches!(floor, FloorControl::Pgbench(_)));
     let slices = turns as f64 * f64::from(args.rounds.max(1));
     let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
+    let purge = (args.purge_beside > 0).then(|| {
+        let options = idem::sql::PurgeOptions {
+            batch_size: args.purge_beside,
+            pause: Duration::from_millis(args.purge_pause_ms),
+            ..Default::default()
+        };
+        PurgeBeside::start(pool, options)
+    });
     for round in 0..args.rounds.max(1) as usize {
         // Rotate the order each round so no mode always follows another.
         for i in 0..turns {
@@ -715,6 +733,10 @@ where
             slice(pool, s, &mut tallies[m]).await?;
         }
     }
+    let purged = match purge {
+        Some(purge) => Some(purge.stop().await?),
+        None => None,
+    };
     let index = |mode| modes.iter().position(|m| *m == mode);
     let tps = |mode| index(mode).map_or(0.0, |i| tallies[i].calls as f64 / tallies[i].busy.as_secs_f64());
     let (unguarded, guarded, handwritten) = (tps(Mode::Unguarded), tps(Mode::Guarded), tps(Mode::Handwritten));
@@ -799,13 +821,58 @@ where
         println!("database {asked_us} us further away (measured: {measured_us} us more per ping)");
         line.push_str(&format!(" added_rtt_us={asked_us} added_rtt_measured_us={measured_us}"));
     }
+    if let Some((report, took)) = purged {
+        let (deleted, batches, secs) = (report.deleted, report.batches, took.as_secs_f64());
+        println!("purged beside the load: {deleted} expired records in {batches} batches, {secs:.1} s");
+        line.push_str(&format!(" purged={deleted} purge_batches={batches} purge_s={secs:.1}"));
+    }
     println!("{line} errors={errors}");
     Ok(())
+}
+
+/// `--purge-beside`: `purge_expired` run again and again beside the measured
+/// rounds, until they end or no expired record is left.
+struct PurgeBeside {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Result<(idem::sql::PurgeReport, Duration), idem::Error>>,
+}
+
+impl PurgeBeside {
+    fn start<DB: Handwritten>(pool: &sqlx::Pool<DB>, options: idem::sql::PurgeOptions) -> PurgeBeside {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (pool, flag) = (pool.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let mut total = idem::sql::PurgeReport::default();
+            // A few batches per call, so that the end of the rounds stops it
+            // within a few batches.
+            let options = idem::sql::PurgeOptions { max_batches: Some(10), ..options };
+            while !flag.load(Ordering::Relaxed) {
+                let report = idem::sql::purge_expired(&pool, options.clone()).await?;
+                total.deleted += report.deleted;
+                total.batches += report.batches;
+                if report.batches < 10 {
+                    break;
+                }
+            }
+            Ok((total, started.elapsed()))
+        });
+        PurgeBeside { stop, task }
+    }
+
+    /// Stop purging; what it deleted, and for how long it ran.
+    async fn stop(self) -> Result<(idem::sql::PurgeReport, Duration), BoxError> {
+        self.stop.store(true, Ordering::Relaxed);
+        Ok(self.task.await??)
+    }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
+    if args.purge_beside > 0 && !matches!(args.scenario, Scenario::Dedup | Scenario::State | Scenario::DedupState) {
+        return Err("--purge-beside is for the dedup, state and dedup+state scenarios".into());
+    }
     if args.added_rtt_us > 0 && !matches!(args.scenario, Scenario::Dedup | Scenario::State | Scenario::DedupState) {
         return Err("--added-rtt-us is for the dedup, state and dedup+state scenarios".into());
     }
