@@ -189,7 +189,10 @@ async fn a_consumer_killed_mid_batch_and_restarted_books_every_message_once() {
     }
     // Slow work, so that the kill lands inside the second batch of ten.
     let mut cmd = consumer(&bus, &run, 10);
-    cmd.args(["--trace", "--work-ms", "100"]).stdout(Stdio::piped()).stderr(Stdio::null());
+    // Its stderr to a file: what it said if it stopped before the kill.
+    let errors = std::env::temp_dir().join(format!("{run}.stderr"));
+    let stderr = std::fs::File::create(&errors).unwrap();
+    cmd.args(["--trace", "--work-ms", "100"]).stdout(Stdio::piped()).stderr(stderr);
     let mut child = cmd.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let started = tokio::task::spawn_blocking(move || {
@@ -205,6 +208,9 @@ async fn a_consumer_killed_mid_batch_and_restarted_books_every_message_once() {
     let applying = tokio::time::timeout(Duration::from_secs(30), started).await.expect("batch 2 began").unwrap();
     child.kill().unwrap(); // SIGKILL: no ack, no rollback sent, no cleanup
     child.wait().unwrap();
+    let said = std::fs::read_to_string(&errors).unwrap_or_default();
+    let _ = std::fs::remove_file(&errors);
+    assert!(applying > 0, "the consumer stopped before its first message: {said}");
     // Batch 1 was acked; of batch 2, messages 1 to 3 committed, 4 was in its transaction.
     let committed = applying - 1;
     assert_eq!(committed, 13, "10 of batch 1 and 3 of batch 2");
