@@ -17,10 +17,12 @@
 //!   body, then the record with its response in the text of `COMMIT`
 //!   (`INSERT ...; COMMIT`): one write, no round trip of its own.
 //!
-//! On PostgreSQL, with `pgbench` on `PATH`, a seventh turn in each round runs
-//! pgbench sending `one_write`'s statements (`bench/pgbench/one_write.sql`,
-//! see `pgbench_floor`): `vs_floor` is `one_write` against it, what the
-//! server allows a C client with the same statements (`vs_floor=na` without
+//! On PostgreSQL, with `pgbench` on `PATH`, two more turns in each round run
+//! pgbench sending `one_write`'s statements (`bench/pgbench/one_write.sql`)
+//! and `unguarded`'s (`bench/pgbench/unguarded.sql`), see `pgbench_floor`:
+//! `vs_floor` is `one_write` against the first, what the server allows a C
+//! client with the same statements; `floor_ratio` the first against the
+//! second, what the server allows `ratio_one_write` (`vs_floor=na` without
 //! pgbench).
 //!
 //! Scenarios `state` and `dedup+state`: the same business change also pays
@@ -87,7 +89,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use common::{AppError, BoxError, OrderStatus, Shop, Store};
 use idem::idempotent;
-use pgbench_floor::{Floor, FloorControl};
+use pgbench_floor::{Floor, FloorControl, Script};
 use sqlx::{MySql, Postgres, Sqlite, Transaction};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -702,14 +704,18 @@ where
         slice(pool, Slice { scenario, mode, clients, length, run: &run }, &mut warm).await?;
     }
     if let FloorControl::Pgbench(f) = floor
-        && let Err(e) = f.slice(Duration::from_secs(1), &format!("P{run}-w-")).await
+        && let Err(e) = async {
+            f.slice(Script::OneWrite, Duration::from_secs(1), &format!("P{run}-w-")).await?;
+            f.slice(Script::Unguarded, Duration::from_secs(1), &format!("U{run}-w-")).await
+        }
+        .await
     {
         eprintln!("no floor: {e}");
         *floor = FloorControl::Na("pgbench_failed");
     }
-    // pgbench's slice (`vs_floor`) takes its turn after the modes, in the
-    // same rotation, and its share of `--seconds`.
-    let turns = modes.len() + usize::from(matches!(floor, FloorControl::Pgbench(_)));
+    // pgbench's slices (`vs_floor`, `floor_ratio`) take their turns after
+    // the modes, in the same rotation, and their share of `--seconds`.
+    let turns = modes.len() + 2 * usize::from(matches!(floor, FloorControl::Pgbench(_)));
     let slices = turns as f64 * f64::from(args.rounds.max(1));
     let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
     let purge = (args.purge_beside > 0).then(|| {
@@ -724,9 +730,14 @@ where
         // Rotate the order each round so no mode always follows another.
         for i in 0..turns {
             let m = (i + round) % turns;
-            if let (FloorControl::Pgbench(floor), true) = (&mut *floor, m == modes.len()) {
-                let tps = floor.slice(slice_len, &format!("P{run}-{round}-")).await?;
-                floor.slice_tps.push(tps);
+            if let (FloorControl::Pgbench(floor), true) = (&mut *floor, m >= modes.len()) {
+                if m == modes.len() {
+                    let tps = floor.slice(Script::OneWrite, slice_len, &format!("P{run}-{round}-")).await?;
+                    floor.slice_tps.push(tps);
+                } else {
+                    let tps = floor.slice(Script::Unguarded, slice_len, &format!("U{run}-{round}-")).await?;
+                    floor.unguarded_tps.push(tps);
+                }
                 continue;
             }
             let s = Slice { scenario, mode: modes[m], clients, length: slice_len, run: &run };
@@ -803,16 +814,21 @@ where
             let floor_tps = floor.slice_tps.iter().sum::<f64>() / floor.slice_tps.len().max(1) as f64;
             let vs_floor =
                 index(Mode::OneWrite).map_or(f64::NAN, |i| median_of_ratios(&tallies[i].slice_tps, &floor.slice_tps));
+            let floor_ratio = median_of_ratios(&floor.slice_tps, &floor.unguarded_tps);
             let seconds = Floor::whole_seconds(slice_len);
             println!(
                 "pgbench sending one_write's statements (bench/pgbench/one_write.sql, {seconds} s slices): \
-                 {floor_tps:.0} tx/s; one_write {vs_floor:.3} of it (median of per-round ratios)"
+                 {floor_tps:.0} tx/s; one_write {vs_floor:.3} of it (median of per-round ratios); \
+                 {floor_ratio:.3} of pgbench sending unguarded's (bench/pgbench/unguarded.sql): \
+                 what the server allows ratio_one_write"
             );
-            line.push_str(&format!(" vs_floor={vs_floor:.3} floor_tps={floor_tps:.0} floor_slice_s={seconds}"));
+            line.push_str(&format!(
+                " vs_floor={vs_floor:.3} floor_ratio={floor_ratio:.3} floor_tps={floor_tps:.0} floor_slice_s={seconds}"
+            ));
         }
         FloorControl::Na(why) => {
             println!("no pgbench floor for one_write ({why}): vs_floor=na");
-            line.push_str(&format!(" vs_floor=na floor_tps=na floor={why}"));
+            line.push_str(&format!(" vs_floor=na floor_ratio=na floor_tps=na floor={why}"));
         }
         FloorControl::NotHere => {}
     }

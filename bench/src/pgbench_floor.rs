@@ -1,9 +1,12 @@
-//! `vs_floor` of `--scenario dedup` on PostgreSQL: the `one_write` mode
-//! against pgbench sending the same statements from its C client
-//! (`bench/pgbench/one_write.sql`), run by loadgen as one more slice of each
-//! round, so that both see the same server, the same tables and the same
-//! drift. What is left between them is the client's: sqlx, Tokio, the pool
-//! and idem.
+//! `vs_floor` and `floor_ratio` of `--scenario dedup` on PostgreSQL: the
+//! `one_write` mode against pgbench sending the same statements from its C
+//! client (`bench/pgbench/one_write.sql`), and that pgbench run against
+//! pgbench sending the unguarded transaction (`bench/pgbench/unguarded.sql`),
+//! run by loadgen as two more slices of each round, so that all see the same
+//! server, the same tables and the same drift. `vs_floor`: what is left
+//! between `one_write` and the C client is the client's (sqlx, Tokio, the
+//! pool and idem). `floor_ratio`: what the server allows `ratio_one_write`,
+//! the record's insert priced by a client that costs nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,9 +14,17 @@ use std::time::Duration;
 
 use crate::common::BoxError;
 
-/// The script, written to a temporary file for `pgbench -f` (loadgen need
+/// The scripts, written to temporary files for `pgbench -f` (loadgen need
 /// not run from the source tree).
-const SCRIPT: &str = include_str!("../pgbench/one_write.sql");
+const ONE_WRITE: &str = include_str!("../pgbench/one_write.sql");
+const UNGUARDED: &str = include_str!("../pgbench/unguarded.sql");
+
+/// Which of the two scripts a slice runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Script {
+    OneWrite,
+    Unguarded,
+}
 
 /// pgbench's threads (`-j`): the two cores of the machine the figures come from.
 const THREADS: usize = 2;
@@ -51,11 +62,14 @@ impl FloorControl {
 /// pgbench, ready to run the script against the database loadgen measures.
 pub(crate) struct Floor {
     program: PathBuf,
-    script: PathBuf,
+    one_write: PathBuf,
+    unguarded: PathBuf,
     url: String,
     clients: usize,
-    /// Throughput of each measured slice, in run order (one per round).
+    /// Throughput of each measured `one_write.sql` slice, in run order (one per round).
     pub(crate) slice_tps: Vec<f64>,
+    /// The same of `unguarded.sql`.
+    pub(crate) unguarded_tps: Vec<f64>,
 }
 
 /// `pgbench` in a directory of `PATH`, if there is one.
@@ -73,9 +87,20 @@ impl Floor {
     /// `url`: the one loadgen's pool uses (through `--added-rtt-us`'s proxy
     /// when there is one), as libpq takes it.
     fn new(program: PathBuf, url: &str, clients: usize) -> Result<Floor, BoxError> {
-        let script = std::env::temp_dir().join(format!("idem-loadgen-{}-one_write.sql", std::process::id()));
-        std::fs::write(&script, SCRIPT)?;
-        Ok(Floor { program, script, url: url.to_owned(), clients, slice_tps: Vec::new() })
+        let file = |name: &str, text: &str| -> Result<PathBuf, BoxError> {
+            let path = std::env::temp_dir().join(format!("idem-loadgen-{}-{name}.sql", std::process::id()));
+            std::fs::write(&path, text)?;
+            Ok(path)
+        };
+        Ok(Floor {
+            program,
+            one_write: file("one_write", ONE_WRITE)?,
+            unguarded: file("unguarded", UNGUARDED)?,
+            url: url.to_owned(),
+            clients,
+            slice_tps: Vec::new(),
+            unguarded_tps: Vec::new(),
+        })
     }
 
     /// A slice's length as pgbench's `-T` takes it: whole seconds, at least one.
@@ -83,16 +108,19 @@ impl Floor {
         length.as_secs_f64().round().max(1.0) as u64
     }
 
-    /// One pgbench run of `length` ([`whole_seconds`](Floor::whole_seconds)), its
-    /// keys prefixed `prefix` (unique per run); its throughput, without its
+    /// One pgbench run of `script` for `length` ([`whole_seconds`](Floor::whole_seconds)),
+    /// its keys prefixed `prefix` (unique per run); its throughput, without its
     /// connections' set-up (pgbench's "without initial connection time").
-    pub(crate) async fn slice(&self, length: Duration, prefix: &str) -> Result<f64, BoxError> {
+    pub(crate) async fn slice(&self, script: Script, length: Duration, prefix: &str) -> Result<f64, BoxError> {
         let seconds = Floor::whole_seconds(length);
         let mut command = Command::new(&self.program);
         command
             .args(["-n", "-M", "simple", "-c", &self.clients.to_string(), "-j", &THREADS.to_string()])
             .args(["-T", &seconds.to_string(), "-D", "n=0", "-D", &format!("kp={prefix}"), "-f"])
-            .arg(&self.script)
+            .arg(match script {
+                Script::OneWrite => &self.one_write,
+                Script::Unguarded => &self.unguarded,
+            })
             .arg(&self.url);
         // std's process on a blocking thread: the runtime keeps serving
         // (the `--added-rtt-us` proxy runs on it).
@@ -114,6 +142,7 @@ impl Floor {
 
 impl Drop for Floor {
     fn drop(&mut self) {
-        std::fs::remove_file(&self.script).ok();
+        std::fs::remove_file(&self.one_write).ok();
+        std::fs::remove_file(&self.unguarded).ok();
     }
 }
