@@ -100,6 +100,13 @@ fn the_table_is_the_installed_stores_and_stays() {
 }
 
 #[tokio::test]
+async fn postgres_named_table_is_at_fillfactor_90() {
+    named();
+    let Some(pool) = common::postgres().await else { return };
+    assert!(common::pg_table_options(&pool, TABLE).await.contains(&"fillfactor=90".to_owned()));
+}
+
+#[tokio::test]
 async fn migrator_creates_the_named_table_and_keeps_its_own_history() {
     named();
     let path = std::env::temp_dir().join(format!("{}.db", unique("migrator")));
@@ -117,7 +124,7 @@ async fn migrator_creates_the_named_table_and_keeps_its_own_history() {
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(versions, [1, 2]);
+    assert_eq!(versions, [1, 2, 3]);
     let _ = std::fs::remove_file(&path);
     // A database set up by idem::migrate before takes the migrator's
     // migrations (all IF NOT EXISTS) without a complaint.

@@ -58,6 +58,7 @@ async fn postgres() {
         let _ = sqlx::raw_sql("CREATE SCHEMA IF NOT EXISTS test").execute(&pool).await;
     }
     let Some(pool) = common::postgres().await else { return };
+    assert!(common::pg_table_options(&pool, TABLE).await.contains(&"fillfactor=90".to_owned()));
     runs_once!(pool, "$1");
 }
 

@@ -16,9 +16,12 @@
 #   scale:  small (SMALL records) vs big (RECORDS records, EXPIRED of them expired);
 #   purge:  big vs big with `--purge-beside PURGE_BATCH` (purge_expired in
 #           batches, PURGE_PAUSE_MS between them) while the rounds run;
-#   lean:   small as migrated vs without the expiry index vs fillfactor 90;
-#   lean_big: big at fillfactor 100 (as migrated) vs 90, switched before
-#           each run on the one table (not in the default STAGES).
+#   lean:   small as migrated vs without the expiry index.
+# The tables are made by every migration in migrations/postgres, so at
+# fillfactor 90 (0003); loadgen's own idem::migrate sets it again at the
+# start of each run, so a table at fillfactor 100 cannot be measured with
+# it (the lean_big stage that compared 100 and 90 was removed when 0003
+# came: see 13c0b36 and BENCHMARKS.md's history).
 # STAGES ("scale purge lean") picks stages; each run's last line goes to
 # OUT (target/scale-<time>.txt), tagged, and a summary of medians ends it.
 #
@@ -53,12 +56,7 @@ out=${OUT:-$root/target/scale-$(date +%Y%m%d-%H%M%S).txt}
 url="postgres://$PGUSER@$PGHOST/$PGDATABASE"
 migrations=$root/idem-runtime/migrations/postgres
 prefix=${PREFIX:-idem_bench_scale_}
-all=(small big small_noexp small_ff90)
-# SQL run (under the lock) before each loadgen run of a tag.
-declare -A before_run=(
-    [lean_big_ff100]="ALTER TABLE ${prefix}big.idem_records SET (fillfactor = 100)"
-    [lean_big_ff90]="ALTER TABLE ${prefix}big.idem_records SET (fillfactor = 90)"
-)
+all=(small big small_noexp)
 
 psql_() { PGOPTIONS="-c client_min_messages=warning" psql -Xq -v ON_ERROR_STOP=1 "$@"; }
 
@@ -67,26 +65,25 @@ drop_all() {
 }
 if [[ -z ${KEEP:-} ]]; then trap drop_all EXIT; fi
 
-# load NAME RECORDS EXPIRED [SQL run before the load, e.g. table options]
+# load NAME RECORDS EXPIRED
 # A record table as idem::migrate creates it, RECORDS records in 16 scopes
 # with 32-character keys (an MD5 in hex, spread over the key's index as
 # UUIDs are), EXPIRED of them past their retention (spread over the last
 # day), the others kept 30 days; none in loadgen's scopes.
 load() {
-    local name=$1 n=$2 gone=$3 before=${4:-}
+    local name=$1 n=$2 gone=$3 migration includes=
     local started=$SECONDS
     if [[ -n ${REUSE:-} ]] && psql -XAtc "SELECT 1 FROM pg_namespace WHERE nspname = '$prefix$name'" | grep -q 1; then
         echo "reusing $prefix$name" | tee -a "$out"
         return
     fi
+    for migration in "$migrations"/*.sql; do includes+="\\i $migration"$'\n'; done
     flock "$lock" psql -Xq -v ON_ERROR_STOP=1 <<SQL
 SET client_min_messages = warning;
 DROP SCHEMA IF EXISTS $prefix$name CASCADE;
 CREATE SCHEMA $prefix$name;
 SET search_path = $prefix$name;
-\i $migrations/0001_idem_records.sql
-\i $migrations/0002_idem_records_archive.sql
-$before
+$includes
 -- Load, then build the indexes: a bulk load does not pay for them row by row.
 ALTER TABLE idem_records DROP CONSTRAINT idem_records_pkey;
 DROP INDEX idem_records_expires_at;
@@ -102,7 +99,9 @@ CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
 VACUUM (FREEZE, ANALYZE) idem_records;
 SQL
     echo "loaded $prefix$name: $n records ($gone expired) in $((SECONDS - started)) s," \
-        "$(psql -XAtc "SELECT pg_size_pretty(pg_total_relation_size('$prefix$name.idem_records'))")" | tee -a "$out"
+        "$(psql -XAtc "SELECT pg_size_pretty(pg_total_relation_size('$prefix$name.idem_records')) || ', ' ||
+                      coalesce(array_to_string(reloptions, ','), 'no options') FROM pg_class
+                      WHERE oid = '$prefix$name.idem_records'::regclass")" | tee -a "$out"
 }
 
 # measure TAG SCHEMA [loadgen options]: one loadgen run on that schema's tables.
@@ -113,7 +112,6 @@ measure() {
     updates="SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_user_tables
              WHERE schemaname = '$schema' AND relname = 'idem_records'"
     echo "== $tag ($(uptime | sed 's/.*load average: //'))" >&2
-    if [[ -n ${before_run[$tag]:-} ]]; then flock "$lock" psql -Xq -v ON_ERROR_STOP=1 -c "${before_run[$tag]}"; fi
     before=$(psql -XAtc "$updates")
     line=$(flock "$lock" "$loadgen" --scenario dedup --database-url "$url?options[search_path]=$schema" \
         --clients "$clients" --seconds "$seconds" --rounds "$rounds" "$@" | tail -1)
@@ -156,15 +154,7 @@ for stage in "${stages[@]}"; do
             load small "$small" $((small * expired / records))
         load small_noexp "$small" $((small * expired / records))
         psql_ -c "DROP INDEX ${prefix}small_noexp.idem_records_expires_at"
-        load small_ff90 "$small" $((small * expired / records)) "ALTER TABLE idem_records SET (fillfactor = 90);"
-        interleave lean_as_is:small lean_no_expiry_index:small_noexp lean_fillfactor90:small_ff90
-        ;;
-    lean_big)
-        # One table, its fill factor switched before each run: rows inserted
-        # from then on fill its new pages to that much.
-        psql -XAtc "SELECT 1 FROM pg_namespace WHERE nspname = '${prefix}big'" | grep -q 1 ||
-            load big "$records" "$expired"
-        interleave lean_big_ff100:big lean_big_ff90:big
+        interleave lean_as_is:small lean_no_expiry_index:small_noexp
         ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac

@@ -146,6 +146,17 @@ pub async fn mysql() -> Option<MySqlPool> {
     Some(pool)
 }
 
+/// A PostgreSQL table's storage options (`pg_class.reloptions`, e.g.
+/// `fillfactor=90`), the table named as SQL names it (`search_path` applies).
+pub async fn pg_table_options(pool: &PgPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar::<_, Option<Vec<String>>>("SELECT reloptions FROM pg_class WHERE oid = $1::text::regclass")
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("the options of {table}: {e}"))
+        .unwrap_or_default()
+}
+
 /// A fresh SQLite file (an in-memory database would be one database per
 /// pooled connection).
 pub async fn sqlite() -> Option<SqlitePool> {

@@ -25,7 +25,9 @@ macro_rules! migrations {
         const SCHEMA: &'static str = concat!(
             include_str!(concat!("../../../migrations/", $dir, "/0001_idem_records.sql")),
             "\n",
-            include_str!(concat!("../../../migrations/", $dir, "/0002_idem_records_archive.sql"))
+            include_str!(concat!("../../../migrations/", $dir, "/0002_idem_records_archive.sql")),
+            "\n",
+            include_str!(concat!("../../../migrations/", $dir, "/0003_idem_records_fillfactor.sql"))
         );
 
         const MIGRATIONS: &'static [(i64, &'static str, &'static str)] = &[
@@ -34,6 +36,11 @@ macro_rules! migrations {
                 2,
                 "idem_records_archive",
                 include_str!(concat!("../../../migrations/", $dir, "/0002_idem_records_archive.sql")),
+            ),
+            (
+                3,
+                "idem_records_fillfactor",
+                include_str!(concat!("../../../migrations/", $dir, "/0003_idem_records_fillfactor.sql")),
             ),
         ];
     };

@@ -50,8 +50,8 @@ pub async fn migrate<DB: SqlBackend>(pool: &sqlx::Pool<DB>) -> Result<(), Error>
 /// `_sqlx_migrations`, so its versions (1, 2, ...) never collide with yours.
 /// The migration files are frozen once released (sqlx checks each applied
 /// one's checksum); a change to the schema comes as a new file.
-/// Every migration is idempotent (`IF NOT EXISTS`): a database set up by
-/// [`migrate`] before takes it as applied.
+/// Every migration is idempotent (`IF NOT EXISTS`, a table option set
+/// again): a database set up by [`migrate`] before takes it as applied.
 pub fn migrator<DB: SqlBackend>() -> sqlx::migrate::Migrator {
     use sqlx::SqlSafeStr as _;
     let table = &statements::<DB>().table;
