@@ -249,10 +249,18 @@ impl Shop for Sqlite {
     }
 }
 
+// PostgreSQL's `CREATE TABLE IF NOT EXISTS` is not safe against itself:
+// two sessions creating the same table at once can fail with a unique
+// violation of `pg_type` (tests of one binary run in parallel). Each setup
+// text takes this transaction-level advisory lock first (the statements of
+// one text run as one transaction), so the setups take turns.
+// The lock's key, 8349005, is the examples' own.
+
 impl Shop for Postgres {
     async fn setup(pool: &PgPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS shop_coupons (id BIGSERIAL PRIMARY KEY, trade_no VARCHAR(64) NOT NULL, user_id BIGINT NOT NULL);
+            "SELECT pg_advisory_xact_lock(8349005); -- the examples' setup lock (above)
+             CREATE TABLE IF NOT EXISTS shop_coupons (id BIGSERIAL PRIMARY KEY, trade_no VARCHAR(64) NOT NULL, user_id BIGINT NOT NULL);
              CREATE INDEX IF NOT EXISTS shop_coupons_trade_no ON shop_coupons (trade_no);
              CREATE TABLE IF NOT EXISTS shop_users (id BIGINT PRIMARY KEY, coupons BIGINT NOT NULL DEFAULT 0);
              CREATE TABLE IF NOT EXISTS shop_orders (trade_no VARCHAR(64) PRIMARY KEY, status SMALLINT NOT NULL);
@@ -428,7 +436,8 @@ impl Ledger for Sqlite {
 impl Ledger for Postgres {
     async fn setup_ledger(pool: &PgPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS mq_ledger (id BIGSERIAL PRIMARY KEY, run VARCHAR(64) NOT NULL, \
+            "SELECT pg_advisory_xact_lock(8349005); -- the examples' setup lock (above)
+             CREATE TABLE IF NOT EXISTS mq_ledger (id BIGSERIAL PRIMARY KEY, run VARCHAR(64) NOT NULL, \
                business_key VARCHAR(191) NOT NULL UNIQUE, account BIGINT NOT NULL, amount_cents BIGINT NOT NULL);
              CREATE INDEX IF NOT EXISTS mq_ledger_run ON mq_ledger (run);
              CREATE TABLE IF NOT EXISTS mq_applied (id BIGSERIAL PRIMARY KEY, run VARCHAR(64) NOT NULL, business_key VARCHAR(191) NOT NULL);
