@@ -37,6 +37,7 @@ where
     /// Otherwise begin now (and send what is queued for `COMMIT` first, so
     /// that this guard sees the answers of the ones before it).
     async fn ready_for_guard(&mut self, p: &Prepared, claim_next: bool) -> Result<(), Error> {
+        self.core.claim_first = false;
         if claim_next && texts::<DB>().is_some() && self.core.is_deferred() {
             return Ok(());
         }
@@ -56,7 +57,7 @@ where
                 let first = std::mem::take(&mut self.core.claim_first);
                 let mut deadlocks = 0;
                 loop {
-                    let open = self.core.in_flight();
+                    let open = self.core.in_flight::<DB>();
                     let claimed = context::claim::<DB>(&mut self.conn, p, cas).await;
                     self.core.landed(open, &claimed);
                     match claimed {
@@ -69,6 +70,10 @@ where
                             deadlocks += 1;
                             self.core.restart::<DB>(&mut self.conn).await.map_err(classify::<DB>)?;
                             tokio::time::sleep(std::time::Duration::from_millis(2 * deadlocks)).await;
+                        }
+                        Err(e) => {
+                            self.core.roll_back_only();
+                            return Err(e);
                         }
                         claimed => return claimed,
                     }
@@ -86,13 +91,13 @@ where
                 Ok(())
             }
             (_, json) => {
-                let open = self.core.in_flight();
+                let open = self.core.in_flight::<DB>();
                 let stored = context::store_answer::<DB>(&mut self.conn, p, json).await;
                 self.core.landed(open, &stored);
                 // An answer not stored: the transaction can only roll back
                 // (as when a queued answer's text fails).
-                if stored.is_err() && self.core.is_open() {
-                    self.core.answer_failed();
+                if stored.is_err() {
+                    self.core.roll_back_only();
                 }
                 stored
             }

@@ -110,27 +110,47 @@ impl TxCore {
     }
 
     /// A bound statement of the guard's goes out: until it
-    /// [`landed`](Self::landed), dropping the `Tx` closes its connection.
-    /// The state to return to.
-    pub(super) fn in_flight(&mut self) -> State {
-        std::mem::replace(&mut self.state, State::Broken)
+    /// [`landed`](Self::landed), dropping the `Tx` closes its connection
+    /// (the server rolls back). SQLite, in the process and with nothing in
+    /// flight on a wire, rolls back instead (`Busy`: closing a `:memory:`
+    /// database's one connection would lose the database). The state to
+    /// return to.
+    pub(super) fn in_flight<DB: SqlBackend>(&mut self) -> State {
+        let flying = if DB::BACKEND == "sqlite" { State::Busy } else { State::Broken };
+        std::mem::replace(&mut self.state, flying)
     }
 
     /// The bound statement [`in_flight`](Self::in_flight) sent came back:
-    /// back to `before`, unless an error left the server's state unknown
-    /// (anything but the database's own answer).
+    /// back to `before` when the server answered (or idem refused), else
+    /// `Broken`: the connection failed under the statement, and whether it
+    /// ran is unknown.
     pub(super) fn landed<T>(&mut self, before: State, result: &Result<T, Error>) {
-        // The connection failed under the statement: whether it ran is unknown.
-        let unknown =
-            matches!(result, Err(Error::Database(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_))));
-        if !unknown {
-            self.state = before;
-        }
+        use sqlx::Error as E;
+        let known = match result {
+            Ok(_) => true,
+            Err(Error::Database(e)) => matches!(
+                e,
+                E::Database(_)
+                    | E::RowNotFound
+                    | E::ColumnDecode { .. }
+                    | E::ColumnNotFound(_)
+                    | E::ColumnIndexOutOfBounds { .. }
+                    | E::TypeNotFound { .. }
+                    | E::Decode(_)
+                    | E::Encode(_)
+            ),
+            Err(_) => true,
+        };
+        self.state = if known { before } else { State::Broken };
     }
 
-    /// A guard's bound answer was not stored: roll back only.
-    pub(super) fn answer_failed(&mut self) {
-        self.state = State::Failed;
+    /// A guard's bound claim or answer failed: the transaction can only
+    /// roll back (the error may have rolled it back on the server already:
+    /// a deadlock, or any error on PostgreSQL).
+    pub(super) fn roll_back_only(&mut self) {
+        if self.state == State::Open {
+            self.state = State::Failed;
+        }
     }
 
     /// The queued statements and their scopes, taken out.
@@ -405,8 +425,9 @@ impl TxCore {
         answer: Option<&str>,
     ) -> Result<Committed, Error> {
         self.ready::<DB>(&mut *conn).await?;
-        // Dropped mid-flight: the connection is closed (the server rolls back).
-        self.state = State::Broken;
+        // Dropped mid-flight: the connection is closed (the server rolls
+        // back; see `in_flight`). The state is set below.
+        self.in_flight::<DB>();
         let done = match sql_record::insert_done::<DB>(&mut *conn, record, answer).await {
             Ok(InsertDone::Written) => Tm::<DB>::commit(&mut *conn).await.map(|()| Committed::Kept),
             Ok(InsertDone::Conflict) => match Tm::<DB>::rollback(&mut *conn).await {

@@ -64,8 +64,7 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// first answer, which the call returns. Only a unique-key error of the
 /// record table counts as a repeat (PostgreSQL names the table: a
 /// deferred constraint of the body's failing at `COMMIT` is an error); a
-/// deadlock's victim (InnoDB, among claims of a key whose first call
-/// rolled back) replays a record committed meanwhile, or returns the
+/// deadlock's victim replays a record committed meanwhile, or returns the
 /// retryable deadlock. Any other error means nothing was committed, and
 /// `Tx::commit` then fails too; a cancelled text leaves it unknown (as a
 /// cancelled `COMMIT` does: the record and the body's writes commit
@@ -74,9 +73,10 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// taken over (the body's writes went with the rollback): it is removed,
 /// only if still expired, and the call returns [`Error::InProgress`] with
 /// `retry_after` zero; the rerun writes its own. An answer over the
-/// inline limit below, and SQLite, take the bound statements of
-/// `claim = "after"` (an expired record taken over in place), then
-/// `COMMIT`.
+/// inline limit below, and MySQL/MariaDB and SQLite, take the bound
+/// statements of `claim = "after"` (an expired record taken over in
+/// place), then idem commits: the guarded call is still the whole
+/// transaction.
 ///
 /// Values in these texts (scope, key, fingerprint, answer) are literals no
 /// value can break out of: escape-string literals in which every character
@@ -102,9 +102,11 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// **MySQL/MariaDB and SQLite** send the statements of a
 /// `sqlx::Transaction`, bound and prepared, one by one: `BEGIN` (held back
 /// until the first guard or [`Tx::open`]), the claim, the body, the answer,
-/// `COMMIT`; `claim = "commit"` is `claim = "after"` there. What the `Tx`
-/// still adds: a claim or answer cancelled mid-flight closes the
-/// connection, an answer that could not be stored forbids the commit, and
+/// `COMMIT`; `claim = "commit"` takes the statements of `claim = "after"`
+/// there, then idem commits (the guarded call is still the whole
+/// transaction). What the `Tx` still adds: a claim or answer cancelled
+/// mid-flight closes the connection (SQLite: rolls back), a claim or
+/// answer that failed forbids the commit, and
 /// a first claim that InnoDB picks as a deadlock victim (claims waiting on
 /// a first call that rolls back) is begun and sent again rather than
 /// handed to the caller. SQLite has no network to save. On MySQL the texts
