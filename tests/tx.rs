@@ -84,6 +84,7 @@ macro_rules! tx_suite {
         delete_record = $delete_record:literal;
         session_id = $session_id:literal;
         short_lock_wait = $short_lock_wait:literal;
+        texts = $texts:literal;
     ) => {
         mod $m {
             use super::*;
@@ -244,9 +245,15 @@ macro_rules! tx_suite {
                 );
                 assert_eq!(plain_trips, 3, "the control: BEGIN, the insert, COMMIT");
                 assert_eq!(sqlx_guard, 5, "the guard on a sqlx::Transaction adds two");
-                assert_eq!(first, 3, "a first call: BEGIN+claim, body, answer+COMMIT");
-                assert_eq!(replay, 2, "a repeat: the refused claim, then ROLLBACK+read");
-                assert_eq!(commit, 0, "nothing has begun after a repeat: the commit sends nothing");
+                if $texts {
+                    assert_eq!(first, 3, "a first call: BEGIN+claim, body, answer+COMMIT");
+                    assert_eq!(replay, 2, "a repeat: the refused claim, then ROLLBACK+read");
+                    assert_eq!(commit, 0, "nothing has begun after a repeat: the commit sends nothing");
+                } else {
+                    assert_eq!(first, sqlx_guard, "a first call: the statements of a sqlx::Transaction");
+                    assert_eq!(replay, 3, "a repeat: BEGIN, the refused claim, the read");
+                    assert_eq!(commit, 1, "a repeat: COMMIT");
+                }
             }
 
             #[tokio::test]
@@ -336,8 +343,20 @@ macro_rules! tx_suite {
                 let pool = pool!();
                 let key = unique("gone");
                 let mut tx = idem::begin(&pool).await.unwrap();
-                deletes_its_record(&mut tx, &key).await.unwrap();
-                let err = tx.commit().await.unwrap_err();
+                let called = deletes_its_record(&mut tx, &key).await;
+                let err = if $texts {
+                    called.unwrap();
+                    tx.commit().await.unwrap_err()
+                } else {
+                    // Bound statements: the answer's own statement says so,
+                    // and the Tx refuses to commit after it.
+                    let refused = tx.commit().await;
+                    assert!(matches!(refused, Err(idem::Error::TxUnusable { .. })), "{refused:?}");
+                    match called.unwrap_err() {
+                        AppError::Idem(e) => e,
+                        other => panic!("{other:?}"),
+                    }
+                };
                 assert!(err.to_string().contains("vanished"), "{err}");
                 assert_eq!(coupons(&pool, &key).await, 0, "the text failed before its COMMIT");
             }
@@ -350,7 +369,8 @@ macro_rules! tx_suite {
                 let pool = pool!();
                 let key = unique("flush");
                 let mut tx = idem::begin(&pool).await.unwrap();
-                deletes_its_record(&mut tx, &key).await.unwrap();
+                let first = deletes_its_record(&mut tx, &key).await;
+                assert_eq!(first.is_ok(), $texts, "bound statements: the answer's own fails");
                 let second = call(&mut tx, "tests.tx.flush", &unique("second"), "b").await;
                 assert!(second.is_err(), "{second:?}");
                 let err = tx.commit().await.unwrap_err();
@@ -555,7 +575,9 @@ macro_rules! tx_suite {
                 for attempt in 0..2 {
                     let mut tx = idem::begin(&pool).await.unwrap();
                     assert_eq!(outer_before(&mut tx, &order, &inner_key).await.unwrap(), "outer+inner");
-                    assert_eq!(tx.is_begun(), attempt == 0, "open after a first call, not begun after a replay");
+                    // Texts: not begun after a replay (the refused claim rode on
+                    // BEGIN); bound statements begin before the claim.
+                    assert_eq!(tx.is_begun(), attempt == 0 || !$texts, "open after a first call");
                     tx.commit().await.unwrap();
                     assert_eq!((coupons(&pool, &order).await, coupons(&pool, &inner_key).await), (1, 1));
                 }
@@ -673,9 +695,14 @@ macro_rules! tx_suite {
                     .await
                     .unwrap();
                 let runs = AtomicUsize::new(0);
-                let mut tx = idem::begin(&pool).await.unwrap();
-                grant_at_commit(&mut tx, &unique("warm"), &runs).await.unwrap();
-                tx.commit().await.unwrap();
+                // Warm up, a first call and a repeat: every statement is
+                // prepared on the one connection.
+                let warm = unique("warm");
+                for _ in 0..2 {
+                    let mut tx = idem::begin(&pool).await.unwrap();
+                    grant_at_commit(&mut tx, &warm, &runs).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
                 let measure = |label: &'static str, before: u64| {
                     let n = trips.load(SeqCst) - before;
                     println!("{label}: {n} round trips");
@@ -701,10 +728,19 @@ macro_rules! tx_suite {
                 let repeat_trips = measure("repeat (BEGIN, body, refused INSERT, ROLLBACK+BEGIN+read)", before);
                 tx.commit().await.unwrap();
                 assert_eq!(coupons(&pool, &key).await, 1, "the repeat's body was rolled back");
-                assert_eq!(runs.load(SeqCst), 3, "the warm-up, the first call and the repeat's body ran");
-                assert_eq!(first_trips, 3, "BEGIN, the body, the record with COMMIT: a plain transaction's");
+                assert_eq!(runs.load(SeqCst), 4, "the warm-up's two, the first call and the repeat's body ran");
                 assert_eq!(commit_trips, 0, "the guard committed: Tx::commit sends nothing");
-                assert_eq!(repeat_trips, 4, "BEGIN, the body, the refused text, ROLLBACK+BEGIN+read");
+                if $texts {
+                    assert_eq!(first_trips, 3, "BEGIN, the body, the record with COMMIT: a plain transaction's");
+                    assert_eq!(repeat_trips, 4, "BEGIN, the body, the refused text, ROLLBACK+BEGIN+read");
+                } else {
+                    // `claim = "after"`'s statements.
+                    assert_eq!(first_trips, 4, "BEGIN, the body, the record, COMMIT");
+                    assert_eq!(
+                        repeat_trips, 6,
+                        "BEGIN, the body, the refused record, its locking read, ROLLBACK, the read"
+                    );
+                }
             }
 
             #[tokio::test]
@@ -826,6 +862,13 @@ macro_rules! tx_suite {
                 };
                 assert_eq!(call(1).await.unwrap(), 1);
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                if !$texts {
+                    // Bound statements (`claim = "after"`): taken over in place.
+                    assert_eq!(call(2).await.unwrap(), 2, "the expired record taken over");
+                    assert_eq!(record_answer(&pool, "tests.tx.commit.expired", &key).await, Some(Some("2".to_owned())));
+                    assert_eq!(coupons(&pool, &key).await, 2);
+                    return;
+                }
                 let err = call(2).await.unwrap_err();
                 assert!(
                     matches!(err, AppError::Idem(idem::Error::InProgress { retry_after: Some(d), .. }) if d.is_zero()),
@@ -914,7 +957,14 @@ macro_rules! tx_suite {
                     let mut tx = idem::begin(&one).await.unwrap();
                     let (_, answer) = call_at_commit(&mut tx, "tests.tx.commit", &key, "retry").await.unwrap();
                     tx.commit().await.unwrap();
-                    let expect = if holder_commits { "holder" } else { "cancelled" };
+                    // Texts: the COMMIT was sent with the record, and the
+                    // server ran it once the holder's lock went. Bound
+                    // statements: the COMMIT was never sent (rolled back).
+                    let expect = match (holder_commits, $texts) {
+                        (true, _) => "holder",
+                        (false, true) => "cancelled",
+                        (false, false) => "retry",
+                    };
                     assert_eq!(answer, expect, "holder commits: {holder_commits}");
                     let coupons_expected = if holder_commits { 0 } else { 1 };
                     assert_eq!(coupons(&pool, &key).await, coupons_expected, "the cancelled call's body with its record");
@@ -935,6 +985,7 @@ tx_suite! {
     delete_record = "DELETE FROM idem_records WHERE scope = 'tests.tx.vanishes' AND idem_key = $1";
     session_id = "SELECT pg_backend_pid()::int8";
     short_lock_wait = "SET LOCAL lock_timeout = '300ms'";
+    texts = true;
 }
 
 tx_suite! {
@@ -948,6 +999,8 @@ tx_suite! {
     delete_record = "DELETE FROM idem_records WHERE scope = 'tests.tx.vanishes' AND idem_key = ?";
     session_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
     short_lock_wait = "SET SESSION innodb_lock_wait_timeout = 1";
+    // MySQL/MariaDB: an idem::Tx sends the statements of a sqlx::Transaction.
+    texts = false;
 }
 
 mod postgres_only {

@@ -37,17 +37,48 @@ where
     /// Otherwise begin now (and send what is queued for `COMMIT` first, so
     /// that this guard sees the answers of the ones before it).
     async fn ready_for_guard(&mut self, p: &Prepared, claim_next: bool) -> Result<(), Error> {
+        self.core.claim_first = false;
         if claim_next && texts::<DB>().is_some() && self.core.is_deferred() {
             return Ok(());
         }
+        let claim_first = claim_next && self.core.is_deferred();
         self.core.ready::<DB>(&mut self.conn).await?;
+        self.core.claim_first = claim_first;
         require_transaction::<DB>(&self.conn, p)
     }
 
     async fn claim_record(&mut self, p: &Prepared, cas: Option<&Cas<'_>>) -> Result<Claimed, Error> {
         match texts::<DB>().filter(|_| self.core.is_deferred()) {
             Some(texts) => claim_with_begin(self, texts, p, cas).await,
-            None => context::claim::<DB>(&mut self.conn, p, cas).await,
+            None => {
+                // Bound statements (MySQL, SQLite, or a `Tx` already open):
+                // if this future is dropped mid-statement, the server's state
+                // is unknown, and the `Tx` closes its connection.
+                let first = std::mem::take(&mut self.core.claim_first);
+                let mut deadlocks = 0;
+                loop {
+                    let open = self.core.in_flight::<DB>();
+                    let claimed = context::claim::<DB>(&mut self.conn, p, cas).await;
+                    self.core.landed(open, &claimed);
+                    match claimed {
+                        // The claim was the first statement after the `Tx`'s
+                        // own `BEGIN`, and InnoDB rolled that transaction back
+                        // whole (claims waiting on a first call that rolls
+                        // back): nothing of the caller's went with it. Begin
+                        // again and claim again, as a claim with `BEGIN` does.
+                        Err(e) if first && e.is_deadlock() && deadlocks < MAX_DEADLOCKS && self.core.is_open() => {
+                            deadlocks += 1;
+                            self.core.restart::<DB>(&mut self.conn).await.map_err(classify::<DB>)?;
+                            tokio::time::sleep(std::time::Duration::from_millis(2 * deadlocks)).await;
+                        }
+                        Err(e) => {
+                            self.core.roll_back_only();
+                            return Err(e);
+                        }
+                        claimed => return claimed,
+                    }
+                }
+            }
         }
     }
 
@@ -59,7 +90,17 @@ where
                 self.core.queue(&(texts.complete)(texts, &p.stored_scope, p.key.as_str(), &json), &p.scope);
                 Ok(())
             }
-            (_, json) => context::store_answer::<DB>(&mut self.conn, p, json).await,
+            (_, json) => {
+                let open = self.core.in_flight::<DB>();
+                let stored = context::store_answer::<DB>(&mut self.conn, p, json).await;
+                self.core.landed(open, &stored);
+                // An answer not stored: the transaction can only roll back
+                // (as when a queued answer's text fails).
+                if stored.is_err() {
+                    self.core.roll_back_only();
+                }
+                stored
+            }
         }
     }
 

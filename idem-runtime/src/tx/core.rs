@@ -10,8 +10,7 @@ use crate::store::sql::{ExistingRecord, InsertDone, NewRecord, SqlBackend, class
 type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 
 /// JSON answers up to this size ride with `COMMIT` (as a literal: at most
-/// six times as long on PostgreSQL, twice on MySQL, far below MySQL's
-/// `max_allowed_packet`); larger ones are bound as a parameter, one round
+/// six times as long); larger ones are bound as a parameter, one round
 /// trip more.
 pub(crate) const INLINE_ANSWER_MAX: usize = 256 * 1024;
 
@@ -62,6 +61,9 @@ pub(crate) struct TxCore {
     /// on a connection, and behind a transaction-mode pooler each
     /// transaction may run on another server session anyway.
     pub(super) written_out: bool,
+    /// The guard about to claim (with bound statements) began this
+    /// transaction for its claim: nothing of the caller's is in it yet.
+    pub(super) claim_first: bool,
 }
 
 impl TxCore {
@@ -74,6 +76,7 @@ impl TxCore {
             bodies: 0,
             opened: false,
             written_out: false,
+            claim_first: false,
         }
     }
 
@@ -104,6 +107,50 @@ impl TxCore {
         }
         self.pending.push_str(statement);
         self.pending_scopes.push_str(scope);
+    }
+
+    /// A bound statement of the guard's goes out: until it
+    /// [`landed`](Self::landed), dropping the `Tx` closes its connection
+    /// (the server rolls back). SQLite, in the process and with nothing in
+    /// flight on a wire, rolls back instead (`Busy`: closing a `:memory:`
+    /// database's one connection would lose the database). The state to
+    /// return to.
+    pub(super) fn in_flight<DB: SqlBackend>(&mut self) -> State {
+        let flying = if DB::BACKEND == "sqlite" { State::Busy } else { State::Broken };
+        std::mem::replace(&mut self.state, flying)
+    }
+
+    /// The bound statement [`in_flight`](Self::in_flight) sent came back:
+    /// back to `before` when the server answered (or idem refused), else
+    /// `Broken`: the connection failed under the statement, and whether it
+    /// ran is unknown.
+    pub(super) fn landed<T>(&mut self, before: State, result: &Result<T, Error>) {
+        use sqlx::Error as E;
+        let known = match result {
+            Ok(_) => true,
+            Err(Error::Database(e)) => matches!(
+                e,
+                E::Database(_)
+                    | E::RowNotFound
+                    | E::ColumnDecode { .. }
+                    | E::ColumnNotFound(_)
+                    | E::ColumnIndexOutOfBounds { .. }
+                    | E::TypeNotFound { .. }
+                    | E::Decode(_)
+                    | E::Encode(_)
+            ),
+            Err(_) => true,
+        };
+        self.state = if known { before } else { State::Broken };
+    }
+
+    /// A guard's bound claim or answer failed: the transaction can only
+    /// roll back (the error may have rolled it back on the server already:
+    /// a deadlock, or any error on PostgreSQL).
+    pub(super) fn roll_back_only(&mut self) {
+        if self.state == State::Open {
+            self.state = State::Failed;
+        }
     }
 
     /// The queued statements and their scopes, taken out.
@@ -378,7 +425,9 @@ impl TxCore {
         answer: Option<&str>,
     ) -> Result<Committed, Error> {
         self.ready::<DB>(&mut *conn).await?;
-        self.state = State::Busy;
+        // Dropped mid-flight: the connection is closed (the server rolls
+        // back; see `in_flight`). The state is set below.
+        self.in_flight::<DB>();
         let done = match sql_record::insert_done::<DB>(&mut *conn, record, answer).await {
             Ok(InsertDone::Written) => Tm::<DB>::commit(&mut *conn).await.map(|()| Committed::Kept),
             Ok(InsertDone::Conflict) => match Tm::<DB>::rollback(&mut *conn).await {
@@ -445,9 +494,8 @@ pub(crate) enum Committed {
     Kept,
     /// Nothing committed: the record's key was held; `found`: the record
     /// that holds it, read after the rollback. `deadlock`: the text was
-    /// not refused on the key but a deadlock's victim (on MySQL/MariaDB,
-    /// claims of one key after its first call rolled back) or a
-    /// serialization failure, both retryable.
+    /// not refused on the key but a deadlock's victim or a serialization
+    /// failure, both retryable.
     Refused { found: Option<ExistingRecord>, deadlock: Option<Error> },
 }
 

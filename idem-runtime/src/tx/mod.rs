@@ -29,8 +29,8 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 ///
 /// With a `sqlx::Transaction` the guard sends its own statements: a claim
 /// after `BEGIN`, the answer before `COMMIT`, two round trips more than the
-/// transaction alone. With an `idem::Tx` it sends none of its own on
-/// PostgreSQL and MySQL/MariaDB:
+/// transaction alone. With an `idem::Tx` on PostgreSQL it sends none of its
+/// own:
 ///
 /// | | round trips (`sqlx::Transaction`) | round trips (`idem::Tx`) |
 /// |---|---|---|
@@ -64,8 +64,7 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// first answer, which the call returns. Only a unique-key error of the
 /// record table counts as a repeat (PostgreSQL names the table: a
 /// deferred constraint of the body's failing at `COMMIT` is an error); a
-/// deadlock's victim (InnoDB, among claims of a key whose first call
-/// rolled back) replays a record committed meanwhile, or returns the
+/// deadlock's victim replays a record committed meanwhile, or returns the
 /// retryable deadlock. Any other error means nothing was committed, and
 /// `Tx::commit` then fails too; a cancelled text leaves it unknown (as a
 /// cancelled `COMMIT` does: the record and the body's writes commit
@@ -74,19 +73,18 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// taken over (the body's writes went with the rollback): it is removed,
 /// only if still expired, and the call returns [`Error::InProgress`] with
 /// `retry_after` zero; the rerun writes its own. An answer over the
-/// inline limit below, and SQLite, take the bound statements of
-/// `claim = "after"` (an expired record taken over in place), then
-/// `COMMIT`.
+/// inline limit below, and MySQL/MariaDB and SQLite, take the bound
+/// statements of `claim = "after"` (an expired record taken over in
+/// place), then idem commits: the guarded call is still the whole
+/// transaction.
 ///
 /// Values in these texts (scope, key, fingerprint, answer) are literals no
-/// value can break out of: on PostgreSQL escape-string literals in which
-/// every character but ASCII letters, digits and a few marks is a Unicode
-/// escape (`E'it\u0027s'`), or, for a value with non-ASCII characters, its
-/// UTF-8 in hex converted by the server; on MySQL hexadecimal literals
-/// (`X'6b33'`), whose reads take idem's columns as bytes
-/// (`CAST(response AS BINARY)`): neither way depends on the session's
+/// value can break out of: escape-string literals in which every character
+/// but ASCII letters, digits and a few marks is a Unicode escape
+/// (`E'it\u0027s'`), or, for a value with non-ASCII characters, its UTF-8
+/// in hex converted by the server, so neither depends on the session's
 /// charset. The rest of the text is idem's own: integers it formats and
-/// the validated record table name. On PostgreSQL the claim and the read
+/// the validated record table name. The claim and the read
 /// are prepared once per session and the texts name them
 /// (`EXECUTE idem_claim_<hash>(...)`), so they are planned once, as sqlx's
 /// own prepared statements are. A text that finds its statement missing
@@ -99,9 +97,26 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// statements, where a missing one would abort the transaction with the
 /// body's writes and nothing left to retry; so are a `claim = "commit"`
 /// record and the read after it. An answer over 256 KiB of JSON
-/// is bound as a parameter instead (one more round trip), so no text nears
-/// MySQL's `max_allowed_packet`. SQLite sends the same statements one by
-/// one (it has no network to save).
+/// is bound as a parameter instead (one more round trip).
+///
+/// **MySQL/MariaDB and SQLite** send the statements of a
+/// `sqlx::Transaction`, bound and prepared, one by one: `BEGIN` (held back
+/// until the first guard or [`Tx::open`]), the claim, the body, the answer,
+/// `COMMIT`; `claim = "commit"` takes the statements of `claim = "after"`
+/// there, then idem commits (the guarded call is still the whole
+/// transaction). What the `Tx` still adds: a claim or answer cancelled
+/// mid-flight closes the connection (SQLite: rolls back), a claim or
+/// answer that failed forbids the commit, and
+/// a first claim that InnoDB picks as a deadlock victim (claims waiting on
+/// a first call that rolls back) is begun and sent again rather than
+/// handed to the caller. SQLite has no network to save. On MySQL the texts
+/// lost where the server is busy: at 16 clients they ran at 0.63 to 0.86 of
+/// the guard on a `sqlx::Transaction`, on loopback and 500 µs away, and won
+/// only with one client 500 µs away (BENCHMARKS.md, R1). Each text is
+/// parsed at every call (MySQL has no statement a text could name without
+/// session variables), and sqlx-mysql sends the `ROLLBACK` that lowers its
+/// transaction depth after a text's `COMMIT` as a round trip of its own, so
+/// a text saves at most one round trip of six.
 ///
 /// ## Using it
 ///

@@ -1,7 +1,7 @@
 //! What an `idem::Tx` (feature `tx`) needs of a database: the guard's
-//! statements as texts that travel with `BEGIN` and `COMMIT` (PostgreSQL,
-//! MySQL/MariaDB), or none (SQLite, with no network to save, takes the
-//! plain statements of a `sqlx::Transaction`). Implemented in the `Tx`'s
+//! statements as texts that travel with `BEGIN` and `COMMIT` (PostgreSQL),
+//! or none (MySQL/MariaDB and SQLite take the plain statements of a
+//! `sqlx::Transaction`: the docs of `idem::Tx` say why). Implemented in the `Tx`'s
 //! own module, one file per database, and built with the other statements
 //! for the record table ([`Statements`](super::Statements)); without the
 //! feature, the bound holds for every type and asks nothing.
@@ -45,7 +45,7 @@ pub struct Texts {
     /// rolling back, so `Tx::commit` queues a `ROLLBACK` after the text:
     /// PostgreSQL warns of a `ROLLBACK` outside a transaction (a log line
     /// per commit), so its text begins an empty one for it
-    /// (`COMMIT; BEGIN`); MySQL ignores it silently.
+    /// (`COMMIT; BEGIN`).
     pub commit: &'static str,
     /// The record table as written into the texts (a validated name).
     pub table: String,
