@@ -435,6 +435,28 @@ macro_rules! dedup_suite {
                 assert_eq!(coupons(&pool, &trade).await, 1);
             }
 
+            /// `claim = "after"`: the record's insert after the body fails
+            /// otherwise than on the key (its lock wait on a first call's
+            /// uncommitted record timed out; MySQL keeps the transaction
+            /// open after that). A caller that commits anyway keeps nothing
+            /// of the call: the body's write never commits without its
+            /// record for a retry to run the body again.
+            #[tokio::test]
+            async fn claim_after_a_record_insert_that_fails_keeps_nothing_even_if_committed() {
+                let pool = pool!();
+                let trade = unique("after-timeout");
+                let runs = AtomicUsize::new(0);
+                let mut first = begin(&pool).await;
+                grant_after(&mut first, &trade, &runs).await.unwrap();
+
+                let mut second = begin(&pool).await;
+                sqlx::raw_sql($short_wait).execute(second.conn().await).await.unwrap();
+                assert!(grant_after(&mut second, &trade, &runs).await.is_err());
+                let _ = second.commit().await;
+                drop(first);
+                assert_eq!(coupons(&pool, &trade).await, 0, "the failed call's write was kept");
+            }
+
             #[tokio::test]
             async fn a_missing_record_table_is_reported_not_taken_for_a_duplicate() {
                 let pool = pool!();

@@ -900,31 +900,38 @@ macro_rules! tx_suite {
                 assert_eq!(coupons(&pool, &key).await, 1);
             }
 
-            /// Only a unique-key error is a repeat: a text refused otherwise
-            /// (its insert's lock wait timed out on a holder's record) is an
-            /// error, nothing of the call is kept, and `Tx::commit` fails.
+            /// Only a unique-key error is a repeat: a record refused otherwise
+            /// (its insert's lock wait timed out on a holder's record; MySQL
+            /// keeps the transaction open after that), by `claim = "commit"`'s
+            /// text or `claim = "after"`'s statement, is an error, nothing of
+            /// the call is kept, and `Tx::commit` fails: the body's write
+            /// never commits without its record for a retry to run it again.
             #[tokio::test]
-            async fn claim_commit_a_text_refused_otherwise_than_on_the_key_keeps_nothing_and_says_so() {
+            async fn a_record_refused_otherwise_than_on_the_key_keeps_nothing_and_says_so() {
                 let pool = pool!();
-                let key = unique("commit-timeout");
-                // A connection of its own: the lock wait is set for its session.
-                let (mut holder, held, one) = held_key(&pool, &key).await;
-                let mut tx = idem::begin(&one).await.unwrap();
-                let guard = Guard::new("tests.tx.commit").key(&key).claim_at_commit();
-                let Claim::Run(t) = guard.dedup::<String, _>(&mut tx).await.unwrap() else {
-                    panic!("claims after the body")
-                };
-                sqlx::query($short_lock_wait).execute(&mut *tx).await.unwrap();
-                sqlx::query($insert).bind(&key).execute(&mut *tx).await.unwrap();
-                let err = t.complete(&mut tx, Ok::<_, idem::Error>("mine".to_owned())).await.unwrap_err();
-                assert!(matches!(err, idem::Error::Database(_)), "an error, not a repeat: {err}");
-                let refused = tx.commit().await;
-                assert!(matches!(refused, Err(idem::Error::TxUnusable { .. })), "{refused:?}");
-                held.complete(&mut holder, Ok::<_, idem::Error>("holder".to_owned())).await.unwrap().unwrap();
-                holder.commit().await.unwrap();
-                one.close().await;
-                assert_eq!(coupons(&pool, &key).await, 0, "the body's write was not kept");
-                assert_eq!(record_answer(&pool, "tests.tx.commit", &key).await, Some(Some("\"holder\"".to_owned())));
+                for at_commit in [true, false] {
+                    let key = unique("refused-timeout");
+                    // A connection of its own: the lock wait is set for its session.
+                    let (mut holder, held, one) = held_key(&pool, &key).await;
+                    let mut tx = idem::begin(&one).await.unwrap();
+                    let guard = Guard::new("tests.tx.commit").key(&key);
+                    let guard = if at_commit { guard.claim_at_commit() } else { guard.claim_after() };
+                    let Claim::Run(t) = guard.dedup::<String, _>(&mut tx).await.unwrap() else {
+                        panic!("claims after the body")
+                    };
+                    sqlx::query($short_lock_wait).execute(&mut *tx).await.unwrap();
+                    sqlx::query($insert).bind(&key).execute(&mut *tx).await.unwrap();
+                    let err = t.complete(&mut tx, Ok::<_, idem::Error>("mine".to_owned())).await.unwrap_err();
+                    assert!(matches!(err, idem::Error::Database(_)), "an error, not a repeat: {err}");
+                    let refused = tx.commit().await;
+                    assert!(matches!(refused, Err(idem::Error::TxUnusable { .. })), "{refused:?}");
+                    held.complete(&mut holder, Ok::<_, idem::Error>("holder".to_owned())).await.unwrap().unwrap();
+                    holder.commit().await.unwrap();
+                    one.close().await;
+                    assert_eq!(coupons(&pool, &key).await, 0, "the body's write was not kept (at_commit: {at_commit})");
+                    let answer = record_answer(&pool, "tests.tx.commit", &key).await;
+                    assert_eq!(answer, Some(Some("\"holder\"".to_owned())));
+                }
             }
 
             /// The future is dropped while its commit text waits (on a

@@ -11,7 +11,9 @@ use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::guard::Prepared;
 use crate::machine::Cas;
-use crate::store::sql::{ClaimResult, ExistingRecord, NewRecord, SqlBackend, classify, in_transaction, record};
+use crate::store::sql::{
+    ClaimResult, ExistingRecord, InsertDone, NewRecord, SqlBackend, classify, in_transaction, record,
+};
 
 /// Claims can loop when a record disappears between statements (its
 /// transaction rolled back, or it expired and was purged). Bounded.
@@ -74,6 +76,29 @@ pub trait TxContext: Send {
     #[doc(hidden)]
     fn store_answer(&mut self, p: &Prepared, json: Option<String>) -> impl Future<Output = Result<(), Error>> + Send {
         store_answer::<Self::Db>(self.guard_connection(), p, json)
+    }
+
+    /// `claim = "after"`: write the record with its answer (`None`: not
+    /// kept) after the body, taking over an expired one. If that fails
+    /// (not on the key: a lock wait timed out, say; MySQL keeps the
+    /// transaction open after that), the transaction is rolled back to its
+    /// start (`claim = "after"` is its first work): a caller that commits
+    /// anyway must not keep the body's writes without their record, or a
+    /// retry would run the body again. Not a stable API.
+    #[doc(hidden)]
+    fn insert_done(
+        &mut self,
+        p: &Prepared,
+        json: Option<&str>,
+    ) -> impl Future<Output = Result<InsertDone, Error>> + Send {
+        let conn = self.guard_connection();
+        async move {
+            let inserted = insert_done::<Self::Db>(&mut *conn, p, json).await;
+            if inserted.is_err() {
+                let _ = record::restart::<Self::Db>(conn).await;
+            }
+            inserted
+        }
     }
 
     /// `claim = "commit"`: write the record with its answer (`None`: not
@@ -193,6 +218,15 @@ pub(crate) async fn store_answer<DB: SqlBackend>(
     }
 }
 
+/// [`TxContext::insert_done`] as a statement of its own.
+pub(crate) async fn insert_done<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    p: &Prepared,
+    json: Option<&str>,
+) -> Result<InsertDone, Error> {
+    record::insert_done::<DB>(conn, &new_record(p), json).await.map_err(classify::<DB>)
+}
+
 /// The record a claim inserts for `p`.
 pub(crate) fn new_record(p: &Prepared) -> NewRecord<'_> {
     NewRecord {
@@ -227,6 +261,11 @@ pub trait DynContext<DB: SqlBackend>: Send {
         cas: Option<&'a Cas<'a>>,
     ) -> BoxFuture<'a, Result<Claimed, Error>>;
     fn store_answer<'a>(&'a mut self, p: &'a Prepared, json: Option<String>) -> BoxFuture<'a, Result<(), Error>>;
+    fn insert_done<'a>(
+        &'a mut self,
+        p: &'a Prepared,
+        json: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<InsertDone, Error>>;
     fn commit_with_record<'a>(
         &'a mut self,
         p: &'a Prepared,
@@ -256,6 +295,13 @@ impl<T: TxContext> DynContext<T::Db> for T {
     }
     fn store_answer<'a>(&'a mut self, p: &'a Prepared, json: Option<String>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(TxContext::store_answer(self, p, json))
+    }
+    fn insert_done<'a>(
+        &'a mut self,
+        p: &'a Prepared,
+        json: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<InsertDone, Error>> {
+        Box::pin(TxContext::insert_done(self, p, json))
     }
     fn commit_with_record<'a>(
         &'a mut self,
@@ -296,6 +342,9 @@ where
     }
     async fn store_answer(&mut self, p: &Prepared, json: Option<String>) -> Result<(), Error> {
         self.0.store_answer(p, json).await
+    }
+    async fn insert_done(&mut self, p: &Prepared, json: Option<&str>) -> Result<InsertDone, Error> {
+        self.0.insert_done(p, json).await
     }
     async fn commit_with_record(&mut self, p: &Prepared, json: Option<&str>) -> Result<Option<Claimed>, Error> {
         self.0.commit_with_record(p, json).await

@@ -4,7 +4,7 @@
 
 use std::marker::PhantomData;
 
-use crate::dedup::context::{Claimed, EntityMove, TxContext, new_record};
+use crate::dedup::context::{Claimed, EntityMove, TxContext};
 use crate::dedup::record::{SURE_FIT, discard, judge};
 use crate::error::Error;
 use crate::guard::keep;
@@ -149,8 +149,7 @@ async fn complete_after<T: Replayable, E, C: TxContext + ?Sized>(
             None => {}
         }
     }
-    let inserted = sql_record::insert_done::<C::Db>(tx.guard_connection(), &new_record(p), json.as_deref()).await;
-    match inserted.map_err(classify::<C::Db>)? {
+    match tx.insert_done(p, json.as_deref()).await? {
         InsertDone::Written => {
             p.report(Outcome::Executed);
             Ok(Ok(value))

@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::guard::Prepared;
 use crate::machine::Cas;
 use crate::store::sql::texts::{Texts, texts};
-use crate::store::sql::{ExistingRecord, NewRecord, SqlBackend, classify, record};
+use crate::store::sql::{ExistingRecord, InsertDone, NewRecord, SqlBackend, classify, record};
 
 /// Deadlock victims among claims a `Tx` sends again (see [`claim_with_begin`]).
 const MAX_DEADLOCKS: u64 = 10;
@@ -93,15 +93,23 @@ where
             (_, json) => {
                 let open = self.core.in_flight::<DB>();
                 let stored = context::store_answer::<DB>(&mut self.conn, p, json).await;
-                self.core.landed(open, &stored);
                 // An answer not stored: the transaction can only roll back
                 // (as when a queued answer's text fails).
-                if stored.is_err() {
-                    self.core.roll_back_only();
-                }
+                self.core.wrote(open, &stored);
                 stored
             }
         }
+    }
+
+    /// `claim = "after"` on a `Tx`: a bound statement after the body. If it
+    /// fails (not on the key: a lock wait timed out, say), the body's
+    /// writes must not commit without their record, or a retry would run
+    /// the body again: the `Tx` refuses to commit, it can only roll back.
+    async fn insert_done(&mut self, p: &Prepared, json: Option<&str>) -> Result<InsertDone, Error> {
+        let open = self.core.in_flight::<DB>();
+        let inserted = context::insert_done::<DB>(&mut self.conn, p, json).await;
+        self.core.wrote(open, &inserted);
+        inserted
     }
 
     /// `claim = "commit"`: the record with its answer goes out in the text

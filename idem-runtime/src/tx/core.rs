@@ -144,7 +144,17 @@ impl TxCore {
         self.state = if known { before } else { State::Broken };
     }
 
-    /// A guard's bound claim or answer failed: the transaction can only
+    /// A bound write of the guard's (a record, an answer) came back, as
+    /// [`landed`](Self::landed); if it failed, the transaction can only
+    /// roll back.
+    pub(super) fn wrote<T>(&mut self, before: State, result: &Result<T, Error>) {
+        self.landed(before, result);
+        if result.is_err() {
+            self.roll_back_only();
+        }
+    }
+
+    /// A guard's bound claim, record or answer failed: the transaction can only
     /// roll back (the error may have rolled it back on the server already:
     /// a deadlock, or any error on PostgreSQL).
     pub(super) fn roll_back_only(&mut self) {
@@ -164,7 +174,7 @@ impl TxCore {
                 reason: "an earlier statement of it was cancelled or failed with the server's state unknown",
             }),
             State::Failed => Some(Error::TxUnusable {
-                reason: "the answer of an earlier guarded call in it could not be stored; roll it back",
+                reason: "an earlier guarded call in it could not write its record or answer; roll it back",
             }),
             State::Closed => Some(Error::TxUnusable { reason: "it was committed or rolled back" }),
             State::Ended => Some(Error::TxUnusable {
