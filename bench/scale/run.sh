@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
 # loadgen's `dedup` scenario on a record table of 10 million records against
 # one of 100,000, a purge of the expired half running beside the load, and
-# the record table's indexes and fill factor measured (BENCHMARKS.md, R8).
+# the record table's expiry index measured (BENCHMARKS.md, R8), on
+# PostgreSQL or MySQL/MariaDB (STORE).
 #
 #   bench/scale/run.sh [PAIRS] [SECONDS]      # defaults: 3 turns, 30 s per loadgen run
 #
 # Every table of a run (records, archive, the shop's tables) lives in a
-# schema of its own, `idem_bench_scale_<name>`, reached through the
-# connection's search_path: the shared `idem_records` is never touched, and
-# all schemas are dropped at the end (KEEP=1 keeps them). The records are
-# loaded with `INSERT ... SELECT generate_series`, the indexes built after.
+# schema of its own, `idem_bench_scale_<name>` (on MySQL a database),
+# reached through the connection's search_path (on MySQL its database): the
+# shared `idem_records` is never touched, and all schemas are dropped at
+# the end (KEEP=1 keeps them). Every file of idem-runtime/migrations/<store>
+# makes the tables (so on PostgreSQL at fillfactor 90, 0003), and loadgen
+# runs with `--skip-migrate`: idem::migrate would create a dropped index
+# again. The records are loaded with `INSERT ... SELECT` from
+# `generate_series` (MariaDB: the `seq_1_to_N` table), the indexes built
+# after.
 #
-# Three stages, each PAIRS times with the order rotated, one loadgen run of
+# Four stages, each PAIRS times with the order rotated, one loadgen run of
 # SECONDS (`--rounds ROUNDS`) per table and turn:
-#   scale:  small (SMALL records) vs big (RECORDS records, EXPIRED of them expired);
-#   purge:  big vs big with `--purge-beside PURGE_BATCH` (purge_expired in
-#           batches, PURGE_PAUSE_MS between them) while the rounds run;
-#   lean:   small as migrated vs without the expiry index.
-# The tables are made by every migration in migrations/postgres, so at
-# fillfactor 90 (0003); loadgen's own idem::migrate sets it again at the
-# start of each run, so a table at fillfactor 100 cannot be measured with
-# it (the lean_big stage that compared 100 and 90 was removed when 0003
-# came: see 13c0b36 and BENCHMARKS.md's history).
+#   scale:    small (SMALL records) vs big (RECORDS records, EXPIRED of them expired);
+#   purge:    big vs big with `--purge-beside PURGE_BATCH` (purge_expired in
+#             batches, PURGE_PAUSE_MS between them) while the rounds run;
+#   lean:     small as migrated vs without the expiry index;
+#   lean_big: big as migrated vs without the expiry index.
 # STAGES ("scale purge lean") picks stages; each run's last line goes to
 # OUT (target/scale-<time>.txt), tagged, and a summary of medians ends it.
 #
@@ -29,13 +31,15 @@
 # with flock(1), so that benchmarks of others sharing the machine never run
 # beside them; do not run the script itself under that lock.
 #
-# Environment: RECORDS (10000000), EXPIRED (5000000), SMALL (100000),
-# PREFIX (idem_bench_scale_, the schemas' names), CLIENTS (16), ROUNDS (3),
-# PURGE_BATCH (2000), PURGE_PAUSE_MS (10),
+# Environment: STORE (postgres | mysql), RECORDS (10000000), EXPIRED
+# (5000000), SMALL (100000), PREFIX (idem_bench_scale_, the schemas'
+# names), CLIENTS (16), ROUNDS (3), PURGE_BATCH (2000), PURGE_PAUSE_MS (10),
 # LOADGEN (target/release/loadgen), KEEP=1 (keep the schemas), REUSE=1
 # (use the kept schemas as they are: a purge stage left fewer expired
-# records behind), and libpq's PGHOST (127.0.0.1),
-# PGUSER (postgres), PGDATABASE (test).
+# records behind), libpq's PGHOST (127.0.0.1), PGUSER (postgres),
+# PGDATABASE (test), and MYSQL_HOST (127.0.0.1), MYSQL_TCP_PORT (3306),
+# MYSQL_USER (root). bench/scale/mariadb.sh runs it on a MariaDB server of
+# its own (a buffer pool the shared server does not have).
 set -euo pipefail
 
 pairs=${1:-3}
@@ -49,38 +53,86 @@ purge_batch=${PURGE_BATCH:-2000}
 purge_pause=${PURGE_PAUSE_MS:-10}
 lock=${LOCK:-/tmp/idem-bench.lock}
 read -r -a stages <<< "${STAGES:-scale purge lean}"
+store=${STORE:-postgres}
 export PGHOST=${PGHOST:-127.0.0.1} PGUSER=${PGUSER:-postgres} PGDATABASE=${PGDATABASE:-test}
+mysql_host=${MYSQL_HOST:-127.0.0.1}
+mysql_port=${MYSQL_TCP_PORT:-3306}
+mysql_user=${MYSQL_USER:-root}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 loadgen=${LOADGEN:-$root/target/release/loadgen}
+migrations=$root/idem-runtime/migrations/$store
 out=${OUT:-$root/target/scale-$(date +%Y%m%d-%H%M%S).txt}
-url="postgres://$PGUSER@$PGHOST/$PGDATABASE"
-migrations=$root/idem-runtime/migrations/postgres
 prefix=${PREFIX:-idem_bench_scale_}
-all=(small big small_noexp)
+all=(small big small_noexp big_noexp)
+[[ -x $loadgen ]] || {
+    echo "no $loadgen: cargo build --release -p idem-bench (or LOADGEN=)" >&2
+    exit 1
+}
 
 psql_() { PGOPTIONS="-c client_min_messages=warning" psql -Xq -v ON_ERROR_STOP=1 "$@"; }
+mysql_() { mariadb -h "$mysql_host" -P "$mysql_port" -u "$mysql_user" --batch --skip-column-names "$@"; }
+
+# The URL of schema NAME's tables, as loadgen takes it.
+url() {
+    case $store in
+    postgres) echo "postgres://$PGUSER@$PGHOST/$PGDATABASE?options[search_path]=$1" ;;
+    mysql) echo "mysql://$mysql_user@$mysql_host:$mysql_port/$1" ;;
+    esac
+}
+
+# One value of a query, on the store.
+value() {
+    case $store in
+    postgres) psql -XAtc "$1" ;;
+    mysql) mysql_ -e "$1" ;;
+    esac
+}
+
+exists() {
+    case $store in
+    postgres) value "SELECT 1 FROM pg_namespace WHERE nspname = '$prefix$1'" | grep -q 1 ;;
+    mysql) value "SELECT 1 FROM information_schema.schemata WHERE schema_name = '$prefix$1'" | grep -q 1 ;;
+    esac
+}
+
+drop() {
+    case $store in
+    postgres) psql_ -c "DROP SCHEMA IF EXISTS $prefix$1 CASCADE" ;;
+    mysql) mysql_ -e "DROP DATABASE IF EXISTS $prefix$1" ;;
+    esac
+}
 
 drop_all() {
-    for s in "${all[@]}"; do psql_ -c "DROP SCHEMA IF EXISTS $prefix$s CASCADE"; done
+    for s in "${all[@]}"; do drop "$s"; done
 }
 if [[ -z ${KEEP:-} ]]; then trap drop_all EXIT; fi
 
+case $store in
+postgres | mysql) ;;
+*)
+    echo "STORE is postgres or mysql, not $store" >&2
+    exit 1
+    ;;
+esac
+
 # load NAME RECORDS EXPIRED
-# A record table as idem::migrate creates it, RECORDS records in 16 scopes
+# A record table as the migrations create it, RECORDS records in 16 scopes
 # with 32-character keys (an MD5 in hex, spread over the key's index as
 # UUIDs are), EXPIRED of them past their retention (spread over the last
 # day), the others kept 30 days; none in loadgen's scopes.
 load() {
-    local name=$1 n=$2 gone=$3 migration includes=
+    local name=$1 n=$2 gone=$3 size migration includes=
     local started=$SECONDS
-    if [[ -n ${REUSE:-} ]] && psql -XAtc "SELECT 1 FROM pg_namespace WHERE nspname = '$prefix$name'" | grep -q 1; then
+    if [[ -n ${REUSE:-} ]] && exists "$name"; then
         echo "reusing $prefix$name" | tee -a "$out"
         return
     fi
-    for migration in "$migrations"/*.sql; do includes+="\\i $migration"$'\n'; done
-    flock "$lock" psql -Xq -v ON_ERROR_STOP=1 <<SQL
+    drop "$name"
+    case $store in
+    postgres)
+        for migration in "$migrations"/*.sql; do includes+="\\i $migration"$'\n'; done
+        flock "$lock" psql -Xq -v ON_ERROR_STOP=1 <<SQL
 SET client_min_messages = warning;
-DROP SCHEMA IF EXISTS $prefix$name CASCADE;
 CREATE SCHEMA $prefix$name;
 SET search_path = $prefix$name;
 $includes
@@ -98,25 +150,57 @@ ALTER TABLE idem_records ADD CONSTRAINT idem_records_pkey PRIMARY KEY (scope, id
 CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
 VACUUM (FREEZE, ANALYZE) idem_records;
 SQL
-    echo "loaded $prefix$name: $n records ($gone expired) in $((SECONDS - started)) s," \
-        "$(psql -XAtc "SELECT pg_size_pretty(pg_total_relation_size('$prefix$name.idem_records')) || ', ' ||
+        size=$(value "SELECT pg_size_pretty(pg_total_relation_size('$prefix$name.idem_records')) || ', ' ||
                       coalesce(array_to_string(reloptions, ','), 'no options') FROM pg_class
-                      WHERE oid = '$prefix$name.idem_records'::regclass")" | tee -a "$out"
+                      WHERE oid = '$prefix$name.idem_records'::regclass")
+        ;;
+    mysql)
+        # Without a primary key InnoDB appends to a hidden row id; the
+        # primary key is then built in one sorted pass.
+        mysql_ -e "CREATE DATABASE $prefix$name"
+        cat "$migrations"/*.sql | mysql_ "$prefix$name"
+        flock "$lock" mariadb -h "$mysql_host" -P "$mysql_port" -u "$mysql_user" "$prefix$name" > /dev/null <<SQL
+ALTER TABLE idem_records DROP PRIMARY KEY, DROP INDEX idem_records_expires_at;
+INSERT INTO idem_records (scope, idem_key, status, fingerprint, response, created_at, updated_at, expires_at)
+SELECT CONCAT('scale.preload', seq % 16), MD5(seq), 'DONE', MD5(CONCAT('f', seq)), seq * 7,
+       UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6) - INTERVAL 2 DAY,
+       CASE WHEN seq <= $gone THEN UTC_TIMESTAMP(6) - INTERVAL (seq % 86400) SECOND
+            ELSE UTC_TIMESTAMP(6) + INTERVAL 30 DAY END
+FROM seq_1_to_$n;
+ALTER TABLE idem_records ADD PRIMARY KEY (scope, idem_key), ADD INDEX idem_records_expires_at (expires_at);
+ANALYZE TABLE idem_records;
+SQL
+        size="$(value "SELECT CONCAT(ROUND((data_length + index_length) / 1048576), ' MB') FROM information_schema.tables
+                       WHERE table_schema = '$prefix$name' AND table_name = 'idem_records'")"
+        ;;
+    esac
+    echo "loaded $prefix$name: $n records ($gone expired) in $((SECONDS - started)) s, $size" | tee -a "$out"
+}
+
+# no_expiry_index NAME: the table without its expiry index.
+no_expiry_index() {
+    case $store in
+    postgres) psql_ -c "DROP INDEX $prefix$1.idem_records_expires_at" ;;
+    mysql) mysql_ -e "DROP INDEX idem_records_expires_at ON $prefix$1.idem_records" ;;
+    esac
 }
 
 # measure TAG SCHEMA [loadgen options]: one loadgen run on that schema's tables.
 measure() {
     local tag=$1 schema=$prefix$2 line updates before after
     shift 2
-    # The record table's updates, and how many were HOT (no index touched).
+    # The record table's updates, and how many were HOT (no index touched;
+    # PostgreSQL only).
     updates="SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_user_tables
              WHERE schemaname = '$schema' AND relname = 'idem_records'"
     echo "== $tag ($(uptime | sed 's/.*load average: //'))" >&2
-    before=$(psql -XAtc "$updates")
-    line=$(flock "$lock" "$loadgen" --scenario dedup --database-url "$url?options[search_path]=$schema" \
-        --clients "$clients" --seconds "$seconds" --rounds "$rounds" "$@" | tail -1)
-    after=$(psql -XAtc "$updates")
-    line+=" record_updates=$((${after% *} - ${before% *})) hot_updates=$((${after#* } - ${before#* }))"
+    [[ $store == postgres ]] && before=$(value "$updates")
+    line=$(flock "$lock" "$loadgen" --scenario dedup --database-url "$(url "$schema")" \
+        --clients "$clients" --seconds "$seconds" --rounds "$rounds" --skip-migrate "$@" | tail -1)
+    if [[ $store == postgres ]]; then
+        after=$(value "$updates")
+        line+=" record_updates=$((${after% *} - ${before% *})) hot_updates=$((${after#* } - ${before#* }))"
+    fi
     echo "tag=$tag load=\"$(uptime | sed 's/.*load average: //')\" $line" | tee -a "$out"
 }
 
@@ -133,7 +217,8 @@ interleave() {
     done
 }
 
-echo "# bench/scale/run.sh $pairs $seconds: RECORDS=$records EXPIRED=$expired SMALL=$small CLIENTS=$clients" \
+server=$([[ $store == postgres ]] && echo "$PGHOST" || echo "$mysql_host:$mysql_port")
+echo "# bench/scale/run.sh $pairs $seconds: STORE=$store ($server) RECORDS=$records EXPIRED=$expired SMALL=$small CLIENTS=$clients" \
     "ROUNDS=$rounds PURGE_BATCH=$purge_batch PURGE_PAUSE_MS=$purge_pause $(date -u +%FT%TZ)" | tee "$out"
 for stage in "${stages[@]}"; do
     case $stage in
@@ -143,18 +228,23 @@ for stage in "${stages[@]}"; do
         interleave scale_small:small scale_big:big
         ;;
     purge)
-        psql -XAtc "SELECT 1 FROM pg_namespace WHERE nspname = '${prefix}big'" | grep -q 1 ||
-            load big "$records" "$expired"
+        exists big || load big "$records" "$expired"
         interleave purge_off:big "purge_on:big:--purge-beside $purge_batch --purge-pause-ms $purge_pause"
+        now=$([[ $store == postgres ]] && echo "now()" || echo "UTC_TIMESTAMP(6)")
         echo "expired records left in ${prefix}big:" \
-            "$(psql -XAtc "SELECT count(*) FROM ${prefix}big.idem_records WHERE expires_at < now()")" | tee -a "$out"
+            "$(value "SELECT count(*) FROM ${prefix}big.idem_records WHERE expires_at < $now")" | tee -a "$out"
         ;;
     lean)
-        psql -XAtc "SELECT 1 FROM pg_namespace WHERE nspname = '${prefix}small'" | grep -q 1 ||
-            load small "$small" $((small * expired / records))
+        exists small || load small "$small" $((small * expired / records))
         load small_noexp "$small" $((small * expired / records))
-        psql_ -c "DROP INDEX ${prefix}small_noexp.idem_records_expires_at"
+        no_expiry_index small_noexp
         interleave lean_as_is:small lean_no_expiry_index:small_noexp
+        ;;
+    lean_big)
+        exists big || load big "$records" "$expired"
+        load big_noexp "$records" "$expired"
+        no_expiry_index big_noexp
+        interleave lean_big_as_is:big lean_big_no_expiry_index:big_noexp
         ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
@@ -177,7 +267,7 @@ for tag in $(grep -o '^tag=[^ ]*' "$out" | cut -d= -f2 | sort -u); do
             }
         }
         END {
-            split("unguarded_tps guarded_tps claim_after_tps one_write_tps p99_us claim_after_p99_us one_write_p99_us ratio ratio_one_write purged record_updates hot_updates", keys, " ")
+            split("unguarded_tps guarded_tps claim_after_tps one_write_tps p99_us claim_after_p99_us one_write_p99_us ratio ratio_claim_after ratio_one_write purged record_updates hot_updates", keys, " ")
             line = "tag=" tag " runs=" n
             for (k = 1; k in keys; k++) {
                 m = 0

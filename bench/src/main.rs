@@ -17,13 +17,13 @@
 //!   body, then the record with its response in the text of `COMMIT`
 //!   (`INSERT ...; COMMIT`): one write, no round trip of its own.
 //!
-//! On PostgreSQL, with `pgbench` on `PATH`, two more turns in each round run
-//! pgbench sending `one_write`'s statements (`bench/pgbench/one_write.sql`)
-//! and `unguarded`'s (`bench/pgbench/unguarded.sql`), see `pgbench_floor`:
-//! `vs_floor` is `one_write` against the first, what the server allows a C
-//! client with the same statements; `floor_ratio` the first against the
-//! second, what the server allows `ratio_one_write` (`vs_floor=na` without
-//! pgbench).
+//! Two more turns in each round run a C client sending `one_write`'s
+//! statements and `unguarded`'s: `pgbench` on PostgreSQL
+//! (`bench/pgbench/one_write.sql`, `unguarded.sql`), `mariadb-slap` on
+//! MariaDB (`bench/slap/`), see `floor`: `vs_floor` is `one_write`
+//! against the first, what the server allows a C client with the same
+//! statements; `floor_ratio` the first against the second, what the server
+//! allows `ratio_one_write` (`vs_floor=na` without the client on `PATH`).
 //!
 //! Scenarios `state` and `dedup+state`: the same business change also pays
 //! the order (WAIT_PAY -> PAID, orders created ahead of each slice):
@@ -74,9 +74,9 @@
 mod cluster_bench;
 #[path = "../../examples/common/mod.rs"]
 mod common;
+mod floor;
 mod lease_bench;
 mod mq_bench;
-mod pgbench_floor;
 mod rtt_proxy;
 mod steps_bench;
 mod token_bench;
@@ -88,8 +88,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use common::{AppError, BoxError, OrderStatus, Shop, Store};
+use floor::{Floor, FloorControl, Script};
 use idem::idempotent;
-use pgbench_floor::{Floor, FloorControl, Script};
 use sqlx::{MySql, Postgres, Sqlite, Transaction};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -206,6 +206,11 @@ struct Args {
     /// `--purge-beside`: pause between batches (`PurgeOptions::pause`).
     #[arg(long, default_value_t = 10, value_name = "MS")]
     purge_pause_ms: u64,
+    /// Do not run `idem::migrate` first: the record table is the caller's,
+    /// as it made it (`bench/scale/run.sh` drops an index to measure it;
+    /// `migrate` would create it again).
+    #[arg(long)]
+    skip_migrate: bool,
 }
 
 /// `--added-rtt-us`: what was asked, and what a ping gained through the proxy.
@@ -417,6 +422,11 @@ impl Handwritten for Postgres {
 impl Handwritten for MySql {
     async fn reset(pool: &sqlx::MySqlPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
+        // The slap's rows too (the `vs_floor` slices'): both clients start
+        // from the same tables.
+        sqlx::raw_sql("DELETE FROM idem_records WHERE scope LIKE 'slap.%'; DELETE FROM shop_coupons WHERE trade_no REGEXP '^S[0-9]+$'")
+            .execute(pool)
+            .await?;
         Ok(())
     }
     async fn hand_claim(conn: &mut sqlx::MySqlConnection, key: &str) -> Result<bool, sqlx::Error> {
@@ -687,7 +697,9 @@ async fn run<DB: Handwritten>(
 where
     DB::Connection: Send,
 {
-    idem::migrate(pool).await?;
+    if !args.skip_migrate {
+        idem::migrate(pool).await?;
+    }
     DB::setup(pool).await?;
     // Start every run from the same table sizes: earlier runs' rows would
     // slow later ones and blur the comparison.
@@ -703,7 +715,7 @@ where
         let length = Duration::from_millis(500);
         slice(pool, Slice { scenario, mode, clients, length, run: &run }, &mut warm).await?;
     }
-    if let FloorControl::Pgbench(f) = floor
+    if let FloorControl::Client(f) = floor
         && let Err(e) = async {
             f.slice(Script::OneWrite, Duration::from_secs(1), &format!("P{run}-w-")).await?;
             f.slice(Script::Unguarded, Duration::from_secs(1), &format!("U{run}-w-")).await
@@ -711,11 +723,11 @@ where
         .await
     {
         eprintln!("no floor: {e}");
-        *floor = FloorControl::Na("pgbench_failed");
+        *floor = FloorControl::Na("client_failed");
     }
-    // pgbench's slices (`vs_floor`, `floor_ratio`) take their turns after
-    // the modes, in the same rotation, and their share of `--seconds`.
-    let turns = modes.len() + 2 * usize::from(matches!(floor, FloorControl::Pgbench(_)));
+    // The C client's slices (`vs_floor`, `floor_ratio`) take their turns
+    // after the modes, in the same rotation, and their share of `--seconds`.
+    let turns = modes.len() + 2 * usize::from(matches!(floor, FloorControl::Client(_)));
     let slices = turns as f64 * f64::from(args.rounds.max(1));
     let slice_len = Duration::from_secs_f64(args.seconds as f64 / slices);
     let purge = (args.purge_beside > 0).then(|| {
@@ -730,7 +742,7 @@ where
         // Rotate the order each round so no mode always follows another.
         for i in 0..turns {
             let m = (i + round) % turns;
-            if let (FloorControl::Pgbench(floor), true) = (&mut *floor, m >= modes.len()) {
+            if let (FloorControl::Client(floor), true) = (&mut *floor, m >= modes.len()) {
                 if m == modes.len() {
                     let tps = floor.slice(Script::OneWrite, slice_len, &format!("P{run}-{round}-")).await?;
                     floor.slice_tps.push(tps);
@@ -810,24 +822,26 @@ where
         ));
     }
     match floor {
-        FloorControl::Pgbench(floor) => {
+        FloorControl::Client(floor) => {
             let floor_tps = floor.slice_tps.iter().sum::<f64>() / floor.slice_tps.len().max(1) as f64;
             let vs_floor =
                 index(Mode::OneWrite).map_or(f64::NAN, |i| median_of_ratios(&tallies[i].slice_tps, &floor.slice_tps));
             let floor_ratio = median_of_ratios(&floor.slice_tps, &floor.unguarded_tps);
             let seconds = Floor::whole_seconds(slice_len);
+            let (client, scripts) = (floor.name(), floor.scripts());
             println!(
-                "pgbench sending one_write's statements (bench/pgbench/one_write.sql, {seconds} s slices): \
+                "{client} sending one_write's statements ({scripts}/one_write.sql, {seconds} s slices): \
                  {floor_tps:.0} tx/s; one_write {vs_floor:.3} of it (median of per-round ratios); \
-                 {floor_ratio:.3} of pgbench sending unguarded's (bench/pgbench/unguarded.sql): \
+                 {floor_ratio:.3} of {client} sending unguarded's ({scripts}/unguarded.sql): \
                  what the server allows ratio_one_write"
             );
             line.push_str(&format!(
-                " vs_floor={vs_floor:.3} floor_ratio={floor_ratio:.3} floor_tps={floor_tps:.0} floor_slice_s={seconds}"
+                " vs_floor={vs_floor:.3} floor_ratio={floor_ratio:.3} floor_tps={floor_tps:.0} floor_slice_s={seconds} \
+                 floor_client={client}"
             ));
         }
         FloorControl::Na(why) => {
-            println!("no pgbench floor for one_write ({why}): vs_floor=na");
+            println!("no C client floor for one_write ({why}): vs_floor=na");
             line.push_str(&format!(" vs_floor=na floor_ratio=na floor_tps=na floor={why}"));
         }
         FloorControl::NotHere => {}
@@ -944,8 +958,10 @@ async fn main() -> Result<(), BoxError> {
     }
     let store = Store::connect(url.as_deref(), args.clients as u32 + 2).await?;
     let mut floor = FloorControl::NotHere;
-    if let (Store::Postgres(_), Scenario::Dedup, Some(url)) = (&store, args.scenario, url.as_deref()) {
-        floor = FloorControl::new(url, args.clients)?;
+    match (&store, args.scenario, url.as_deref()) {
+        (Store::Postgres(_), Scenario::Dedup, Some(url)) => floor = FloorControl::pgbench(url, args.clients)?,
+        (Store::MySql(_), Scenario::Dedup, Some(url)) => floor = FloorControl::slap(url, args.clients)?,
+        _ => {}
     }
     match &store {
         Store::Sqlite(pool, _) => run(store.name(), pool, &args, added_rtt, &mut floor).await?,
