@@ -88,11 +88,9 @@ value() {
     esac
 }
 
+# Whether schema NAME is there (a database, on MySQL: both list it here).
 exists() {
-    case $store in
-    postgres) value "SELECT 1 FROM pg_namespace WHERE nspname = '$prefix$1'" | grep -q 1 ;;
-    mysql) value "SELECT 1 FROM information_schema.schemata WHERE schema_name = '$prefix$1'" | grep -q 1 ;;
-    esac
+    value "SELECT 1 FROM information_schema.schemata WHERE schema_name = '$prefix$1'" | grep -q 1
 }
 
 drop() {
