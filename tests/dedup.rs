@@ -36,6 +36,9 @@ macro_rules! dedup_suite {
     (mod $m:ident; tx = $($tx:ident)|+; $($rest:tt)*) => {
         mod $m {
             use super::*;
+            /// The suite's variants share the database and the scope
+            /// `tests.short_lived`: its purge test runs one at a time.
+            static PURGES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
             dedup_suite!(@each [$($tx)+] $($rest)*);
         }
     };
@@ -857,6 +860,7 @@ macro_rules! dedup_suite {
             #[tokio::test]
             async fn an_expired_record_no_longer_replays_and_purge_removes_only_expired_ones() {
                 let pool = pool!();
+                let _alone = super::PURGES.lock().await;
                 // Purges below are scoped to this test's records, so records
                 // other tests (or a load generator) left in the shared
                 // database are neither purged nor in the way; one of another
@@ -900,7 +904,9 @@ macro_rules! dedup_suite {
                 // With `archive`, completed records are copied before they go.
                 let one = idem::sql::purge_expired(&pool, only(2, Some(1))).await.unwrap();
                 assert_eq!((one.deleted, one.batches), (2, 1), "max_batches bounds one run");
-                let rest = idem::sql::purge_expired(&pool, only(2, None)).await.unwrap();
+                // Paced by its own batches' time, it still goes to the end.
+                let paced = PurgeOptions { pause_factor: 2, ..only(2, None) };
+                let rest = idem::sql::purge_expired(&pool, paced).await.unwrap();
                 assert!(rest.deleted >= 3 && rest.batches >= 2, "{rest:?}");
                 for key in &expired {
                     let found = idem::sql::find_record(&pool, "tests.short_lived", &Key::new(key).unwrap()).await.unwrap();
@@ -921,6 +927,45 @@ macro_rules! dedup_suite {
                 let theirs = PurgeOptions { scope: Some("tests.purge.other".to_owned()), ..Default::default() };
                 assert!(idem::sql::purge_expired(&pool, theirs).await.unwrap().deleted >= 1);
                 assert_eq!(idem::sql::find_record(&pool, "tests.purge.other", &key).await.unwrap(), None);
+            }
+
+            sqlx_only! { $tx,
+                /// Two instances purging on the same schedule: both finish
+                /// (a deadlock's victim runs its batch again), every record
+                /// goes once and is archived once.
+                #[tokio::test]
+                async fn two_purges_at_once_both_finish_and_archive_each_record_once() {
+                    let pool = pool!();
+                    let scope = unique("tests.purge.twice");
+                    let keys: Vec<String> = (0..120).map(|i| format!("k{i}")).collect();
+                    for key in &keys {
+                        let mut tx = begin(&pool).await;
+                        let guard = idem::Guard::new(scope.clone()).key(key).retention(Duration::from_millis(1));
+                        match guard.dedup::<u8, _>(&mut tx).await.unwrap() {
+                            idem::Claim::Run(ticket) => {
+                                ticket.finish(&mut tx, Ok::<_, idem::Error>(1)).await.unwrap();
+                            }
+                            idem::Claim::Replay(_) => panic!("a fresh key"),
+                        }
+                        tx.commit().await.unwrap();
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let options =
+                        PurgeOptions { batch_size: 7, archive: true, scope: Some(scope.clone()), ..Default::default() };
+                    let (a, b) = tokio::join!(
+                        idem::sql::purge_expired(&pool, options.clone()),
+                        idem::sql::purge_expired(&pool, options)
+                    );
+                    let (a, b) = (a.unwrap(), b.unwrap());
+                    assert_eq!(a.deleted + b.deleted, 120, "{a:?} {b:?}");
+                    for key in &keys {
+                        let found = idem::sql::find_record(&pool, &scope, &Key::new(key).unwrap()).await.unwrap();
+                        assert_eq!(found, None);
+                        let archived: i64 =
+                            sqlx::query_scalar($count_archived).bind(&scope).bind(key).fetch_one(&pool).await.unwrap();
+                        assert_eq!(archived, 1, "{key} archived once");
+                    }
+                }
             }
         }
     };

@@ -34,6 +34,7 @@
 # Environment: STORE (postgres | mysql), RECORDS (10000000), EXPIRED
 # (5000000), SMALL (100000), PREFIX (idem_bench_scale_, the schemas'
 # names), CLIENTS (16), ROUNDS (3), PURGE_BATCH (2000), PURGE_PAUSE_MS (10),
+# PURGE_PAUSE_FACTOR (0: `--purge-pause-factor`, a pause grown by each batch's time),
 # LOADGEN (target/release/loadgen), KEEP=1 (keep the schemas), REUSE=1
 # (use the kept schemas as they are: a purge stage left fewer expired
 # records behind), libpq's PGHOST (127.0.0.1), PGUSER (postgres),
@@ -51,6 +52,7 @@ clients=${CLIENTS:-16}
 rounds=${ROUNDS:-3}
 purge_batch=${PURGE_BATCH:-2000}
 purge_pause=${PURGE_PAUSE_MS:-10}
+purge_factor=${PURGE_PAUSE_FACTOR:-0}
 lock=${LOCK:-/tmp/idem-bench.lock}
 read -r -a stages <<< "${STAGES:-scale purge lean}"
 store=${STORE:-postgres}
@@ -217,7 +219,8 @@ interleave() {
 
 server=$([[ $store == postgres ]] && echo "$PGHOST" || echo "$mysql_host:$mysql_port")
 echo "# bench/scale/run.sh $pairs $seconds: STORE=$store ($server) RECORDS=$records EXPIRED=$expired SMALL=$small CLIENTS=$clients" \
-    "ROUNDS=$rounds PURGE_BATCH=$purge_batch PURGE_PAUSE_MS=$purge_pause $(date -u +%FT%TZ)" | tee "$out"
+    "ROUNDS=$rounds PURGE_BATCH=$purge_batch PURGE_PAUSE_MS=$purge_pause PURGE_PAUSE_FACTOR=$purge_factor" \
+    "$(date -u +%FT%TZ)" | tee "$out"
 for stage in "${stages[@]}"; do
     case $stage in
     scale)
@@ -227,7 +230,7 @@ for stage in "${stages[@]}"; do
         ;;
     purge)
         exists big || load big "$records" "$expired"
-        interleave purge_off:big "purge_on:big:--purge-beside $purge_batch --purge-pause-ms $purge_pause"
+        interleave purge_off:big "purge_on:big:--purge-beside $purge_batch --purge-pause-ms $purge_pause --purge-pause-factor $purge_factor"
         now=$([[ $store == postgres ]] && echo "now()" || echo "UTC_TIMESTAMP(6)")
         echo "expired records left in ${prefix}big:" \
             "$(value "SELECT count(*) FROM ${prefix}big.idem_records WHERE expires_at < $now")" | tee -a "$out"

@@ -206,6 +206,10 @@ struct Args {
     /// `--purge-beside`: pause between batches (`PurgeOptions::pause`).
     #[arg(long, default_value_t = 10, value_name = "MS")]
     purge_pause_ms: u64,
+    /// `--purge-beside`: after each batch, also pause N times as long as it
+    /// took (`PurgeOptions::pause_factor`).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    purge_pause_factor: u32,
     /// Do not run `idem::migrate` first: the record table is the caller's,
     /// as it made it (`bench/scale/run.sh` drops an index to measure it;
     /// `migrate` would create it again).
@@ -734,6 +738,7 @@ where
         let options = idem::sql::PurgeOptions {
             batch_size: args.purge_beside,
             pause: Duration::from_millis(args.purge_pause_ms),
+            pause_factor: args.purge_pause_factor,
             ..Default::default()
         };
         PurgeBeside::start(pool, options)

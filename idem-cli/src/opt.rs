@@ -163,6 +163,13 @@ pub(crate) struct PurgeArgs {
     /// Records deleted per statement.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) batch_size: u32,
+    /// Pause between batches (e.g. 10ms), to leave room for live traffic.
+    #[arg(long, value_name = "DURATION", value_parser = parse_pause, allow_hyphen_values = true)]
+    pub(crate) pause: Option<Duration>,
+    /// After each batch, also pause N times as long as the batch took (4:
+    /// deleting at most a fifth of the time, however fast the server is).
+    #[arg(long, default_value_t = 0, value_name = "N", allow_hyphen_values = true)]
+    pub(crate) pause_factor: u32,
 }
 
 /// Which record.
@@ -251,4 +258,12 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     let d = humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 30d, 12h, 90min)"))?;
     if d.is_zero() { Err("give a duration above zero".to_owned()) } else { Ok(d) }
+}
+
+/// `--pause`: a duration, zero included (no pause).
+fn parse_pause(text: &str) -> Result<Duration, String> {
+    if text.trim_start().starts_with('-') {
+        return Err("a pause cannot be negative (write e.g. 10ms)".to_owned());
+    }
+    humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 10ms, 1s)"))
 }

@@ -11,8 +11,9 @@ use crate::render::{Done, Out, plural, shown};
 use crate::store::Sql;
 
 pub(crate) async fn run(sql: &Sql, args: PurgeArgs, out: &Out) -> Result<Done, Failure> {
-    let PurgeArgs { scope, older_than, archive, dry_run, batch_size } = args;
-    let options = PurgeOptions { batch_size, archive, scope, older_than, ..Default::default() };
+    let PurgeArgs { scope, older_than, archive, dry_run, batch_size, pause, pause_factor } = args;
+    let pause = pause.unwrap_or_default();
+    let options = PurgeOptions { batch_size, pause, pause_factor, archive, scope, older_than, ..Default::default() };
     let document = if dry_run { count(sql, &options, out).await? } else { delete(sql, options, out).await? };
     Ok(Done::ok(json!({ "command": "purge", "stores": [document] })))
 }

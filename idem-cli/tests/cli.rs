@@ -648,8 +648,11 @@ macro_rules! sql_tests {
                     assert!(found.is_some(), "a dry run deletes nothing");
                 }
 
-                let purged = idem_json(&cli, &age, 0);
+                let mut paced = age.to_vec();
+                paced.extend(["--batch-size", "2", "--pause", "1ms", "--pause-factor", "1"]);
+                let purged = idem_json(&cli, &paced, 0);
                 assert_eq!(purged["stores"][0]["deleted"], 3, "{purged}");
+                assert_eq!(purged["stores"][0]["batches"], 2, "{purged}");
                 for key in &done {
                     let found =
                         admin::inspect(&pool, &RecordId::new(&scope, &Key::new(key.as_str()).unwrap())).await.unwrap();
@@ -796,6 +799,9 @@ fn with_json_bad_arguments_are_a_json_error_naming_the_flag() {
         (&["purge", "--older-than=-5d"], &["--older-than", "cannot be negative"]),
         (&["purge", "--older-than", "5x"], &["--older-than", "5x", "unknown time unit"]),
         (&["purge", "--older-than", "0s"], &["--older-than", "above zero"]),
+        (&["purge", "--pause", "-10ms"], &["--pause", "cannot be negative"]),
+        (&["purge", "--pause", "10"], &["--pause", "10ms"]),
+        (&["purge", "--pause-factor", "-1"], &["--pause-factor", "-1"]),
         (&["stuck", "--limit", "0"], &["--limit"]),
         (&["stuck", "--frobnicate"], &["--frobnicate"]),
         (&["inspect", "--key", "k"], &["--scope"]),

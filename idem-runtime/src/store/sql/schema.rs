@@ -4,7 +4,7 @@
 //! their dialects); the condition it deletes by is written once here.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::dialect::{Arg, Dialect};
 use super::{RECORD_TABLE, SqlBackend, classify, statements};
@@ -91,6 +91,14 @@ pub struct PurgeOptions {
     pub max_batches: Option<u32>,
     /// Pause between batches, to leave room for live traffic. Default 0.
     pub pause: Duration,
+    /// After each batch, also pause this many times as long as the batch
+    /// took: the purge paces itself by what a batch costs the server right
+    /// now (a cold cache, a busy disk and lock waits lengthen a batch, and
+    /// its pause with it). 4 keeps the purge deleting at most a fifth of
+    /// the time, whatever the server; 0, the default, adds no pause. For a
+    /// purge beside live traffic, where a fixed [`pause`](Self::pause)
+    /// suits one server's speed and not another's.
+    pub pause_factor: u32,
     /// Copy completed (`DONE`) records into `idem_records_archive` before
     /// deleting them, in the same statement or transaction: for
     /// reconciliation (which first answers were given, when). Default off.
@@ -118,6 +126,7 @@ impl Default for PurgeOptions {
             batch_size: 1000,
             max_batches: None,
             pause: Duration::ZERO,
+            pause_factor: 0,
             archive: false,
             scope: None,
             older_than: None,
@@ -151,7 +160,8 @@ pub async fn purge_expired<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: Purge
         if options.max_batches.is_some_and(|m| report.batches >= m) {
             break;
         }
-        let n = DB::purge_batch(&mut conn, &purge).await.map_err(classify::<DB>)?;
+        let started = Instant::now();
+        let n = batch::<DB>(&mut conn, &purge).await?;
         if n == 0 {
             break;
         }
@@ -160,11 +170,32 @@ pub async fn purge_expired<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: Purge
         if n < u64::from(purge.batch) {
             break;
         }
-        if !options.pause.is_zero() {
-            tokio::time::sleep(options.pause).await;
+        let pause = options.pause.saturating_add(started.elapsed().saturating_mul(options.pause_factor));
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
         }
     }
     Ok(report)
+}
+
+/// Deadlock victims among a purge's batches it runs again: two purges at
+/// once (two instances of a service on the same schedule) lock the same
+/// rows in the same order, and MySQL's archiving copy can still deadlock
+/// with the other's delete. A victim's batch was rolled back whole.
+const MAX_DEADLOCKS: u32 = 10;
+
+/// One batch, run again as a deadlock's victim (after 2, 4, ... ms).
+async fn batch<DB: SqlBackend>(conn: &mut DB::Connection, purge: &PurgeBatch<'_>) -> Result<u64, Error> {
+    let mut deadlocks = 0;
+    loop {
+        match DB::purge_batch(conn, purge).await.map_err(classify::<DB>) {
+            Err(e) if e.is_deadlock() && deadlocks < MAX_DEADLOCKS => {
+                deadlocks += 1;
+                tokio::time::sleep(Duration::from_millis(2 * u64::from(deadlocks))).await;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Read one record, e.g. to check in a test or an admin tool what a guard stored.
