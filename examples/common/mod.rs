@@ -24,6 +24,10 @@ pub enum AppError {
     Db(#[from] sqlx::Error),
     #[error("{0}")]
     Unexpected(String),
+    /// A message that no attempt can handle (a body that does not decode):
+    /// a consumer dead-letters it at once instead of retrying it.
+    #[error("{0}")]
+    Malformed(String),
 }
 
 /// A connected store.

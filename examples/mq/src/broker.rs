@@ -49,6 +49,8 @@ pub struct Message {
     pub body: Vec<u8>,
     pub attempts: u32,
     pub error: Option<String>,
+    /// The producer's AMQP `message_id`, kept by retried and dead-lettered copies.
+    pub message_id: Option<String>,
 }
 
 impl Message {
@@ -81,7 +83,7 @@ impl Message {
             Some(AMQPValue::LongLongInt(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
             _ => 0,
         };
-        Message { key: text(KEY_HEADER), body, attempts, error: text(ERROR_HEADER) }
+        Message { key: text(KEY_HEADER), body, attempts, error: text(ERROR_HEADER), message_id: None }
     }
 }
 
@@ -149,7 +151,9 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn from_amqp(d: lapin::message::Delivery) -> Delivery {
-        let msg = Message::from_headers(d.properties.headers().as_ref(), d.data);
+        let mut msg = Message::from_headers(d.properties.headers().as_ref(), d.data);
+        // A retried or dead-lettered copy keeps the producer's message id.
+        msg.message_id = d.properties.message_id().as_ref().map(|id| id.to_string());
         Delivery { msg, redelivered: d.redelivered, settle: Settle::Amqp(d.acker) }
     }
 
@@ -280,7 +284,10 @@ impl Broker {
     pub async fn publish(&self, msg: &Message, message_id: &str) -> Result<(), BoxError> {
         match self {
             Broker::Local(queue) => queue.push(msg.clone(), false),
-            Broker::Amqp { queue, .. } => self.publish_to(queue, msg, Some(message_id), None).await?,
+            Broker::Amqp { queue, .. } => {
+                let msg = Message { message_id: Some(message_id.to_owned()), ..msg.clone() };
+                self.publish_to(queue, &msg, None).await?
+            }
         }
         Ok(())
     }
@@ -290,22 +297,16 @@ impl Broker {
     async fn publish_copy(&self, copy: &Message, dead: bool) -> Result<(), BoxError> {
         let Broker::Amqp { queue, .. } = self else { unreachable!("local copies are pushed by the delivery") };
         if dead {
-            return self.publish_to(&format!("{queue}.dead"), copy, None, None).await;
+            return self.publish_to(&format!("{queue}.dead"), copy, None).await;
         }
-        self.publish_to(&format!("{queue}.retry"), copy, None, Some(retry_delay(copy.attempts))).await
+        self.publish_to(&format!("{queue}.retry"), copy, Some(retry_delay(copy.attempts))).await
     }
 
-    async fn publish_to(
-        &self,
-        name: &str,
-        msg: &Message,
-        message_id: Option<&str>,
-        expiration: Option<Duration>,
-    ) -> Result<(), BoxError> {
+    async fn publish_to(&self, name: &str, msg: &Message, expiration: Option<Duration>) -> Result<(), BoxError> {
         let Broker::Amqp { publisher, .. } = self else { unreachable!() };
         let mut props = lapin::BasicProperties::default().with_headers(msg.headers());
-        if let Some(id) = message_id {
-            props = props.with_message_id(id.into());
+        if let Some(id) = &msg.message_id {
+            props = props.with_message_id(id.as_str().into());
         }
         if let Some(wait) = expiration {
             props = props.with_expiration(wait.as_millis().to_string().into());

@@ -68,6 +68,28 @@ fn once(keys: &[String]) -> BTreeMap<String, i64> {
     keys.iter().map(|k| (k.clone(), 1)).collect()
 }
 
+/// The dead-lettered copy of a message, as the dead-letter queue holds it.
+struct DeadLetter {
+    attempts: i64,
+    error: String,
+    message_id: Option<String>,
+}
+
+impl DeadLetter {
+    /// Take (and acknowledge) the next dead letter, which must be `key`'s.
+    async fn take(bus: &Bus, key: &str) -> DeadLetter {
+        let dead = bus.dead_letter().await.unwrap_or_else(|| panic!("{key} is not in the dead-letter queue"));
+        let headers = dead.properties.headers().clone().unwrap();
+        let header = |name: &str| headers.inner().get(name).cloned();
+        assert_eq!(header(KEY_HEADER), Some(AMQPValue::LongString(key.into())));
+        let Some(AMQPValue::LongLongInt(attempts)) = header("x-idem-attempts") else { panic!("{headers:?}") };
+        let Some(AMQPValue::LongString(error)) = header("x-idem-error") else { panic!("{headers:?}") };
+        let message_id = dead.properties.message_id().as_ref().map(|id| id.to_string());
+        dead.ack(BasicAckOptions::default()).await.unwrap();
+        DeadLetter { attempts, error: error.to_string(), message_id }
+    }
+}
+
 #[tokio::test]
 async fn a_poison_message_in_the_middle_of_a_batch_is_retried_then_dead_lettered_with_its_error() {
     let Some(pool) = common::postgres().await else { return };
@@ -97,14 +119,31 @@ async fn a_poison_message_in_the_middle_of_a_batch_is_retried_then_dead_lettered
     }
     assert_eq!(applied(&pool, &run).await, once(&good), "the others once, the poison never");
 
-    let dead = bus.dead_letter().await.expect("the poison is in the dead-letter queue");
-    let headers = dead.properties.headers().clone().unwrap();
-    let header = |name: &str| headers.inner().get(name).cloned();
-    assert_eq!(header(KEY_HEADER), Some(AMQPValue::LongString(poison.as_str().into())));
-    assert_eq!(header("x-idem-attempts"), Some(AMQPValue::LongLongInt(3)));
-    let Some(AMQPValue::LongString(error)) = header("x-idem-error") else { panic!("{headers:?}") };
-    assert_eq!(error.to_string(), "the ledger has no account -1");
-    dead.ack(BasicAckOptions::default()).await.unwrap();
+    let dead = DeadLetter::take(&bus, &poison).await;
+    assert_eq!((dead.attempts, dead.error.as_str()), (3, "the ledger has no account -1"));
+    bus.close().await;
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_decode_is_dead_lettered_at_its_first_attempt() {
+    let Some(pool) = common::postgres().await else { return };
+    let Some(_) = common::redis().await else { return };
+    let Some(bus) = Bus::new().await else { return };
+    let (run, broken) = (unique("run"), unique("mq-broken"));
+    let good: Vec<String> = (0..2).map(|_| unique("mq-good")).collect();
+    publish_posting(&bus, &good[0], 1).await;
+    bus.publish_body(Some(&broken), b"{\"account\": 1, \"amount_cents\": ").await;
+    publish_posting(&bus, &good[1], 1).await;
+    let (counts, stdout) = drain(consumer(&bus, &run, 5)).await;
+    let expected = [("delivered", 3), ("executed", 2), ("retried", 0), ("malformed", 1), ("dead_lettered", 1)];
+    for (field, n) in expected {
+        assert_eq!(counts[field], n, "{field}: {stdout}");
+    }
+    assert_eq!(applied(&pool, &run).await, once(&good));
+    let dead = DeadLetter::take(&bus, &broken).await;
+    assert_eq!(dead.attempts, 1);
+    assert!(dead.error.starts_with("the body is not a posting: "), "{}", dead.error);
+    assert!(dead.message_id.is_some_and(|id| id.starts_with("m-")), "the copy keeps the producer's message id");
     bus.close().await;
 }
 
