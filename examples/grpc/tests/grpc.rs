@@ -77,21 +77,36 @@ fn was_replayed(result: &Result<Response<Payment>, Status>) -> bool {
     }
 }
 
+/// `n` calls of `message` with `key` (client `alice`) sent at once; their
+/// answers.
+async fn at_once(
+    client: &PaymentsClient,
+    key: &str,
+    message: &PayRequest,
+    n: usize,
+) -> Vec<Result<Response<Payment>, Status>> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (mut client, key, message) = (client.clone(), key.to_owned(), message.clone());
+            tokio::spawn(async move { client.pay(keyed(&key, "alice", message)).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
+}
+
 /// 100 calls with one key at once: the handler runs once, the others are
 /// told ABORTED (with a pushback) or get its response; every later retry
 /// is that response, exactly: message, status and metadata.
 async fn a_hundred_concurrent_duplicates(client: &PaymentsClient, shop: &Shop) {
     let key = unique("k");
     let message = PayRequest { amount_cents: 500, delay_ms: 300, ..Default::default() };
-    let tasks: Vec<_> = (0..100)
-        .map(|_| {
-            let (mut client, key, message) = (client.clone(), key.clone(), message.clone());
-            tokio::spawn(async move { client.pay(keyed(&key, "alice", message)).await })
-        })
-        .collect();
     let (mut answered, mut aborted) = (Vec::new(), 0);
-    for task in tasks {
-        match task.await.unwrap() {
+    for answer in at_once(client, &key, &message, 100).await {
+        match answer {
             Ok(response) => answered.push(Ok(response)),
             Err(status) if status.code() == Code::Aborted => {
                 assert_eq!(status.metadata().get(RETRY_PUSHBACK).unwrap(), "1000", "ABORTED says when to retry");
@@ -143,6 +158,49 @@ macro_rules! grpc_suite {
                 let stores = idem::Stores::builder().lease(store!()).build();
                 let (client, shop) = served(IdempotencyLayer::with_stores(stores), |l| l).await;
                 a_hundred_concurrent_duplicates(&client, &shop).await;
+            }
+
+            /// With `.wait`, duplicates that arrive while the first call
+            /// runs are held and answered with its response: none is told
+            /// ABORTED, the handler runs once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn with_wait_a_hundred_concurrent_duplicates_all_get_the_first_response() {
+                let (client, shop) = server(store!(), |l| l.wait(Duration::from_secs(10))).await;
+                let key = unique("k");
+                let message = PayRequest { amount_cents: 500, delay_ms: 300, ..Default::default() };
+                let answers = at_once(&client, &key, &message, 100).await;
+                for answer in &answers {
+                    assert!(answer.is_ok(), "a held duplicate is answered, not refused: {answer:?}");
+                }
+                assert_eq!(shop.runs(), 1, "exactly one call reached the handler");
+                assert_eq!(answers.iter().filter(|a| !was_replayed(a)).count(), 1, "99 replays");
+                let first = seen(&answers[0]);
+                assert!(answers.iter().all(|a| seen(a) == first), "every answer is the same response");
+            }
+
+            /// A duplicate held while the first call fails (a status not
+            /// kept: its record removed) runs the handler itself.
+            #[tokio::test]
+            async fn with_wait_a_duplicate_of_a_failed_first_call_runs_it_again() {
+                let (client, shop) = server(store!(), |l| l.wait(Duration::from_secs(10))).await;
+                let key = unique("k");
+                let failing = PayRequest {
+                    amount_cents: 5,
+                    delay_ms: 300,
+                    fail_with: Code::Internal as i32,
+                    ..Default::default()
+                };
+                let first = {
+                    let (mut client, key, failing) = (client.clone(), key.clone(), failing.clone());
+                    tokio::spawn(async move { client.pay(keyed(&key, "alice", failing)).await })
+                };
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let held = client.clone().pay(keyed(&key, "alice", failing)).await;
+                let first = first.await.unwrap();
+                assert!(matches!(seen(&first), Seen::Err(Code::Internal, ..)), "{first:?}");
+                assert!(matches!(seen(&held), Seen::Err(Code::Internal, ..)), "{held:?}");
+                assert!(!was_replayed(&held), "a failure is not replayed");
+                assert_eq!(shop.runs(), 2, "the held duplicate ran the handler after the first failed");
             }
 
             #[tokio::test]
