@@ -74,46 +74,34 @@ all=(small big small_noexp big_noexp)
 psql_() { PGOPTIONS="-c client_min_messages=warning" psql -Xq -v ON_ERROR_STOP=1 "$@"; }
 mysql_() { mariadb -h "$mysql_host" -P "$mysql_port" -u "$mysql_user" --batch --skip-column-names "$@"; }
 
-# The URL of schema NAME's tables, as loadgen takes it.
-url() {
-    case $store in
-    postgres) echo "postgres://$PGUSER@$PGHOST/$PGDATABASE?options[search_path]=$1" ;;
-    mysql) echo "mysql://$mysql_user@$mysql_host:$mysql_port/$1" ;;
-    esac
-}
-
-# One value of a query, on the store.
-value() {
-    case $store in
-    postgres) psql -XAtc "$1" ;;
-    mysql) mysql_ -e "$1" ;;
-    esac
-}
+# Per store: url NAME (schema NAME's tables, as loadgen takes it), value
+# QUERY (one value of a query) and drop NAME (a schema, on MySQL a database).
+case $store in
+postgres)
+    url() { echo "postgres://$PGUSER@$PGHOST/$PGDATABASE?options[search_path]=$1"; }
+    value() { psql -XAtc "$1"; }
+    drop() { psql_ -c "DROP SCHEMA IF EXISTS $prefix$1 CASCADE"; }
+    ;;
+mysql)
+    url() { echo "mysql://$mysql_user@$mysql_host:$mysql_port/$1"; }
+    value() { mysql_ -e "$1"; }
+    drop() { mysql_ -e "DROP DATABASE IF EXISTS $prefix$1"; }
+    ;;
+*)
+    echo "STORE is postgres or mysql, not $store" >&2
+    exit 1
+    ;;
+esac
 
 # Whether schema NAME is there (a database, on MySQL: both list it here).
 exists() {
     value "SELECT 1 FROM information_schema.schemata WHERE schema_name = '$prefix$1'" | grep -q 1
 }
 
-drop() {
-    case $store in
-    postgres) psql_ -c "DROP SCHEMA IF EXISTS $prefix$1 CASCADE" ;;
-    mysql) mysql_ -e "DROP DATABASE IF EXISTS $prefix$1" ;;
-    esac
-}
-
 drop_all() {
     for s in "${all[@]}"; do drop "$s"; done
 }
 if [[ -z ${KEEP:-} ]]; then trap drop_all EXIT; fi
-
-case $store in
-postgres | mysql) ;;
-*)
-    echo "STORE is postgres or mysql, not $store" >&2
-    exit 1
-    ;;
-esac
 
 # load NAME RECORDS EXPIRED
 # A record table as the migrations create it, RECORDS records in 16 scopes
