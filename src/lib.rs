@@ -91,8 +91,8 @@ pub use idem_runtime::PgTx;
 #[cfg(all(feature = "tx", feature = "sqlite"))]
 pub use idem_runtime::SqliteTx;
 pub use idem_runtime::{
-    Claim, DEFAULT_RETENTION, Error, GuardError, IdempotencyKey, Key, Outcome, Replayable, Result, SilentRepeat,
-    StateMachine, Stores, StoresBuilder,
+    Claim, DEFAULT_RETENTION, Error, GuardError, IdempotencyKey, Key, LostLease, Outcome, Replayable, Result,
+    SilentRepeat, StateMachine, Stores, StoresBuilder,
 };
 #[cfg(feature = "sql")]
 pub use idem_runtime::{Ticket, migrate};

@@ -72,6 +72,14 @@ async fn falsy(store: &dyn LeaseStore, id: &str, which: u8) -> Result<serde_json
     })
 }
 
+/// A callback handler whose duplicates wait for the first call.
+#[idempotent(key = "id", strategy = "lease", wait = "10s", scope = "tests.lease.waits", store = "store")]
+async fn callback(store: &dyn LeaseStore, id: &str, runs: &AtomicUsize) -> Result<u64, AppError> {
+    let run = runs.fetch_add(1, SeqCst) as u64;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(run + 100)
+}
+
 #[idempotent(key = "id", strategy = "lease", lease = "300ms", scope = "tests.lease.reclaim", store = "store")]
 async fn reclaiming(store: &dyn LeaseStore, id: &str) -> Result<(i64, bool), AppError> {
     let lease = idem::lease::current().expect("inside a lease");
@@ -520,6 +528,123 @@ macro_rules! lease_suite {
                 assert!(reclaimed);
                 assert_eq!(fence, stuck_fence + 1, "a take-over adds one to the fence");
                 assert_eq!(reclaiming(&*store, &id).await.unwrap(), (fence, true), "then it replays");
+            }
+
+            /// `wait` in the attribute: 50 concurrent copies of one callback
+            /// all get the first call's answer, none `InProgress`, and the
+            /// body runs once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn with_wait_fifty_concurrent_callbacks_all_get_the_answer() {
+                let store: Store = store!();
+                let id = unique("waits");
+                let runs = Arc::new(AtomicUsize::new(0));
+                let tasks: Vec<_> = (0..50)
+                    .map(|_| {
+                        let (store, id, runs) = (store.clone(), id.clone(), runs.clone());
+                        tokio::spawn(async move { callback(&*store, &id, &runs).await })
+                    })
+                    .collect();
+                for task in tasks {
+                    assert_eq!(task.await.unwrap().unwrap(), 100, "every copy gets the first answer");
+                }
+                assert_eq!(runs.load(SeqCst), 1);
+            }
+
+            /// A body that blocks its thread (synchronous work) for four
+            /// times its lease keeps it: the renewal runs on a task of its
+            /// own, on another worker. Duplicates all the while are told it
+            /// is in progress; none runs the body.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_body_that_blocks_its_thread_for_four_leases_is_never_joined() {
+                let store: Store = store!();
+                let (scope, id) = ("tests.lease.blocking", unique("blocking"));
+                let lease = Duration::from_secs(1);
+                let runs = Arc::new(AtomicUsize::new(0));
+                let run = |runs: Arc<AtomicUsize>, store: Store, id: String| async move {
+                    let claim = idem::Guard::new(scope).key(&id).lease::<u64>(&*store, lease).await?;
+                    let idem::Claim::Run(ticket) = claim else { return Ok((None, 0)) };
+                    let fence = ticket
+                        .run(async {
+                            runs.fetch_add(1, SeqCst);
+                            std::thread::sleep(lease * 4); // never yields
+                            let lease = idem::lease::current().expect("inside a lease");
+                            assert_eq!(lease.lost(), None, "the lease held all along");
+                            Ok::<_, Error>(lease.fence as u64)
+                        })
+                        .await?;
+                    Ok::<_, Error>((Some(fence), fence))
+                };
+                let first = tokio::spawn(run(runs.clone(), store.clone(), id.clone()));
+                while runs.load(SeqCst) == 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let mut refused = 0;
+                while !first.is_finished() {
+                    match run(runs.clone(), store.clone(), id.clone()).await {
+                        Err(Error::InProgress { .. }) => refused += 1,
+                        // The first call completed between the check and the claim.
+                        Ok((None, _)) if first.is_finished() => {}
+                        other => panic!("a duplicate while the first call ran: {other:?}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                let (ran, fence) = first.await.unwrap().unwrap();
+                assert!(ran.is_some() && refused >= 10, "{ran:?} {refused}");
+                assert_eq!(runs.load(SeqCst), 1, "only the first call ran the body");
+                let replay = idem::Guard::new(scope).key(&id).lease::<u64>(&*store, lease).await.unwrap();
+                assert!(matches!(replay, idem::Claim::Replay(f) if f == fence), "{replay:?}");
+            }
+
+            /// The lease cannot be renewed (the store out of reach for its
+            /// renewals) while the body blocks its thread past the lease: a
+            /// duplicate takes the record over and runs. The late holder
+            /// learns it before its next outside write, its completion is
+            /// refused, and its caller is told it was taken over.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_late_holder_whose_renewals_failed_is_refused_and_told_it_was_taken_over() {
+                let inner: Store = store!();
+                let faults = Faults::new();
+                faults.inject(Op::Extend, Fault::Fail);
+                let store = Arc::new(faults.wrap(inner.clone()));
+                let (scope, id) = ("tests.lease.cut", unique("cut"));
+                let lease = Duration::from_millis(600);
+                let first = {
+                    let (store, id) = (store.clone(), id.clone());
+                    tokio::spawn(async move {
+                        let claim = idem::Guard::new(scope).key(&id).lease::<String>(&*store, lease).await?;
+                        let idem::Claim::Run(ticket) = claim else { panic!("the first call runs") };
+                        let mut seen = None;
+                        let mut watcher = None;
+                        let done = ticket
+                            .run(async {
+                                // Work the body runs on a task of its own hears it too.
+                                let lease = idem::lease::current().expect("inside a lease");
+                                watcher = Some(tokio::spawn(async move { lease.until_lost().await }));
+                                std::thread::sleep(Duration::from_millis(2000));
+                                // Before its next outside write, the body asks.
+                                seen = idem::lease::current().expect("inside a lease").lost();
+                                Ok::<_, Error>("first".to_owned())
+                            })
+                            .await;
+                        // It hears the latest word: not renewed, or (by the time it
+                        // looks) the refused completion's.
+                        let heard = watcher.expect("spawned").await.unwrap();
+                        assert!(matches!(heard, idem::LostLease::NotRenewed | idem::LostLease::TakenOver), "{heard:?}");
+                        Ok::<_, Error>((done, seen))
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                let claim = idem::Guard::new(scope).key(&id).lease::<String>(&*inner, lease).await.unwrap();
+                let idem::Claim::Run(ticket) = claim else { panic!("the lease passed: taken over") };
+                assert_eq!(ticket.run(async { Ok::<_, Error>("second".to_owned()) }).await.unwrap(), "second");
+                let (done, seen) = first.await.unwrap().unwrap();
+                assert_eq!(seen, Some(idem::LostLease::NotRenewed), "the body learned it had lost the lease");
+                match done {
+                    Err(Error::LeaseLost { why: idem::LostLease::TakenOver, .. }) => {}
+                    other => panic!("the late completion must be refused as taken over: {other:?}"),
+                }
+                let replay = idem::Guard::new(scope).key(&id).lease::<String>(&*inner, lease).await.unwrap();
+                assert!(matches!(&replay, idem::Claim::Replay(a) if a == "second"), "{replay:?}");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

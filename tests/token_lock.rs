@@ -138,6 +138,21 @@ async fn long_held(store: &dyn LockStore, name: &str, millis: u64) -> Result<(),
     Ok(())
 }
 
+/// A body that blocks its thread (synchronous work, never yielding).
+#[idempotent(
+    key = "name",
+    strategy = "lock",
+    concurrency_only = true,
+    ttl = "1s",
+    scope = "tests.lock.blocking",
+    store = "store"
+)]
+async fn blocking(store: &dyn LockStore, name: &str, millis: u64, inside: &AtomicUsize) -> Result<(), AppError> {
+    inside.fetch_add(1, SeqCst);
+    std::thread::sleep(Duration::from_millis(millis));
+    Ok(())
+}
+
 async fn count(pool: &sqlx::SqlitePool, trade_no: &str) -> i64 {
     sqlx::query_scalar("SELECT COUNT(*) FROM idem_test_coupons WHERE trade_no = ?")
         .bind(trade_no)
@@ -380,6 +395,35 @@ macro_rules! suite {
                 // Released after a failing body too.
                 assert!(matches!(exclusive(&*store, &name, &inside, &most, 0, true).await, Err(AppError::Rule(_))));
                 assert!(exclusive(&*store, &name, &inside, &most, 0, false).await.is_ok());
+            }
+
+            /// A body that blocks its thread for four times the TTL keeps
+            /// the lock (renewed by a task of its own): every other caller
+            /// meanwhile is told it is busy.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_body_that_blocks_its_thread_for_four_ttls_keeps_its_lock() {
+                let store: Shared = store!();
+                let name = unique("blocking");
+                let inside = Arc::new(AtomicUsize::new(0));
+                let first = {
+                    let (store, name, inside) = (store.clone(), name.clone(), inside.clone());
+                    tokio::spawn(async move { blocking(&*store, &name, 4000, &inside).await })
+                };
+                while inside.load(SeqCst) == 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let mut busy = 0;
+                while !first.is_finished() {
+                    match blocking(&*store, &name, 0, &AtomicUsize::new(0)).await {
+                        Err(AppError::Idem(Error::LockBusy { .. })) => busy += 1,
+                        Ok(()) if first.is_finished() => {}
+                        other => panic!("a second holder while the first blocked: {other:?}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                first.await.unwrap().unwrap();
+                assert!(busy >= 10, "{busy}");
+                assert_eq!(inside.load(SeqCst), 1);
             }
 
             /// A client that disconnects (its request future dropped) must

@@ -28,7 +28,8 @@ pub struct RawArgs {
     pub store: Option<ExprArg>,
     pub precheck: Option<SpannedValue<String>>,
     pub concurrency_only: Option<SpannedValue<bool>>,
-    /// Lock strategies: how long to wait for a busy lock (default: not at all).
+    /// `lease` and the lock strategies: how long to wait for the call that
+    /// holds the key (default: not at all).
     pub wait: Option<SpannedValue<String>>,
     /// Token strategies: `"reject"` (default) or `"allow"` when the store is down.
     pub on_store_error: Option<SpannedValue<String>>,

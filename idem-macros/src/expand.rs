@@ -171,7 +171,13 @@ impl Expansion<'_> {
                 let lease = millis(krate, plan.lease_ms, quote!(#krate::lease::DEFAULT_LEASE));
                 // At the return type, like `run` below: an answer that is not
                 // `Replayable` is reported there, once for both.
-                let lease = quote_spanned!(self.ret_span()=> lease(__idem_store, #lease));
+                let lease = match plan.wait_ms {
+                    None => quote_spanned!(self.ret_span()=> lease(__idem_store, #lease)),
+                    Some(_) => {
+                        let wait = millis(krate, plan.wait_ms, quote!(#krate::__private::Duration::ZERO));
+                        quote_spanned!(self.ret_span()=> lease_or_wait(__idem_store, #lease, #wait))
+                    }
+                };
                 let precheck = self.precheck();
                 (self.store("lease"), self.claimed(quote!(#guard #precheck .#lease.await)))
             }

@@ -174,7 +174,7 @@ pub static STRATEGIES: &[Spec] = &[
             refuses_tx: Some("its record commits on its own, and would say done for a rolled-back call"),
         }, record: Record::Kept, key: Required, transition: Refused,
         store: Some("lease"), token_param: Refused, scope: Optional, sources: SOURCES,
-        lease: Optional, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Refused,
+        lease: Optional, ttl: Refused, wait: Optional, concurrency_only: Refused, on_store_error: Refused,
         precheck: Precheck::Fits,
         claim: Claim::Refused { why: "a lease is always claimed before the body" },
     },

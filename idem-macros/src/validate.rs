@@ -231,7 +231,7 @@ fn why_not(arg: &str, spec: &Spec) -> (Option<&'static str>, String) {
             return (None, format!("`{}` already stops repeats (its `{part}` part): remove it", spec.name));
         }
         "concurrency_only" => "`concurrency_only = true` goes with strategy `lock`: remove it",
-        "wait" => "`wait` is how long a lock guard waits for a busy lock: remove it",
+        "wait" => "`wait` is how long a `lease` or lock guard waits for the call that holds its key: remove it",
         _ => "`on_store_error` is what a token guard does while its store is down: remove it",
     };
     (None, help.to_owned())

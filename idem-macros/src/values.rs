@@ -50,7 +50,7 @@ pub const WAIT: DurationRule = DurationRule {
     example: "2s",
     min_ms: 1,
     short: "",
-    usual: "`wait` is how long a call waits for a busy lock: seconds are usual",
+    usual: "`wait` is how long a call waits for the call that holds its key (a lease or a lock): seconds are usual",
 };
 
 /// The longest duration any argument takes: 100 years as humantime counts

@@ -123,19 +123,23 @@ pub enum Error {
         retry_after: Option<Duration>,
     },
 
-    /// This worker's lease was lost: taken over by another worker, or its
-    /// renewals failed (the store unreachable) until the lease was about to
-    /// run out, so the body was stopped before another worker could take it
-    /// over. Its completion was not written.
+    /// This call's lease stopped being its own while its body ran ([`LostLease`]
+    /// says how). The body was stopped at its next `.await` (one that
+    /// blocked its thread past the lease finds its completion refused);
+    /// nothing it would have stored was written, and another call holds or
+    /// completed the key: a retry replays that call's answer, or waits for
+    /// it. What the body already did outside stands: make those writes
+    /// conditional on the fence ([`lease::current`](crate::lease::current)).
     #[error(
-        "the lease on key {key_hash} in scope `{scope}` was lost (taken over by another worker, or not renewed in \
-         time because the store did not answer); nothing was overwritten"
+        "the lease on key {key_hash} in scope `{scope}` {why}; nothing was overwritten, and a retry gets the answer of the call that holds the key now"
     )]
     LeaseLost {
         /// Scope of the guard.
         scope: String,
         /// Short hash of the key.
         key_hash: String,
+        /// How it was lost.
+        why: LostLease,
     },
 
     /// A recorded step of a lease body ([`Steps::run`](crate::lease::Steps::run))
@@ -376,14 +380,42 @@ pub enum Error {
     Database(#[from] sqlx::Error),
 }
 
+/// How a lease was lost ([`Error::LeaseLost`], [`LeaseInfo::lost`](crate::lease::LeaseInfo::lost)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostLease {
+    /// The store answered that the record is no longer this call's: another
+    /// call took it over once its lease had passed (this one was paused, or
+    /// cut off from the store, for longer than the lease), or an operator
+    /// released it.
+    TakenOver,
+    /// No renewal reached the store in time: it did not answer for most of
+    /// the lease, so another call may take the record over soon; this one
+    /// gave the lease up before that could happen.
+    NotRenewed,
+}
+
+impl std::fmt::Display for LostLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostLease::TakenOver => {
+                "was taken over by another call (this one was paused or cut off from the store for longer than its lease)"
+            }
+            LostLease::NotRenewed => "could not be renewed in time (the store did not answer)",
+        })
+    }
+}
+
 impl Error {
     /// True for errors where retrying the same request later can succeed
-    /// (`InProgress`, `LockBusy`, `LockLost`, store failures, and transient
+    /// (`InProgress`, `LockBusy`, `LockLost`, `LeaseLost`, store failures, and transient
     /// database failures: lost connections, pool timeouts, deadlocks and
     /// serialization failures, SQLite's busy database).
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } => true,
+            Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } | Error::LeaseLost { .. } => {
+                true
+            }
             // A route to a shard that does not exist stays wrong.
             Error::Store { store, .. } => *store != "routed",
             #[cfg(feature = "sql")]

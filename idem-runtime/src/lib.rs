@@ -92,7 +92,7 @@ mod tx;
 // here; the facade names them at its root only.
 #[cfg(feature = "sql")]
 pub use dedup::ticket::Ticket;
-pub use error::{Error, Result};
+pub use error::{Error, LostLease, Result};
 pub use guard::{Claim, DEFAULT_RETENTION, Guard, GuardError};
 pub use key::{IdempotencyKey, Key};
 pub use replay::Replayable;

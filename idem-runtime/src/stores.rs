@@ -416,6 +416,10 @@ impl LeaseStore for Stores {
     fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
         self.lease_or_missing().watch(scope, key)
     }
+    fn shared(&self) -> Option<Arc<dyn LeaseStore>> {
+        // The installed store is shared already, whoever wrote it.
+        self.lease.clone()
+    }
 }
 
 impl TokenStore for Stores {
@@ -457,6 +461,9 @@ impl LockStore for Stores {
     }
     fn release_detached(&self, scope: &str, key: &str, owner: &str) {
         self.lock_or_missing().release_detached(scope, key, owner)
+    }
+    fn shared(&self) -> Option<Arc<dyn LockStore>> {
+        self.lock.clone()
     }
 }
 

@@ -30,6 +30,13 @@ async fn transfer(
     Ok(charge)
 }
 
+/// With `wait`: a duplicate waits for the call that holds the key, then
+/// replays its answer.
+#[idempotent(key = "transfer_id", strategy = "lease", wait = "5s", steps = "steps", store = "leases")]
+async fn transfer_waiting(leases: &idem::store::MemoryStore, bank: &Bank, transfer_id: &str) -> Result<String, AppError> {
+    steps.run("charge", |key| async move { bank.charge(key.as_str(), 5).await }).await
+}
+
 fn main() {
     let _ = transfer;
 }

@@ -8,7 +8,10 @@
 //! `amount_cents` pays; `delay_ms` makes it slow (a duplicate arrives
 //! while it runs); `fail_with` answers that status code instead (with
 //! trailing metadata); `response_bytes` pads the answer; `panic` makes the
-//! handler panic.
+//! handler panic; `block_ms` blocks its thread that long (synchronous work
+//! that never yields). A guarded `Pay` answers its lease's fence in
+//! `x-fence` metadata (from the request's extensions: what an outside
+//! write would carry).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -20,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use idem::grpc::IdempotencyLayer;
+use idem::lease::LeaseInfo;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::codegen::tokio_stream::{self, Stream};
@@ -45,6 +49,8 @@ pub struct PayRequest {
     /// Free text (a long one makes a long request).
     #[prost(string, tag = "6")]
     pub memo: String,
+    #[prost(uint64, tag = "7")]
+    pub block_ms: u64,
 }
 
 /// What `Pay` answers (and `Watch` streams).
@@ -75,10 +81,15 @@ impl Shop {
         self.runs.load(Ordering::SeqCst)
     }
 
-    async fn pay(&self, request: PayRequest) -> Result<Response<Payment>, Status> {
+    async fn pay(&self, request: Request<PayRequest>) -> Result<Response<Payment>, Status> {
+        let fence = request.extensions().get::<LeaseInfo>().map(|lease| lease.fence);
+        let request = request.into_inner();
         let payment_id = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         if request.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(request.delay_ms)).await;
+        }
+        if request.block_ms > 0 {
+            std::thread::sleep(Duration::from_millis(request.block_ms));
         }
         if request.panic {
             panic!("the payment handler panicked (asked to, by the request)");
@@ -93,6 +104,9 @@ impl Shop {
         response.metadata_mut().insert("x-payment-id", MetadataValue::from(payment_id));
         response.metadata_mut().append("x-audit", MetadataValue::from_static("first"));
         response.metadata_mut().append("x-audit", MetadataValue::from_static("second"));
+        if let Some(fence) = fence {
+            response.metadata_mut().insert("x-fence", MetadataValue::from(fence));
+        }
         Ok(response)
     }
 }
@@ -123,7 +137,7 @@ impl tonic::server::UnaryService<PayRequest> for PaySvc {
 
     fn call(&mut self, request: Request<PayRequest>) -> Self::Future {
         let shop = self.0.clone();
-        Box::pin(async move { shop.pay(request.into_inner()).await })
+        Box::pin(async move { shop.pay(request).await })
     }
 }
 

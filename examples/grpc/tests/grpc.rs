@@ -203,6 +203,73 @@ macro_rules! grpc_suite {
                 assert_eq!(shop.runs(), 2, "the held duplicate ran the handler after the first failed");
             }
 
+            /// A handler that blocks its thread for four times the layer's
+            /// lease keeps it: every duplicate meanwhile is ABORTED, none
+            /// reaches the handler, and the one response carries the
+            /// lease's fence (from the request's extensions).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_handler_that_blocks_its_thread_for_four_leases_is_never_joined() {
+                let (client, shop) = server(store!(), |l| l.lease(Duration::from_secs(1))).await;
+                let key = unique("k");
+                let message = PayRequest { amount_cents: 5, block_ms: 4000, ..Default::default() };
+                let first = {
+                    let (mut client, key, message) = (client.clone(), key.clone(), message.clone());
+                    tokio::spawn(async move { client.pay(keyed(&key, "alice", message)).await })
+                };
+                while shop.runs() == 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let mut aborted = 0;
+                while !first.is_finished() {
+                    let retry = client.clone().pay(keyed(&key, "alice", message.clone())).await;
+                    match &retry {
+                        Err(status) if status.code() == Code::Aborted => aborted += 1,
+                        Ok(_) if first.is_finished() && was_replayed(&retry) => {}
+                        other => panic!("a duplicate while the first ran: {other:?}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                let first = first.await.unwrap();
+                assert!(first.is_ok(), "{first:?}");
+                assert!(aborted >= 10, "{aborted}");
+                assert_eq!(shop.runs(), 1, "the handler ran once");
+                let again = client.clone().pay(keyed(&key, "alice", message)).await;
+                assert!(was_replayed(&again));
+                let fence: i64 =
+                    again.as_ref().unwrap().metadata().get("x-fence").unwrap().to_str().unwrap().parse().unwrap();
+                assert!(fence > 0, "the handler saw its fence");
+                assert_eq!(seen(&again), seen(&first));
+            }
+
+            /// The store takes no renewal while the handler blocks its
+            /// thread past the lease: a duplicate takes the record over and
+            /// runs. The late handler's response is not kept, and its
+            /// client is told it was taken over (ABORTED), not that the
+            /// store failed; retries replay the call that took over.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_late_handler_whose_renewals_failed_is_told_it_was_taken_over() {
+                let faults = idem::testing::Faults::new();
+                faults.inject(idem::testing::Op::Extend, idem::testing::Fault::Fail);
+                let store: Arc<dyn LeaseStore> = Arc::new(faults.wrap(store!()));
+                let (client, shop) = server(store, |l| l.lease(Duration::from_millis(600))).await;
+                let key = unique("k");
+                let message = PayRequest { amount_cents: 5, block_ms: 2000, ..Default::default() };
+                let first = {
+                    let (mut client, key, message) = (client.clone(), key.clone(), message.clone());
+                    tokio::spawn(async move { client.pay(keyed(&key, "alice", message)).await })
+                };
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                let second = client.clone().pay(keyed(&key, "alice", message.clone())).await;
+                assert!(second.is_ok() && !was_replayed(&second), "the lease had passed: taken over: {second:?}");
+                let status = first.await.unwrap().unwrap_err();
+                assert_eq!(status.code(), Code::Aborted, "{status:?}");
+                assert!(status.message().contains("took this one over"), "{status:?}");
+                assert_eq!(shop.runs(), 2, "both handlers ran: the first stalled past its lease");
+                let again = client.clone().pay(keyed(&key, "alice", message)).await;
+                assert!(was_replayed(&again));
+                assert_eq!(seen(&again), seen(&second), "retries replay the call that took over");
+            }
+
             #[tokio::test]
             async fn a_retry_while_the_first_runs_is_aborted_with_a_pushback() {
                 let (client, shop) = server(store!(), |l| l).await;

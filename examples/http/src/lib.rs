@@ -3,16 +3,20 @@
 //!
 //! The request body steers the handler, so one server serves every case:
 //! `{"amount_cents": 500}` pays; `"delay_ms"` makes it slow (a duplicate
-//! arrives while it runs); `"fail_with"` answers that status instead;
+//! arrives while it runs); `"block_ms"` blocks its thread that long
+//! (synchronous work that never yields); `"fail_with"` answers that status instead;
 //! `"response_bytes"` pads the answer (over the layer's limit, say);
 //! `"chunks"` streams the answer in that many chunks; `"panic": true`
-//! makes the handler panic.
+//! makes the handler panic. A guarded payment answers its lease's fence
+//! in `x-fence` (from the request's extensions: what an outside write
+//! would carry).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -20,6 +24,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use idem::http::IdempotencyLayer;
+use idem::lease::LeaseInfo;
 
 /// What a client posts.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -27,6 +32,8 @@ pub struct PaymentRequest {
     pub amount_cents: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_with: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,10 +66,17 @@ impl Shop {
     }
 }
 
-async fn pay(State(shop): State<Shop>, axum::Json(req): axum::Json<PaymentRequest>) -> Response {
+async fn pay(
+    State(shop): State<Shop>,
+    lease: Option<Extension<LeaseInfo>>,
+    axum::Json(req): axum::Json<PaymentRequest>,
+) -> Response {
     let payment_id = shop.runs.fetch_add(1, Ordering::SeqCst) + 1;
     if let Some(ms) = req.delay_ms {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(ms) = req.block_ms {
+        std::thread::sleep(Duration::from_millis(ms));
     }
     if req.panic {
         panic!("the payment handler panicked (asked to, by the request)");
@@ -89,6 +103,9 @@ async fn pay(State(shop): State<Shop>, axum::Json(req): axum::Json<PaymentReques
     headers.insert("location", HeaderValue::from_str(&format!("/payments/{payment_id}")).expect("ascii"));
     headers.append("x-audit", HeaderValue::from_static("first"));
     headers.append("x-audit", HeaderValue::from_static("second"));
+    if let Some(Extension(lease)) = lease {
+        headers.insert("x-fence", HeaderValue::from(lease.fence));
+    }
     response
 }
 

@@ -1,6 +1,6 @@
 //! The `Idempotency-Key` layer with a real axum server and a real HTTP
 //! client over loopback, on every lease store: memory, SQLite, PostgreSQL,
-//! MySQL/MariaDB and Redis.
+//! MySQL/MariaDB, Redis and Redis Cluster.
 
 use idem_test_support as common;
 
@@ -154,6 +154,78 @@ macro_rules! http_suite {
                 assert_eq!(problem["status"], 409);
                 assert_eq!(first.await.unwrap(), StatusCode::CREATED);
                 assert_eq!(shop.runs(), 1);
+            }
+
+            /// A handler that blocks its thread for four times the layer's
+            /// lease keeps it: every duplicate meanwhile is a 409, none
+            /// reaches the handler, and the one response carries the
+            /// lease's fence (from the request's extensions).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_handler_that_blocks_its_thread_for_four_leases_is_never_joined() {
+                let lease = Duration::from_secs(1);
+                let (base, shop) = server(store!(), |l| l.lease(lease)).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let body = PaymentRequest { amount_cents: 5, block_ms: Some(4000), ..Default::default() };
+                let first = {
+                    let (client, base, key, body) = (client.clone(), base.clone(), key.clone(), body.clone());
+                    tokio::spawn(async move { snapshot(post(&client, &base, Some(&key), &body).await).await })
+                };
+                while shop.runs() == 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let mut conflicts = 0;
+                while !first.is_finished() {
+                    let retry = post(&client, &base, Some(&key), &body).await;
+                    match retry.status() {
+                        StatusCode::CONFLICT => conflicts += 1,
+                        StatusCode::CREATED if first.is_finished() && replayed(&retry) => {}
+                        other => panic!("a duplicate while the first ran: {other} {}", retry.text().await.unwrap()),
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                let first = first.await.unwrap();
+                assert_eq!(first.0, StatusCode::CREATED);
+                assert!(conflicts >= 10, "{conflicts}");
+                assert_eq!(shop.runs(), 1, "the handler ran once");
+                let again = post(&client, &base, Some(&key), &body).await;
+                assert!(replayed(&again));
+                let fence = again.headers()["x-fence"].to_str().unwrap().parse::<i64>().unwrap();
+                assert!(fence > 0, "the handler saw its fence");
+                assert_eq!(snapshot(again).await, first);
+            }
+
+            /// The store takes no renewal (out of reach for them) while the
+            /// handler blocks its thread past the lease: a duplicate takes
+            /// the record over and runs. The late handler's response is not
+            /// kept, and its client is told it was taken over (409), not
+            /// that the store failed; retries replay the request that took
+            /// over, whose fence is higher.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_late_handler_whose_renewals_failed_is_told_it_was_taken_over() {
+                let faults = idem::testing::Faults::new();
+                faults.inject(idem::testing::Op::Extend, idem::testing::Fault::Fail);
+                let store: Arc<dyn LeaseStore> = Arc::new(faults.wrap(store!()));
+                let (base, shop) = server(store, |l| l.lease(Duration::from_millis(600))).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let body = PaymentRequest { amount_cents: 5, block_ms: Some(2000), ..Default::default() };
+                let first = {
+                    let (client, base, key, body) = (client.clone(), base.clone(), key.clone(), body.clone());
+                    tokio::spawn(async move { post(&client, &base, Some(&key), &body).await })
+                };
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                let second = snapshot(post(&client, &base, Some(&key), &body).await).await;
+                assert_eq!(second.0, StatusCode::CREATED, "the lease had passed: taken over");
+                let first = first.await.unwrap();
+                assert_eq!(first.status(), StatusCode::CONFLICT);
+                let problem: serde_json::Value = first.json().await.unwrap();
+                let detail = problem["detail"].as_str().unwrap();
+                assert!(detail.contains("took this one over"), "{detail}");
+                assert_eq!(shop.runs(), 2, "both handlers ran: the first stalled past its lease");
+                let again = post(&client, &base, Some(&key), &body).await;
+                assert!(replayed(&again));
+                assert_eq!(snapshot(again).await, second, "retries replay the request that took over");
             }
 
             #[tokio::test]
@@ -496,6 +568,11 @@ http_suite! {
 http_suite! {
     mod redis;
     store = common::redis().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-http")))) as Arc<dyn LeaseStore>);
+}
+
+http_suite! {
+    mod redis_cluster;
+    store = common::redis_cluster().await.map(|c| Arc::new(idem::store::RedisStore::new(c, format!("{}:", unique("idem-http")))) as Arc<dyn LeaseStore>);
 }
 
 /// A guarded request refused with a `500` whose detail names the fix; the

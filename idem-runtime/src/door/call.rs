@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::Response;
+use http::{Request, Response};
 use http_body::Body as HttpBody;
 
 use super::BoxError;
@@ -80,19 +80,21 @@ impl<R, E> From<Error> for Failure<R, E> {
 /// end on a task of its own, whether or not its client waits: a handler
 /// dropped half-way (the client went away) could leave a payment sent and
 /// no answer stored, and its retry would send it again. The task carries
-/// the request's span, so the handler's logs keep it.
-pub(crate) async fn guarded<D, S, Q, RB>(
+/// the request's span, so the handler's logs keep it. The handler finds
+/// its lease in the request's extensions ([`LeaseInfo`](crate::lease::LeaseInfo): the fence for
+/// its outside writes, and whether the lease still holds).
+pub(crate) async fn guarded<D, S, B, RB>(
     door: Arc<D>,
     guard: Guard<'static>,
     mut inner: S,
-    request: Q,
+    mut request: Request<B>,
 ) -> Result<D::Response, S::Error>
 where
     D: Door,
-    S: tower_service::Service<Q, Response = Response<RB>> + Send + 'static,
+    S: tower_service::Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send,
     S::Error: Send + 'static,
-    Q: Send + 'static,
+    B: Send + 'static,
     RB: HttpBody<Data = Bytes> + Send + 'static,
     RB::Error: Into<BoxError>,
 {
@@ -103,6 +105,7 @@ where
                 Ok(ticket) => ticket,
                 Err(answer) => return Ok(answer),
             };
+            request.extensions_mut().insert(ticket.info());
             let handler = async {
                 let response = inner.call(request).await.map_err(Failure::Inner)?;
                 door.handled(response).await

@@ -12,7 +12,7 @@ use super::layer::Config;
 use super::{REPLAYED, RETRY_PUSHBACK};
 use crate::door::settings::Refusal;
 use crate::door::stored::StoredResponse;
-use crate::error::Error;
+use crate::error::{Error, LostLease};
 
 /// A stored call's response again (headers, messages, trailers): for the
 /// first call (from what was stored, so it and every replay are the same
@@ -45,13 +45,24 @@ pub(super) fn refused_before(config: &Config, refusal: Refusal) -> Response<Body
 /// A guard's refusal as a gRPC status (`lease_ms`: the layer's lease).
 pub(super) fn refused(e: &Error, lease_ms: u128) -> Response<Body> {
     match e {
+        Error::LeaseLost { why: LostLease::TakenOver, .. } => {
+            // The store answered: another call with this key took the record
+            // over (this one was paused past its lease). A retry gets that
+            // call's answer, or waits for it.
+            tracing::warn!(target: "idem", error = %e, "idempotency layer: the handler's lease was taken over");
+            let status = Status::aborted(
+                "another call with this idempotency key took this one over (its handler was paused for longer than \
+                 its lease); nothing of this one was kept: retry to get that call's answer",
+            );
+            pushback(answer(status), 1000)
+        }
         Error::LeaseLost { .. } => {
-            // The handler was stopped: its lease could not be renewed (the
-            // store is down) or was taken over. A retry once the lease has
-            // passed takes the record over, or replays another's answer.
+            // Not renewed in time: the store did not answer. A retry once
+            // the lease has passed takes the record over, or replays
+            // another's answer.
             tracing::warn!(target: "idem", error = %e, "idempotency layer: the handler was stopped, its lease lost");
             let status = Status::unavailable(
-                "the call was stopped: its idempotency record could not be kept alive (the store did not answer); \
+                "the call was stopped: its idempotency record could not be renewed (the store did not answer); \
                  retry after the pushback given",
             );
             pushback(answer(status), lease_ms)

@@ -11,7 +11,7 @@ use super::layer::Config;
 use super::{EXPIRES_IN, REPLAYED, ResponseBody};
 use crate::door::settings::Refusal;
 use crate::door::stored::StoredResponse;
-use crate::error::Error;
+use crate::error::{Error, LostLease};
 
 /// A stored response again: for the first request (from what was stored,
 /// so it and every replay are the same bytes) and, `replayed`, for a
@@ -62,14 +62,26 @@ pub(super) fn refused_before(config: &Config, refusal: Refusal) -> Response<Resp
 /// A guard's refusal as an HTTP answer (`lease`: the layer's).
 pub(super) fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {
     match e {
+        Error::LeaseLost { why: LostLease::TakenOver, .. } => {
+            // The store answered: another request with this key took the
+            // record over (this one was paused past its lease). A retry
+            // gets that request's answer, or waits for it.
+            tracing::warn!(target: "idem", error = %e, "idempotency layer: the handler's lease was taken over");
+            let response = problem(
+                StatusCode::CONFLICT,
+                "another request with this idempotency key took this one over (its handler was paused for longer \
+                 than its lease); nothing of this one was kept: retry to get that request's answer",
+            );
+            retry_after(response, 1)
+        }
         Error::LeaseLost { .. } => {
-            // The handler was stopped: its lease could not be renewed (the
-            // store is down) or was taken over. A retry once the lease has
-            // passed takes the record over, or replays another's answer.
+            // Not renewed in time: the store did not answer. A retry once
+            // the lease has passed takes the record over, or replays
+            // another's answer.
             tracing::warn!(target: "idem", error = %e, "idempotency layer: the handler was stopped, its lease lost");
             let response = problem(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "the request was stopped: its idempotency record could not be kept alive (the store did not answer); \
+                "the request was stopped: its idempotency record could not be renewed (the store did not answer); \
                  retry after the time given",
             );
             retry_after(response, lease.as_secs().max(1))

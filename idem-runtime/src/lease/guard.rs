@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{Error, LostLease};
 use crate::guard::Claim;
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::guard::{keep, replayed};
 use crate::lease::new_owner;
-use crate::lease::renew::{bounded, under_renewal};
+use crate::lease::renew::{LostSender, Renewal, bounded, under_renewal};
 use crate::lease::steps::{Holder, Steps};
-use crate::lease::{CURRENT, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
+use crate::lease::{CURRENT, Held, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore};
 use crate::precheck::{Sight, confirmed as precheck_confirmed, look};
 use crate::replay::Replayable;
 use crate::telemetry::Outcome;
@@ -33,6 +33,10 @@ pub struct LeaseTicket<'s> {
     fence: i64,
     reclaimed: bool,
     lease: Duration,
+    /// Whether the lease is still this call's, as the body sees it, and
+    /// what sets it.
+    held: Held,
+    lost: LostSender,
 }
 
 impl std::fmt::Debug for LeaseTicket<'_> {
@@ -129,7 +133,8 @@ impl Guard<'_> {
                         "reclaimed a record whose lease had passed (its worker stopped mid-work)");
                 }
                 p.claimed();
-                Ok(Claim::Run(LeaseTicket { prepared: p, store, owner, fence, reclaimed, lease }))
+                let (held, lost) = Held::new(p.scope.to_string(), p.key.hash());
+                Ok(Claim::Run(LeaseTicket { prepared: p, store, owner, fence, reclaimed, lease, held, lost }))
             }
             LeaseClaim::Done { response } => replay(&p, response).map(Claim::Replay),
             LeaseClaim::Busy { retry_after } => Err(p.in_progress(Some(retry_after))),
@@ -199,19 +204,12 @@ impl<'s> LeaseTicket<'s> {
                 return Err(e.into());
             }
         };
-        let holder = Holder {
-            scope: p.stored_scope.clone(),
-            key: p.key.as_str().to_owned(),
-            owner: self.owner.clone(),
-            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str().to_owned()),
-            fence: self.fence,
-            lease: self.lease,
-            retention: p.retention,
-        };
+        let holder = self.holder();
         let limit = self.store.answer_limit().await;
         let had_steps = !recorded.is_empty();
         let wrote = Arc::new(AtomicBool::new(false));
-        let steps = Steps::new(self.store, holder, (p.scope.to_string(), p.key.hash()), limit, recorded, wrote.clone());
+        let names = (p.scope.to_string(), p.key.hash());
+        let steps = Steps::new(self.store, holder, names, limit, recorded, wrote.clone(), self.held.clone());
         let value = self.run_body(body(steps)).await?;
         let (value, written) = self.completed_written(value).await?;
         // A record left as a crash leaves it (the store failed for the
@@ -266,12 +264,21 @@ impl LeaseTicket<'_> {
     {
         let p = &self.prepared;
         let held = self.held();
-        let info = LeaseInfo { fence: self.fence, reclaimed: self.reclaimed, owner: self.owner.clone() };
-        let body = catching(CURRENT.scope(info, body));
-        let renew = || self.store.extend(&held);
-        let ran = under_renewal(body, self.lease, renew, "lease", &p.scope).await;
-        let Some(result) = ran else {
-            return Err(self.lost().into());
+        let body = catching(CURRENT.scope(self.info(), body));
+        let in_task = || self.store.extend(&held);
+        let renew = match self.store.shared() {
+            Some(store) => {
+                let holder = Arc::new(self.holder());
+                Renewal::Detached(Box::new(move || {
+                    let (store, holder) = (store.clone(), holder.clone());
+                    Box::pin(async move { store.extend(&holder.held()).await })
+                }))
+            }
+            None => Renewal::InTask(in_task),
+        };
+        let result = match under_renewal(body, self.lease, renew, &self.lost, "lease", &p.scope).await {
+            Ok(result) => result,
+            Err(why) => return Err(self.lost(why).into()),
         };
         // A panic fails the call like an `Err`: the record goes, so a retry
         // runs at once rather than after the lease; then the panic goes on.
@@ -331,7 +338,7 @@ impl LeaseTicket<'_> {
                     p.report(Outcome::Executed);
                     return Ok(true);
                 }
-                Ok(false) => return Err(self.lost()),
+                Ok(false) => return Err(self.lost(LostLease::TakenOver)),
                 Err(e) => e,
             };
             attempt += 1;
@@ -377,12 +384,33 @@ impl LeaseTicket<'_> {
         }
     }
 
-    fn lost(&self) -> Error {
+    /// What the body sees of its lease: its fence, and whether it still holds.
+    pub fn info(&self) -> LeaseInfo {
+        LeaseInfo::new(self.fence, self.reclaimed, self.owner.clone(), self.held.clone())
+    }
+
+    /// The lease this call holds, owned (for a task of its own).
+    fn holder(&self) -> Holder {
+        let p = &self.prepared;
+        Holder {
+            scope: p.stored_scope.clone(),
+            key: p.key.as_str().to_owned(),
+            owner: self.owner.clone(),
+            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str().to_owned()),
+            fence: self.fence,
+            lease: self.lease,
+            retention: p.retention,
+        }
+    }
+
+    /// The lease was lost (`why`): the body learns it too.
+    fn lost(&self, why: LostLease) -> Error {
+        self.lost.send_replace(Some(why));
         let p = &self.prepared;
         crate::telemetry::metrics::lease_lost(&p.scope, self.store.kind());
         tracing::error!(target: "idem", scope = %p.scope, key = %p.key.hash(), fence = self.fence,
-            store = self.store.kind(), "lease lost: another worker took the record over, the store lost it, or it could not be renewed in time");
-        Error::LeaseLost { scope: p.scope.to_string(), key_hash: p.key.hash() }
+            store = self.store.kind(), "lease lost: it {why}");
+        Error::LeaseLost { scope: p.scope.to_string(), key_hash: p.key.hash(), why }
     }
 }
 

@@ -7,7 +7,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::error::Error;
+use crate::error::{Error, LostLease};
+use crate::lease::Held;
 use crate::lease::store::{HeldLease, LeaseStore, NewStep, RecordedStep};
 use crate::replay::{Replayable, encode, fit};
 #[cfg(feature = "sql")]
@@ -63,6 +64,8 @@ pub struct Steps<'s> {
     /// Set once a step may have been recorded: shared with the ticket,
     /// which then knows the completed call has steps to forget.
     wrote: Arc<AtomicBool>,
+    /// Whether the lease still holds: no step starts once it is lost.
+    lease: Held,
 }
 
 /// The lease this call holds (a [`HeldLease`] of its own, so that the step
@@ -78,7 +81,7 @@ pub(crate) struct Holder {
 }
 
 impl Holder {
-    fn held(&self) -> HeldLease<'_> {
+    pub(crate) fn held(&self) -> HeldLease<'_> {
         HeldLease {
             scope: &self.scope,
             key: &self.key,
@@ -113,9 +116,10 @@ impl<'s> Steps<'s> {
         answer_limit: usize,
         recorded: Vec<RecordedStep>,
         wrote: Arc<AtomicBool>,
+        lease: Held,
     ) -> Steps<'s> {
         let log = Mutex::new(Log { recorded, seen: Vec::new() });
-        Steps { store, held, scope, key_hash, answer_limit, log, wrote }
+        Steps { store, held, scope, key_hash, answer_limit, log, wrote, lease }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
@@ -166,6 +170,9 @@ impl<'s> Steps<'s> {
         if let Some(json) = self.replay(number, name)? {
             return Ok(self.decode(name, &json)?);
         }
+        // A lease lost while the body was blocked (its thread held past the
+        // lease) is known by now: the step is not sent.
+        self.lease.check()?;
         let value = match step(self.key(name)).await {
             Ok(value) => value,
             Err(e) => return Err(self.not_run(e)),
@@ -306,7 +313,12 @@ impl<'s> Steps<'s> {
         if absent && let Ok(true) = self.store.extend(&self.held.held()).await {
             return self.elsewhere(name, self.store.kind());
         }
-        Error::LeaseLost { scope: self.scope.clone(), key_hash: self.key_hash.clone() }
+        self.taken_over()
+    }
+
+    /// The store refused a step's record: the lease is another call's.
+    fn taken_over(&self) -> Error {
+        Error::LeaseLost { scope: self.scope.clone(), key_hash: self.key_hash.clone(), why: LostLease::TakenOver }
     }
 
     /// Check `name` and take the next position.
@@ -346,7 +358,7 @@ impl<'s> Steps<'s> {
         self.wrote.store(true, Ordering::Relaxed);
         match self.store.record_step(&self.held.held(), &step).await? {
             true => Ok(()),
-            false => Err(Error::LeaseLost { scope: self.scope.clone(), key_hash: self.key_hash.clone() }),
+            false => Err(self.taken_over()),
         }
     }
 }

@@ -255,6 +255,15 @@ pub trait LeaseStore: Send + Sync {
         let _ = (scope, key);
         Watch::none()
     }
+    /// This store as a handle that outlives the call, for the lease's
+    /// renewal: it runs on a task of its own beside the body, so that a
+    /// body that blocks its thread cannot starve it. idem's stores give one
+    /// (a clone of their pool or connection). `None`, the default for a
+    /// store of your own: the renewal is polled with the body, in its task,
+    /// and a body that blocks its thread for most of the lease loses it.
+    fn shared(&self) -> Option<Arc<dyn LeaseStore>> {
+        None
+    }
 }
 
 // As lock/store.rs does for locks: a shared or borrowed store is the store.
@@ -300,6 +309,9 @@ macro_rules! forward_lease_store {
             }
             fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
                 (**self).watch(scope, key)
+            }
+            fn shared(&self) -> Option<Arc<dyn LeaseStore>> {
+                (**self).shared()
             }
         }
     )*};

@@ -2,6 +2,7 @@
 //! lock on the key, renewed while the body runs, released after it.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -9,7 +10,7 @@ use crate::guard::{Guard, GuardError};
 use crate::key::Key;
 use crate::key::stored_scope;
 use crate::lease::new_owner;
-use crate::lease::renew::{bounded, under_renewal};
+use crate::lease::renew::{Renewal, bounded, under_renewal};
 use crate::lock::{CURRENT, LockInfo, LockStore, acquire_as};
 use crate::telemetry::{Outcome, forget_reported, report, reported};
 
@@ -121,8 +122,21 @@ impl LockTicket<'_> {
         }
         let info = LockInfo { fence: self.fence, owner: self.owner.clone() };
         let body = CURRENT.scope(info, body);
-        let renew = || self.store.extend(&self.stored_scope, self.key.as_str(), &self.owner, self.ttl);
-        let Some(result) = under_renewal(body, self.ttl, renew, "lock", &self.scope).await else {
+        let in_task = || self.store.extend(&self.stored_scope, self.key.as_str(), &self.owner, self.ttl);
+        let renew = match self.store.shared() {
+            Some(store) => {
+                let held = Arc::new((self.stored_scope.clone(), self.key.as_str().to_owned(), self.owner.clone()));
+                let ttl = self.ttl;
+                Renewal::Detached(Box::new(move || {
+                    let (store, held) = (store.clone(), held.clone());
+                    Box::pin(async move { store.extend(&held.0, &held.1, &held.2, ttl).await })
+                }))
+            }
+            None => Renewal::InTask(in_task),
+        };
+        // Nothing reads a lock's loss but this call.
+        let lost = Arc::new(tokio::sync::watch::channel(None).0);
+        let Ok(result) = under_renewal(body, self.ttl, renew, &lost, "lock", &self.scope).await else {
             // Given up before the store's TTL ran out: if the lock is still
             // this owner's, free it now rather than at its TTL (but do not
             // keep the caller waiting on a store that does not answer).

@@ -61,6 +61,13 @@ pub trait LockStore: Send + Sync {
     fn release_detached(&self, scope: &str, key: &str, owner: &str) {
         let _ = (scope, key, owner);
     }
+    /// This store as a handle that outlives the call, for the lock's
+    /// renewal, which then runs on a task of its own (see
+    /// [`LeaseStore::shared`](crate::lease::LeaseStore::shared)). `None` by
+    /// default: renewed in the body's task.
+    fn shared(&self) -> Option<Arc<dyn LockStore>> {
+        None
+    }
 }
 
 macro_rules! forward_lock_store {
@@ -92,6 +99,9 @@ macro_rules! forward_lock_store {
             }
             fn release_detached(&self, scope: &str, key: &str, owner: &str) {
                 (**self).release_detached(scope, key, owner)
+            }
+            fn shared(&self) -> Option<Arc<dyn LockStore>> {
+                (**self).shared()
             }
         }
     )*};

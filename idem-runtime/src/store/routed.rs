@@ -1,5 +1,7 @@
 //! Lease records spread over several stores (shards) by key.
 
+use std::sync::Arc;
+
 use sha2::{Digest as _, Sha256};
 
 use super::BoxFuture;
@@ -7,7 +9,7 @@ use crate::error::Error;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, Watch};
 use crate::lease::store::{NewStep, RecordedStep};
 
-type Route = Box<dyn Fn(&str, &str) -> usize + Send + Sync>;
+type Route = Arc<dyn Fn(&str, &str) -> usize + Send + Sync>;
 
 /// Lease records over several stores, each record on the one its key routes
 /// to: with sharded SQL databases, keep a key's record on the shard of its
@@ -54,7 +56,7 @@ impl<S: LeaseStore> Routed<S> {
     /// If `shards` is empty.
     pub fn new(shards: Vec<S>, route: impl Fn(&str, &str) -> usize + Send + Sync + 'static) -> Routed<S> {
         assert!(!shards.is_empty(), "idem::store::Routed needs at least one store");
-        Routed { shards, route: Box::new(route) }
+        Routed { shards, route: Arc::new(route) }
     }
 
     /// Records over `shards` by a stable hash of scope and key (SHA-256):
@@ -157,6 +159,12 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
             Ok(s) => s.watch(scope, key),
             Err(_) => Watch::none(),
         }
+    }
+
+    /// Only if every shard gives one.
+    fn shared(&self) -> Option<Arc<dyn LeaseStore>> {
+        let shards = self.shards.iter().map(LeaseStore::shared).collect::<Option<Vec<_>>>()?;
+        Some(Arc::new(Routed { shards, route: self.route.clone() }))
     }
 
     fn answer_limit(&self) -> BoxFuture<'_, usize> {

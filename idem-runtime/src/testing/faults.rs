@@ -321,6 +321,12 @@ impl<S: LeaseStore> LeaseStore for Faulty<S> {
         self.store.watch(scope, key)
     }
 
+    /// The inner store's handle, with the same faults.
+    fn shared(&self) -> Option<Arc<dyn LeaseStore>> {
+        let store = self.store.shared()?;
+        Some(Arc::new(Faulty { store, faults: self.faults.clone(), answer_limit: self.answer_limit }))
+    }
+
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         match self.answer_limit {
             Some(bytes) => Box::pin(std::future::ready(bytes)),
@@ -385,6 +391,12 @@ impl<S: LockStore> LockStore for Faulty<S> {
             Some(Fault::Fail | Fault::LoseWrite) => {}
             _ => self.store.release_detached(scope, key, owner),
         }
+    }
+
+    /// The inner store's handle, with the same faults.
+    fn shared(&self) -> Option<Arc<dyn LockStore>> {
+        let store = self.store.shared()?;
+        Some(Arc::new(Faulty { store, faults: self.faults.clone(), answer_limit: self.answer_limit }))
     }
 }
 

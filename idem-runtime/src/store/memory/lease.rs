@@ -27,13 +27,13 @@ pub(super) struct Rec {
 
 impl MemoryStore {
     fn id(&self, scope: &str, key: &str) -> String {
-        self.names.name(RecordKind::Lease, scope, key)
+        self.state.names.name(RecordKind::Lease, scope, key)
     }
 
     fn claim_now(&self, req: &LeaseRequest<'_>) -> LeaseClaim {
         let now = self.now();
         let id = self.id(req.scope, req.key);
-        let mut map = self.shards.lock(&id);
+        let mut map = self.state.shards.lock(&id);
         let lease_until = now.saturating_add(millis(req.lease));
         let expires_at = now.saturating_add(millis(req.retention.max(req.lease)));
         let fresh = |fence| Rec {
@@ -80,7 +80,7 @@ impl MemoryStore {
     fn if_held(&self, held: &HeldLease<'_>, change: impl FnOnce(&mut Rec, i64) -> bool) -> bool {
         let id = self.id(held.scope, held.key);
         let now = self.now();
-        let mut map = self.shards.lock(&id);
+        let mut map = self.state.shards.lock(&id);
         match map.get_mut(&id) {
             Some(rec) if !rec.done && rec.owner == held.owner && rec.fence == held.fence => {
                 if change(rec, now) {
@@ -110,7 +110,7 @@ impl LeaseStore for MemoryStore {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         let id = self.id(held.scope, held.key);
         let now = self.now();
-        let mut map = self.shards.lock(&id);
+        let mut map = self.state.shards.lock(&id);
         let done = match map.get_mut(&id) {
             Some(rec) if rec.owner == held.owner && rec.fence == held.fence => {
                 // Already done by this holder: a repeated completion.
@@ -125,7 +125,7 @@ impl LeaseStore for MemoryStore {
         };
         drop(map);
         if done {
-            self.waiters.wake(&id);
+            self.state.waiters.wake(&id);
         }
         Box::pin(std::future::ready(Ok(done)))
     }
@@ -133,14 +133,14 @@ impl LeaseStore for MemoryStore {
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         let released = self.if_held(held, |_, _| true);
         if released {
-            self.waiters.wake(&self.id(held.scope, held.key));
+            self.state.waiters.wake(&self.id(held.scope, held.key));
         }
         Box::pin(std::future::ready(Ok(released)))
     }
 
     fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
         let (id, now) = (self.id(scope, key), self.now());
-        let steps = match self.steps.lock(&id).get(&id) {
+        let steps = match self.state.steps.lock(&id).get(&id) {
             Some(log) if log.expires_at > now => log.steps.clone(),
             _ => Vec::new(),
         };
@@ -151,14 +151,14 @@ impl LeaseStore for MemoryStore {
         let (id, now) = (self.id(held.scope, held.key), self.now());
         // The record's shard, then the steps' (always in this order): the
         // lease cannot pass or change hands while the step is written.
-        let records = self.shards.lock(&id);
+        let records = self.state.shards.lock(&id);
         let live = records.get(&id).is_some_and(|rec| {
             !rec.done && rec.owner == held.owner && rec.fence == held.fence && rec.lease_until > now
         });
         if !live {
             return Box::pin(std::future::ready(Ok(false)));
         }
-        let mut logs = self.steps.lock(&id);
+        let mut logs = self.state.steps.lock(&id);
         let expires_at = now.saturating_add(millis(held.retention));
         let log = logs.entry(id.clone()).or_insert(StepLog { steps: Vec::new(), expires_at });
         if log.expires_at <= now {
@@ -179,7 +179,7 @@ impl LeaseStore for MemoryStore {
 
     fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         let id = self.id(scope, key);
-        self.steps.lock(&id).remove(&id);
+        self.state.steps.lock(&id).remove(&id);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -188,7 +188,11 @@ impl LeaseStore for MemoryStore {
     }
 
     fn watch<'a>(&'a self, scope: &'a str, key: &'a str) -> Watch<'a> {
-        Watch::on(self.waiters.watch(&self.id(scope, key)))
+        Watch::on(self.state.waiters.watch(&self.id(scope, key)))
+    }
+
+    fn shared(&self) -> Option<std::sync::Arc<dyn LeaseStore>> {
+        Some(std::sync::Arc::new(self.clone()))
     }
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {

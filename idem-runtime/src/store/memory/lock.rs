@@ -28,8 +28,8 @@ impl LockStore for MemoryStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<LockAttempt, Error>> {
         let now = self.now();
-        let name = self.names.name(RecordKind::Lock, scope, key);
-        let mut map = self.locks.lock(&name);
+        let name = self.state.names.name(RecordKind::Lock, scope, key);
+        let mut map = self.state.locks.lock(&name);
         let attempt = match map.get(&name) {
             Some(held) if held.until > now => {
                 LockAttempt::Busy { retry_after: Duration::from_millis((held.until - now) as u64) }
@@ -51,6 +51,10 @@ impl LockStore for MemoryStore {
         self.release_now(scope, key, owner);
     }
 
+    fn shared(&self) -> Option<std::sync::Arc<dyn LockStore>> {
+        Some(std::sync::Arc::new(self.clone()))
+    }
+
     fn extend<'a>(
         &'a self,
         scope: &'a str,
@@ -59,8 +63,8 @@ impl LockStore for MemoryStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         let now = self.now();
-        let name = self.names.name(RecordKind::Lock, scope, key);
-        let mut map = self.locks.lock(&name);
+        let name = self.state.names.name(RecordKind::Lock, scope, key);
+        let mut map = self.state.locks.lock(&name);
         let extended = match map.get_mut(&name) {
             Some(held) if held.owner == owner && held.until > now => {
                 held.until = now.saturating_add(millis(ttl));
@@ -76,8 +80,8 @@ impl MemoryStore {
     /// Delete the lock if `owner` holds it (and it has not expired).
     fn release_now(&self, scope: &str, key: &str, owner: &str) -> bool {
         let now = self.now();
-        let name = self.names.name(RecordKind::Lock, scope, key);
-        let mut map = self.locks.lock(&name);
+        let name = self.state.names.name(RecordKind::Lock, scope, key);
+        let mut map = self.state.locks.lock(&name);
         match map.get(&name) {
             Some(held) if held.owner == owner && held.until > now => map.remove(&name).is_some(),
             _ => false,

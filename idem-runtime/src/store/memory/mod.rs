@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::AtomicI64;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::keyspace::Keyspace;
@@ -66,7 +66,15 @@ impl<V> Shards<V> {
 ///
 /// Each record is named as in Redis (see [`RecordKind`](crate::store::RecordKind)):
 /// no two (kind, scope, key) triples share an entry.
+///
+/// Clones share their records (a clone is a handle, as a pool's is).
+#[derive(Clone)]
 pub struct MemoryStore {
+    state: Arc<State>,
+}
+
+/// What a [`MemoryStore`] holds.
+struct State {
     /// Every entry's name (the prefix is empty).
     names: Keyspace,
     shards: Shards<Rec>,
@@ -102,7 +110,7 @@ impl MemoryStore {
     pub fn new() -> MemoryStore {
         // Fencing tokens start at the wall clock's microseconds, so a store
         // made after a restart still grants tokens above the old ones.
-        MemoryStore {
+        let state = State {
             names: Keyspace::new(""),
             shards: Shards::new(),
             tokens: Shards::new(),
@@ -112,24 +120,25 @@ impl MemoryStore {
             fences: AtomicI64::new(super::clock_micros()),
             epoch: Instant::now(),
             waiters: Waiters::default(),
-        }
+        };
+        MemoryStore { state: Arc::new(state) }
     }
 
     /// A fencing token above every one this store granted before: one
     /// counter for every key, so a key's tokens keep increasing even after
     /// its record was removed.
     pub(crate) fn next_fence(&self) -> i64 {
-        self.fences.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+        self.state.fences.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
     }
 
     /// Milliseconds on this store's clock.
     pub(crate) fn now(&self) -> i64 {
-        millis(self.epoch.elapsed())
+        millis(self.state.epoch.elapsed())
     }
 
     /// Lease records held, expired ones included until purged.
     pub fn len(&self) -> usize {
-        self.shards.len()
+        self.state.shards.len()
     }
 
     /// True when no lease record is held.
@@ -142,10 +151,10 @@ impl MemoryStore {
     /// time, so live calls wait at most one shard's sweep.
     pub fn purge_expired(&self) -> usize {
         let now = self.now();
-        self.shards.retain(|r| r.expires_at > now)
-            + self.tokens.retain(|until| *until > now)
-            + self.locks.retain(|held| held.until > now)
-            + self.markers.retain(|until| *until > now)
-            + self.steps.retain(|log| log.expires_at > now)
+        self.state.shards.retain(|r| r.expires_at > now)
+            + self.state.tokens.retain(|until| *until > now)
+            + self.state.locks.retain(|held| held.until > now)
+            + self.state.markers.retain(|until| *until > now)
+            + self.state.steps.retain(|log| log.expires_at > now)
     }
 }

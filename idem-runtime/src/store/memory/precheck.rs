@@ -15,8 +15,8 @@ impl PrecheckStore for MemoryStore {
 
     fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         let now = self.now();
-        let name = self.names.name(RecordKind::Seen, scope, key);
-        let mut map = self.markers.lock(&name);
+        let name = self.state.names.name(RecordKind::Seen, scope, key);
+        let mut map = self.state.markers.lock(&name);
         if map.len() % 1024 == 1023 {
             map.retain(|_, until| *until > now);
         }

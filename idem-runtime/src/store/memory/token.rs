@@ -15,8 +15,8 @@ impl TokenStore for MemoryStore {
 
     fn put<'a>(&'a self, scope: &'a str, token: &'a str, ttl: Duration) -> BoxFuture<'a, Result<(), Error>> {
         let now = self.now();
-        let name = self.names.name(RecordKind::Token, scope, token);
-        let mut map = self.tokens.lock(&name);
+        let name = self.state.names.name(RecordKind::Token, scope, token);
+        let mut map = self.state.tokens.lock(&name);
         // Tokens never consumed (forms abandoned) are swept now and then, so
         // that a long-running process does not keep them all.
         if map.len() % 1024 == 1023 {
@@ -31,8 +31,8 @@ impl TokenStore for MemoryStore {
 
     fn consume<'a>(&'a self, scope: &'a str, token: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
         let now = self.now();
-        let name = self.names.name(RecordKind::Token, scope, token);
-        let spent = self.tokens.lock(&name).remove(&name).is_some_and(|until| until > now);
+        let name = self.state.names.name(RecordKind::Token, scope, token);
+        let spent = self.state.tokens.lock(&name).remove(&name).is_some_and(|until| until > now);
         Box::pin(std::future::ready(Ok(spent)))
     }
 }

@@ -545,6 +545,10 @@ where
         self.notice(scope, key)
     }
 
+    fn shared(&self) -> Option<std::sync::Arc<dyn LeaseStore>> {
+        Some(std::sync::Arc::new(self.clone()))
+    }
+
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         Box::pin(async move {
             if let Some(&limit) = self.shared.answer_limit.get() {

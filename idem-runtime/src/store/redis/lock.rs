@@ -86,6 +86,10 @@ where
         }))
     }
 
+    fn shared(&self) -> Option<std::sync::Arc<dyn LockStore>> {
+        Some(std::sync::Arc::new(self.clone()))
+    }
+
     fn release_detached(&self, scope: &str, key: &str, owner: &str) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime to send it on: the lock frees itself at its TTL

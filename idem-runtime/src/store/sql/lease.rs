@@ -305,6 +305,10 @@ where
         Box::pin(self.finish(held, LeaseAction::Extend))
     }
 
+    fn shared(&self) -> Option<Arc<dyn LeaseStore>> {
+        Some(Arc::new(self.clone()))
+    }
+
     fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
         Box::pin(async move {
             let deadline = Instant::now() + self.timeout;
