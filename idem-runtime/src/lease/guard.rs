@@ -317,7 +317,9 @@ impl LeaseTicket<'_> {
     /// written without its answer (a shorter write, and the record no
     /// longer `PROCESSING`: the next caller must not run the body again),
     /// for as long as the lease lasts; past that, the record is left as a
-    /// crash leaves it, and the body's answer still returned.
+    /// crash leaves it, and the body's answer still returned. A try that
+    /// failed may have landed (its reply lost): the store then keeps its
+    /// answer, whatever the later tries carry, and repeats replay it.
     async fn write_completion(&self, mut json: Option<String>) -> Result<bool, Error> {
         let p = &self.prepared;
         let held = self.held();
@@ -343,7 +345,9 @@ impl LeaseTicket<'_> {
                 return Ok(false);
             }
             if json.is_some() && attempt >= 3 {
-                p.answer_not_kept(format_args!("the store failed as it was written: {e}"));
+                p.answer_not_kept(format_args!(
+                    "the store failed as it was written: {e} (if a try landed, its answer stays and replays)"
+                ));
                 json = None;
             } else {
                 tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e, attempt,
