@@ -216,6 +216,76 @@ macro_rules! lease_suite {
                 assert_eq!(faults.calls(Op::Complete), 4, "three tries with the answer, one without");
             }
 
+            /// Each write of the answer lands, and each reply is lost (the
+            /// connection drops after the write): after three tries the
+            /// record is completed without the answer, which must not
+            /// replace the one that landed. Repeats replay it.
+            #[tokio::test]
+            async fn an_answer_that_landed_is_replayed_though_every_reply_was_lost() {
+                let inner: Store = store!();
+                let faults = Faults::new();
+                faults.inject_when(Op::Complete, Fault::DropAfterWrite, |call| call.response.is_some());
+                let store = faults.wrap(inner);
+                let id = unique("reply-lost");
+                let (first, later, runs) = answer_then_repeat(&store, "tests.lease.reply_lost", &id, || 9u32, 2).await;
+                assert_eq!(first.unwrap(), 9, "the first call gets its answer");
+                for repeat in later {
+                    assert_eq!(repeat.unwrap(), 9, "a stored answer is final: replayed, not `AnswerNotKept`");
+                }
+                assert_eq!(runs, 1);
+                assert_eq!(faults.calls(Op::Complete), 4, "three tries with the answer, one without");
+            }
+
+            /// Each write of the answer lands after its caller gave up on it
+            /// (it was told the store did not answer in time): the first one
+            /// lands while the runtime is still trying, the completion
+            /// without the answer comes after it and leaves it, and the later
+            /// writes change nothing. The record ends with the answer.
+            #[tokio::test]
+            async fn an_answer_that_lands_after_its_caller_gave_up_is_kept() {
+                let inner: Store = store!();
+                let faults = Faults::new();
+                let late = Fault::LandsLate(Duration::from_millis(20));
+                faults.inject_when(Op::Complete, late, |call| call.response.is_some());
+                let store = faults.wrap(inner);
+                let id = unique("late");
+                let (first, later, runs) = answer_then_repeat(&store, "tests.lease.late", &id, || 4u32, 1).await;
+                assert_eq!(first.unwrap(), 4, "the first call gets its answer");
+                assert_eq!(later.into_iter().next().unwrap().unwrap(), 4, "replayed");
+                assert_eq!(faults.calls(Op::Complete), 4, "three tries with the answer, each told it failed");
+                // Every late write has landed by now.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let (again, _, runs_again) = answer_then_repeat(&store, "tests.lease.late", &id, || 0u32, 0).await;
+                assert_eq!((again.unwrap(), runs + runs_again), (4, 1), "the record ends with the answer");
+            }
+
+            /// Once a record holds its answer, nothing its holder or anyone
+            /// else sends changes it: not a release, an extension, a step, a
+            /// completion without the answer or with another one, nor a claim
+            /// after the lease it was completed under.
+            #[tokio::test]
+            async fn a_completed_record_is_final() {
+                let store: Store = store!();
+                let (scope, key) = ("tests.lease.raw", unique("final"));
+                let lease = Duration::from_millis(200);
+                let LeaseClaim::Acquired { fence, .. } = store.claim(&request(scope, &key, "w", lease)).await.unwrap()
+                else {
+                    panic!("claim")
+                };
+                let held = holder(scope, &key, "w", fence, lease);
+                assert!(store.complete(&held, Some("\"kept\"")).await.unwrap());
+                assert!(!store.release(&held).await.unwrap(), "a release after completion removes nothing");
+                assert!(!store.extend(&held).await.unwrap(), "nor does an extension hold it again");
+                let step = idem::lease::NewStep { number: 0, name: "late", result: "1" };
+                assert!(!store.record_step(&held, &step).await.unwrap(), "nor is a step recorded under it");
+                assert!(store.complete(&held, None).await.unwrap(), "completed: true, and the answer stays");
+                assert!(store.complete(&held, Some("\"other\"")).await.unwrap(), "the same: a no-op");
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let kept = LeaseClaim::Done { response: Some("\"kept\"".into()) };
+                assert_eq!(store.claim(&request(scope, &key, "taker", lease)).await.unwrap(), kept, "past the lease");
+                assert_eq!(store.claim(&request(scope, &key, "w", lease)).await.unwrap(), kept, "its own owner too");
+            }
+
             /// A store that takes no completion while the lease lasts leaves
             /// the record as a crash would: taken over once the lease passed.
             /// The first call still gets its answer (not an error its caller

@@ -142,6 +142,26 @@ macro_rules! steps_suite {
                 );
             }
 
+            /// The answer lands, and each reply of the store is lost: the
+            /// completion without the answer that follows leaves it, the
+            /// steps are forgotten, and a retry replays the answer.
+            #[tokio::test]
+            async fn a_completion_whose_replies_are_lost_replays_its_answer() {
+                use idem::testing::{Fault, Faults, Op};
+                let inner: Store = store!();
+                let faults = Faults::new();
+                faults.inject_when(Op::Complete, Fault::DropAfterWrite, |call| call.response.is_some());
+                let store = faults.wrap(inner);
+                let (id, bank, runs) = (unique("reply-lost"), Bank::default(), Default::default());
+                let lease = Duration::from_secs(5);
+                assert_eq!(call(&store, &id, lease, &bank, &runs, None).await.unwrap(), 500);
+                assert_eq!(call(&store, &id, lease, &bank, &runs, None).await.unwrap(), 500, "replayed");
+                assert_eq!(counts(&runs), [1, 1, 1], "no step ran again");
+                let scope = idem::key::stored_scope("tests.steps.transfer");
+                let key = idem::Key::new(&id).unwrap();
+                assert!(store.steps(&scope, key.as_str()).await.unwrap().is_empty(), "forgotten once completed");
+            }
+
             /// A worker whose future is dropped after `charge` (a crash
             /// mid-body): once its lease passes, the next call takes over,
             /// replays `reserve` and `charge`, and runs `ledger` alone.

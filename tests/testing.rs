@@ -171,6 +171,30 @@ async fn a_completion_the_store_lost_is_taken_over_once_its_lease_passes() {
     }
 }
 
+/// A claim that lands after its caller gave up on it (told the store did
+/// not answer in time): the caller ran nothing, and the record it left
+/// holds the key as a crashed worker's would, until its lease passes; then
+/// one call runs the body.
+#[tokio::test]
+async fn a_claim_that_lands_after_its_caller_gave_up_holds_the_key_for_its_lease() {
+    for (name, inner) in lease_stores().await {
+        let faults = Faults::new();
+        let store = faults.wrap(inner);
+        let (id, runs, lease) = (unique("late-claim"), AtomicUsize::new(0), Duration::from_secs(1));
+        faults.inject_times(Op::Claim, Fault::LandsLate(Duration::from_millis(50)), 1);
+        let started = std::time::Instant::now();
+        let refused = transfer(&store, &id, lease, &runs).await;
+        assert!(matches!(refused, Err(Error::Store { .. })), "{name}: {refused:?}");
+        assert!(started.elapsed() < Duration::from_millis(50), "{name}: told at once, {:?}", started.elapsed());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let busy = transfer(&store, &id, lease, &runs).await;
+        assert!(matches!(busy, Err(Error::InProgress { .. })), "{name}: the late claim landed: {busy:?}");
+        tokio::time::sleep(lease).await;
+        assert_eq!(transfer(&store, &id, lease, &runs).await.unwrap(), 40, "{name}: taken over");
+        assert_eq!(runs.load(SeqCst), 1, "{name}");
+    }
+}
+
 /// A slow store delays the call, nothing more.
 #[tokio::test]
 async fn a_slow_store_delays_the_call() {

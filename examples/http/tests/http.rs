@@ -5,11 +5,13 @@
 use idem_test_support as common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::unique;
 use idem::http::IdempotencyLayer;
 use idem::lease::LeaseStore;
+use idem::testing::{Fault, Faults, Op};
 use idem_http_demo::{Payment, PaymentRequest, Shop, app, serve};
 use reqwest::StatusCode;
 
@@ -530,6 +532,40 @@ macro_rules! http_suite {
                 let kept = left(&retry).expect("a replay says it too");
                 assert!((3590..3600).contains(&kept), "{kept}");
                 assert_eq!(shop.runs(), 1);
+            }
+
+            /// A 7-byte response whose completion lands but each of whose
+            /// replies is lost (the connection drops after the write): the
+            /// layer falls back to completing the record without it, which
+            /// leaves the stored response. The retry gets it back (200, the
+            /// same bytes), never 410 Gone.
+            #[tokio::test]
+            async fn a_small_response_whose_completion_replies_are_lost_is_replayed() {
+                let faults = Faults::new();
+                faults.inject_when(Op::Complete, Fault::DropAfterWrite, |call| call.response.is_some());
+                let scope = format!("tests.http.{}", unique("s"));
+                let layer = IdempotencyLayer::new(faults.wrap(store!())).scope(scope).required(true);
+                let runs = Arc::new(AtomicUsize::new(0));
+                let counted = runs.clone();
+                let receipt = move || {
+                    counted.fetch_add(1, SeqCst);
+                    std::future::ready("receipt")
+                };
+                let app = axum::Router::new().route("/receipts", axum::routing::post(receipt)).layer(layer);
+                let addr = serve(app).await;
+                let (client, key) = (reqwest::Client::new(), unique("k"));
+                let send = || {
+                    let request = client.post(format!("http://{addr}/receipts"));
+                    async { request.header("idempotency-key", format!("\"{key}\"")).send().await.unwrap() }
+                };
+                let first = send().await;
+                assert_eq!((first.status(), replayed(&first)), (StatusCode::OK, false));
+                assert_eq!(first.bytes().await.unwrap(), "receipt");
+                let retry = send().await;
+                assert_eq!((retry.status(), replayed(&retry)), (StatusCode::OK, true), "not 410 Gone");
+                assert_eq!(retry.bytes().await.unwrap(), "receipt");
+                assert_eq!(runs.load(SeqCst), 1);
+                assert_eq!(faults.calls(Op::Complete), 4, "three tries with the response, one without");
             }
 
             #[tokio::test]

@@ -324,7 +324,9 @@ impl LeaseTicket<'_> {
     /// written without its answer (a shorter write, and the record no
     /// longer `PROCESSING`: the next caller must not run the body again),
     /// for as long as the lease lasts; past that, the record is left as a
-    /// crash leaves it, and the body's answer still returned.
+    /// crash leaves it, and the body's answer still returned. A try that
+    /// failed may have landed (its reply lost): the store then keeps its
+    /// answer, whatever the later tries carry, and repeats replay it.
     async fn write_completion(&self, mut json: Option<String>) -> Result<bool, Error> {
         let p = &self.prepared;
         let held = self.held();
@@ -350,7 +352,9 @@ impl LeaseTicket<'_> {
                 return Ok(false);
             }
             if json.is_some() && attempt >= 3 {
-                p.answer_not_kept(format_args!("the store failed as it was written: {e}"));
+                p.answer_not_kept(format_args!(
+                    "the store failed as it was written: {e} (if a try landed, its answer stays and replays)"
+                ));
                 json = None;
             } else {
                 tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e, attempt,
@@ -391,16 +395,7 @@ impl LeaseTicket<'_> {
 
     /// The lease this call holds, owned (for a task of its own).
     fn holder(&self) -> Holder {
-        let p = &self.prepared;
-        Holder {
-            scope: p.stored_scope.clone(),
-            key: p.key.as_str().to_owned(),
-            owner: self.owner.clone(),
-            fingerprint: p.fingerprint.as_ref().map(|f| f.as_str().to_owned()),
-            fence: self.fence,
-            lease: self.lease,
-            retention: p.retention,
-        }
+        Holder::of(&self.held())
     }
 
     /// The lease was lost (`why`): the body learns it too.

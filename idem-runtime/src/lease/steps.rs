@@ -68,8 +68,9 @@ pub struct Steps<'s> {
     lease: Held,
 }
 
-/// The lease this call holds (a [`HeldLease`] of its own, so that the step
-/// log moves into the body's future).
+/// The lease this call holds, a [`HeldLease`] of its own: for what
+/// outlives the borrow (the step log, moved into the body's future; a
+/// write the test kit lands late).
 pub(crate) struct Holder {
     pub(crate) scope: String,
     pub(crate) key: String,
@@ -81,6 +82,19 @@ pub(crate) struct Holder {
 }
 
 impl Holder {
+    /// `held`, owned.
+    pub(crate) fn of(held: &HeldLease<'_>) -> Holder {
+        Holder {
+            scope: held.scope.to_owned(),
+            key: held.key.to_owned(),
+            owner: held.owner.to_owned(),
+            fingerprint: held.fingerprint.map(str::to_owned),
+            fence: held.fence,
+            lease: held.lease,
+            retention: held.retention,
+        }
+    }
+
     pub(crate) fn held(&self) -> HeldLease<'_> {
         HeldLease {
             scope: &self.scope,

@@ -191,8 +191,10 @@ pub trait LeaseStore: Send + Sync {
     /// Claim, replay, report busy, or report a fingerprint mismatch.
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>>;
     /// Mark the record `DONE` with `response`, if still held; without one
-    /// (`None`), the record says "completed, answer not kept". Repeated by
-    /// the same holder, it changes nothing and answers `true`.
+    /// (`None`), the record says "completed, answer not kept". A stored
+    /// answer is final: repeated by the same holder (its reply was lost),
+    /// with the answer, another one or none, it changes nothing and
+    /// answers `true`.
     fn complete<'a>(&'a self, held: &'a HeldLease<'a>, response: Option<&'a str>)
     -> BoxFuture<'a, Result<bool, Error>>;
     /// Remove the record (the body failed), if still held.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::future::BoxFuture;
+use crate::lease::steps::Holder;
 use crate::lease::store::{NewStep, RecordedStep};
 use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::lock::{LockAttempt, LockStore};
@@ -47,6 +48,14 @@ pub enum Op {
     ForgetSteps,
 }
 
+impl Op {
+    /// A lease store's write, which [`Fault::LandsLate`] can delay past
+    /// its caller.
+    fn lands_late(self) -> bool {
+        matches!(self, Op::Claim | Op::Complete | Op::Release | Op::Extend | Op::RecordStep | Op::ForgetSteps)
+    }
+}
+
 /// What an injected fault does to a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -64,6 +73,15 @@ pub enum Fault {
     /// The write happens, then the connection drops before the answer
     /// arrives: the store changed, and the caller gets a store error.
     DropAfterWrite,
+    /// The write lands after the caller gave up on it: the caller gets the
+    /// store's time-out error at once, and the call reaches the store this
+    /// long afterwards, on a task of its own (a statement the server
+    /// finishes after its client's time-out, a script queued behind a
+    /// stalled one). For a lease store's writes (claim, completion,
+    /// release, extension, steps recorded or forgotten); other calls are
+    /// not affected. A write still waiting when the Tokio runtime shuts
+    /// down never lands.
+    LandsLate(Duration),
 }
 
 /// One call as a rule's condition sees it (scope and key as stored).
@@ -121,7 +139,7 @@ impl Faults {
 
     /// `store`, with these faults injected into its calls.
     pub fn wrap<S>(&self, store: S) -> Faulty<S> {
-        Faulty { store, faults: self.clone(), answer_limit: None }
+        Faulty { store: Arc::new(store), faults: self.clone(), answer_limit: None }
     }
 
     /// Every call of `op` gets `fault` until [`clear`](Self::clear).
@@ -184,6 +202,7 @@ impl Faults {
         let i = rules.iter().position(|r| {
             r.op.is_none_or(|op| op == call.op)
                 && !(r.fault == Fault::LoseWrite && matches!(call.op, Op::Peek | Op::Steps))
+                && (call.op.lands_late() || !matches!(r.fault, Fault::LandsLate(_)))
                 && r.left != Some(0)
                 && r.when.as_ref().is_none_or(|when| when(call))
         })?;
@@ -202,12 +221,24 @@ impl Faults {
 /// A store whose calls get the faults of its [`Faults`]; made by
 /// [`Faults::wrap`]. Implements each store trait its inner store does, and
 /// can be installed in [`Stores`](crate::Stores) like any store.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Faulty<S> {
-    store: S,
+    /// Shared with the writes that land late ([`Fault::LandsLate`]).
+    store: Arc<S>,
     faults: Faults,
     answer_limit: Option<usize>,
 }
+
+// By hand: derived, it would ask `S: Clone`.
+impl<S> Clone for Faulty<S> {
+    fn clone(&self) -> Self {
+        Faulty { store: self.store.clone(), faults: self.faults.clone(), answer_limit: self.answer_limit }
+    }
+}
+
+/// A late write ([`Fault::LandsLate`]): the call, made with owned copies of
+/// its values, for a task of its own.
+type Late = BoxFuture<'static, ()>;
 
 impl<S> Faulty<S> {
     /// Say that records hold answers of at most `bytes` of JSON (a server
@@ -239,6 +270,19 @@ impl<S> Faulty<S> {
         real: impl FnOnce() -> BoxFuture<'a, Result<T, Error>> + Send + 'a,
         lost: impl FnOnce() -> T + Send + 'a,
     ) -> BoxFuture<'a, Result<T, Error>> {
+        self.write(kind, call, real, lost, || -> Late { unreachable!("a late write is a lease store's") })
+    }
+
+    /// [`call`](Self::call) of a write that can land late: `late` makes it
+    /// from owned copies of its values.
+    fn write<'a, T: Send + 'a>(
+        &'a self,
+        kind: &'static str,
+        call: Call<'_>,
+        real: impl FnOnce() -> BoxFuture<'a, Result<T, Error>> + Send + 'a,
+        lost: impl FnOnce() -> T + Send + 'a,
+        late: impl FnOnce() -> Late,
+    ) -> BoxFuture<'a, Result<T, Error>> {
         match self.faults.take(&call) {
             None => real(),
             Some(Fault::Fail) => Box::pin(std::future::ready(Err(injected(kind, "the store is unreachable")))),
@@ -252,6 +296,14 @@ impl<S> Faulty<S> {
                 let _ = real().await;
                 Err(injected(kind, "the connection dropped after the write, before its answer"))
             }),
+            Some(Fault::LandsLate(after)) => {
+                let write = late();
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    write.await;
+                });
+                Box::pin(std::future::ready(Err(injected(kind, "no answer in time (the write lands later)"))))
+            }
         }
     }
 }
@@ -264,19 +316,40 @@ fn plain<'a>(op: Op, scope: &'a str, key: &'a str) -> Call<'a> {
     Call { op, scope, key, response: None }
 }
 
-impl<S: LeaseStore> LeaseStore for Faulty<S> {
+impl<S: LeaseStore + 'static> Faulty<S> {
+    /// A late write of `held`'s holder: `op` on the inner store.
+    fn late_held(
+        &self,
+        held: &HeldLease<'_>,
+        op: impl for<'h> FnOnce(&'h S, &'h HeldLease<'h>) -> BoxFuture<'h, Result<bool, Error>> + Send + 'static,
+    ) -> Late {
+        let (store, held) = (self.store.clone(), Holder::of(held));
+        Box::pin(async move {
+            let _ = op(&store, &held.held()).await;
+        })
+    }
+}
+
+impl<S: LeaseStore + 'static> LeaseStore for Faulty<S> {
     fn kind(&self) -> &'static str {
         self.store.kind()
     }
 
     fn claim<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         let call = plain(Op::Claim, req.scope, req.key);
-        self.call(
-            self.kind(),
-            call,
-            move || self.store.claim(req),
-            || LeaseClaim::Acquired { fence: 0, reclaimed: false },
-        )
+        let late = || -> Late {
+            let store = self.store.clone();
+            let (scope, key, owner) = (req.scope.to_owned(), req.key.to_owned(), req.owner.to_owned());
+            let fingerprint = req.fingerprint.map(str::to_owned);
+            let (lease, retention) = (req.lease, req.retention);
+            Box::pin(async move {
+                let fingerprint = fingerprint.as_deref();
+                let req = LeaseRequest { scope: &scope, key: &key, fingerprint, owner: &owner, lease, retention };
+                let _ = store.claim(&req).await;
+            })
+        };
+        let real = move || self.store.claim(req);
+        self.write(self.kind(), call, real, || LeaseClaim::Acquired { fence: 0, reclaimed: false }, late)
     }
 
     fn complete<'a>(
@@ -285,15 +358,25 @@ impl<S: LeaseStore> LeaseStore for Faulty<S> {
         response: Option<&'a str>,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         let call = Call { op: Op::Complete, scope: held.scope, key: held.key, response };
-        self.call(self.kind(), call, move || self.store.complete(held, response), || true)
+        let late = || {
+            let answer = response.map(str::to_owned);
+            self.late_held(held, move |store, held| {
+                Box::pin(async move { store.complete(held, answer.as_deref()).await })
+            })
+        };
+        self.write(self.kind(), call, move || self.store.complete(held, response), || true, late)
     }
 
     fn release<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        self.call(self.kind(), plain(Op::Release, held.scope, held.key), move || self.store.release(held), || true)
+        let late = || self.late_held(held, |store, held| store.release(held));
+        let call = plain(Op::Release, held.scope, held.key);
+        self.write(self.kind(), call, move || self.store.release(held), || true, late)
     }
 
     fn extend<'a>(&'a self, held: &'a HeldLease<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        self.call(self.kind(), plain(Op::Extend, held.scope, held.key), move || self.store.extend(held), || true)
+        let late = || self.late_held(held, |store, held| store.extend(held));
+        let call = plain(Op::Extend, held.scope, held.key);
+        self.write(self.kind(), call, move || self.store.extend(held), || true, late)
     }
 
     fn peek<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Option<LeaseClaim>, Error>> {
@@ -306,11 +389,27 @@ impl<S: LeaseStore> LeaseStore for Faulty<S> {
 
     fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         let call = Call { op: Op::RecordStep, scope: held.scope, key: held.key, response: Some(step.result) };
-        self.call(self.kind(), call, move || self.store.record_step(held, step), || true)
+        let late = || {
+            let (number, name, result) = (step.number, step.name.to_owned(), step.result.to_owned());
+            self.late_held(held, move |store, held| {
+                Box::pin(async move {
+                    let step = NewStep { number, name: &name, result: &result };
+                    store.record_step(held, &step).await
+                })
+            })
+        };
+        self.write(self.kind(), call, move || self.store.record_step(held, step), || true, late)
     }
 
     fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
-        self.call(self.kind(), plain(Op::ForgetSteps, scope, key), move || self.store.forget_steps(scope, key), || ())
+        let late = || -> Late {
+            let (store, scope, key) = (self.store.clone(), scope.to_owned(), key.to_owned());
+            Box::pin(async move {
+                let _ = store.forget_steps(&scope, &key).await;
+            })
+        };
+        let call = plain(Op::ForgetSteps, scope, key);
+        self.write(self.kind(), call, move || self.store.forget_steps(scope, key), || (), late)
     }
 
     fn notifies(&self) -> bool {
@@ -324,7 +423,7 @@ impl<S: LeaseStore> LeaseStore for Faulty<S> {
     /// The inner store's handle, with the same faults.
     fn shared(&self) -> Option<Arc<dyn LeaseStore>> {
         let store = self.store.shared()?;
-        Some(Arc::new(Faulty { store, faults: self.faults.clone(), answer_limit: self.answer_limit }))
+        Some(Arc::new(Faulty { store: Arc::new(store), faults: self.faults.clone(), answer_limit: self.answer_limit }))
     }
 
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
@@ -396,7 +495,7 @@ impl<S: LockStore> LockStore for Faulty<S> {
     /// The inner store's handle, with the same faults.
     fn shared(&self) -> Option<Arc<dyn LockStore>> {
         let store = self.store.shared()?;
-        Some(Arc::new(Faulty { store, faults: self.faults.clone(), answer_limit: self.answer_limit }))
+        Some(Arc::new(Faulty { store: Arc::new(store), faults: self.faults.clone(), answer_limit: self.answer_limit }))
     }
 }
 
