@@ -178,8 +178,9 @@ impl<'s> LeaseTicket<'s> {
     /// without running them and resumes at the first step without a
     /// result; the one step in flight when a worker died runs again, with
     /// the same [`StepKey`](crate::lease::StepKey) for the outside system
-    /// to deduplicate on. Once the call completes its steps are forgotten:
-    /// its answer replays.
+    /// to deduplicate on (or is checked first, or stops the call in doubt:
+    /// [`Steps::run_checked`], [`Steps::run_at_most_once`]). Once the call
+    /// completes its steps are forgotten: its answer replays.
     ///
     /// One more round trip to the store before the body (the steps read),
     /// and one write per step run.
@@ -209,7 +210,7 @@ impl<'s> LeaseTicket<'s> {
             retention: p.retention,
         };
         let limit = self.store.answer_limit().await;
-        let had_steps = !recorded.is_empty();
+        let had_steps = !recorded.recorded.is_empty() || recorded.started.is_some();
         let wrote = Arc::new(AtomicBool::new(false));
         let steps = Steps::new(self.store, holder, (p.scope.to_string(), p.key.hash()), limit, recorded, wrote.clone());
         let value = self.run_body(body(steps)).await?;
