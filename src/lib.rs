@@ -112,7 +112,7 @@ pub mod lease {
     #![doc = include_str!("../docs/lease.md")]
     pub use idem_runtime::lease::{
         DEFAULT_LEASE, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, LeaseTicket, MAX_STEPS, NewStep,
-        RecordedStep, StepKey, Steps, Watch, current,
+        RecordedStep, Resolve, StartedStep, StepKey, StepLog, StepOutcome, Steps, Watch, current,
     };
     #[cfg(feature = "sql")]
     pub use idem_runtime::lease::{StepInTransaction, StepTransactions};

@@ -3,7 +3,9 @@
 //! Cluster. An outside
 //! system that counts its calls per step key shows each recorded step
 //! called once, a resumed call starting at its first unfinished step, and
-//! a stale owner refused.
+//! a stale owner refused. A gateway that does not deduplicate shows a step
+//! in flight at a crash charged once: checked by the take-over, or, at
+//! most once, in doubt until resolved.
 
 use idem_test_support as common;
 
@@ -12,8 +14,12 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use common::unique;
-use idem::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, StepKey, Steps};
+use idem::lease::{
+    HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, Resolve, StepKey, StepLog, StepOutcome, Steps,
+};
 use idem::{Claim, Error, Guard};
 
 type Store = Arc<dyn LeaseStore>;
@@ -137,7 +143,7 @@ macro_rules! steps_suite {
                 assert_eq!(counts(&runs), [1, 2, 1]);
                 let scope = idem::key::stored_scope("tests.steps.transfer");
                 assert!(
-                    store.steps(&scope, idem::Key::new(&id).unwrap().as_str()).await.unwrap().is_empty(),
+                    store.steps(&scope, idem::Key::new(&id).unwrap().as_str()).await.unwrap() == StepLog::default(),
                     "forgotten once completed"
                 );
             }
@@ -219,7 +225,7 @@ macro_rules! steps_suite {
                 assert!(store.record_step(&held("new", new), &step).await.unwrap());
                 let later = NewStep { number: 2, name: "ledger", result: "null" };
                 assert!(!store.record_step(&held("new", new), &later).await.unwrap(), "only the next step");
-                let steps = store.steps(&scope, &key).await.unwrap();
+                let steps = store.steps(&scope, &key).await.unwrap().recorded;
                 assert_eq!(steps.len(), 1);
                 assert_eq!((steps[0].name.as_str(), steps[0].result.as_str()), ("charge", "1"));
                 store.forget_steps(&scope, &key).await.unwrap();
@@ -264,6 +270,119 @@ macro_rules! steps_suite {
                 assert_eq!(bank.charges.load(SeqCst), 1);
             }
 
+            /// The worker stopped after the gateway charged, before the
+            /// charge was recorded: the take-over asks the gateway, records
+            /// its answer and goes on; charged once.
+            #[tokio::test]
+            async fn a_checked_step_the_gateway_did_is_recorded_from_the_check() {
+                let store: Store = store!();
+                let (id, gateway) = (unique("checked-done"), Gateway::default());
+                pay_and_stop(&*store, &id, &gateway, Charge::Checked, Stop::AfterTheCharge).await;
+                assert_eq!(pay_attempt(&*store, &id, &gateway, Charge::Checked).await.unwrap(), 500);
+                assert_eq!((gateway.charges(&pay_key(&id)), gateway.checks.load(SeqCst)), (1, 1));
+                assert_eq!(pay_attempt(&*store, &id, &gateway, Charge::Checked).await.unwrap(), 500, "replayed");
+                assert_eq!((gateway.charges(&pay_key(&id)), gateway.checks.load(SeqCst)), (1, 1));
+            }
+
+            /// The worker stopped in the charge before it reached the
+            /// gateway: the check says not done, and the take-over charges,
+            /// once. An attempt with no crash behind it asks nothing.
+            #[tokio::test]
+            async fn a_checked_step_the_gateway_did_not_do_is_run_once() {
+                let store: Store = store!();
+                let (id, gateway) = (unique("checked-not-done"), Gateway::default());
+                pay_and_stop(&*store, &id, &gateway, Charge::Checked, Stop::BeforeTheCharge).await;
+                assert_eq!(pay_attempt(&*store, &id, &gateway, Charge::Checked).await.unwrap(), 500);
+                assert_eq!((gateway.charges(&pay_key(&id)), gateway.checks.load(SeqCst)), (1, 1));
+                let (other, fresh) = (unique("checked-plain"), Gateway::default());
+                assert_eq!(pay_attempt(&*store, &other, &fresh, Charge::Checked).await.unwrap(), 500);
+                assert_eq!((fresh.charges(&pay_key(&other)), fresh.checks.load(SeqCst)), (1, 0));
+            }
+
+            /// An at-most-once charge in flight at a crash: every attempt
+            /// stops in doubt, naming the step's key, and charges nothing;
+            /// nothing is resolved while a worker holds the call; resolved
+            /// "done" with the gateway's result, the call completes with it.
+            #[tokio::test]
+            async fn an_at_most_once_step_in_flight_is_in_doubt_until_resolved_done() {
+                let store: Store = store!();
+                let (id, gateway) = (unique("once-done"), Gateway::default());
+                let scope = idem::key::stored_scope(PAY);
+                let key = idem::Key::new(&id).unwrap();
+                let claim = Guard::new(PAY).key(&id).lease::<u64>(&*store, Duration::from_secs(30)).await.unwrap();
+                let Claim::Run(live) = claim else { panic!("a fresh key") };
+                let held = store.resolve_step(&scope, key.as_str(), "charge", StepOutcome::NotDone).await.unwrap();
+                assert!(matches!(held, Resolve::Held { .. }), "{held:?}");
+                live.run(async { Err::<u64, Error>(Error::TokenRejected) }).await.unwrap_err();
+
+                pay_and_stop(&*store, &id, &gateway, Charge::AtMostOnce, Stop::AfterTheCharge).await;
+                for _ in 0..2 {
+                    let doubt = pay_attempt(&*store, &id, &gateway, Charge::AtMostOnce).await;
+                    let Err(Error::InDoubt { step, step_key, .. }) = doubt else { panic!("{doubt:?}") };
+                    assert_eq!((step.as_str(), step_key.as_str()), ("charge", pay_key(&id).as_str()));
+                }
+                assert_eq!(gateway.charges(&pay_key(&id)), 1, "charged by the stopped worker alone");
+                let log = store.steps(&scope, key.as_str()).await.unwrap();
+                assert_eq!(log.started.map(|s| (s.number, s.name)), Some((1, "charge".to_owned())));
+
+                let other = store.resolve_step(&scope, key.as_str(), "quote", StepOutcome::NotDone).await.unwrap();
+                assert!(matches!(other, Resolve::NotInFlight(_)), "{other:?}");
+                let done = StepOutcome::Done { result: "500" };
+                let resolved = store.resolve_step(&scope, key.as_str(), "charge", done).await.unwrap();
+                assert!(matches!(&resolved, Resolve::Resolved(log) if log.recorded.len() == 1), "{resolved:?}");
+                let again = store.resolve_step(&scope, key.as_str(), "charge", done).await.unwrap();
+                assert!(matches!(again, Resolve::NotInFlight(_)), "resolved once: {again:?}");
+                assert_eq!(pay_attempt(&*store, &id, &gateway, Charge::AtMostOnce).await.unwrap(), 500);
+                assert_eq!(gateway.charges(&pay_key(&id)), 1);
+            }
+
+            /// An at-most-once charge in flight before it reached the
+            /// gateway: in doubt; resolved "not done", the next attempt
+            /// charges, once.
+            #[tokio::test]
+            async fn an_at_most_once_step_resolved_not_done_runs_once() {
+                let store: Store = store!();
+                let (id, gateway) = (unique("once-not-done"), Gateway::default());
+                pay_and_stop(&*store, &id, &gateway, Charge::AtMostOnce, Stop::BeforeTheCharge).await;
+                let doubt = pay_attempt(&*store, &id, &gateway, Charge::AtMostOnce).await;
+                assert!(matches!(doubt, Err(Error::InDoubt { .. })), "{doubt:?}");
+                let (scope, key) = (idem::key::stored_scope(PAY), idem::Key::new(&id).unwrap());
+                let resolved = store.resolve_step(&scope, key.as_str(), "charge", StepOutcome::NotDone).await.unwrap();
+                assert!(matches!(resolved, Resolve::Resolved(_)), "{resolved:?}");
+                assert_eq!(pay_attempt(&*store, &id, &gateway, Charge::AtMostOnce).await.unwrap(), 500);
+                assert_eq!(gateway.charges(&pay_key(&id)), 1);
+            }
+
+            /// An at-most-once step whose work returned `Err` said it did
+            /// not act: its mark goes, and the retry runs it without doubt.
+            #[tokio::test]
+            async fn an_at_most_once_step_that_failed_runs_again() {
+                let store: Store = store!();
+                let (id, tries) = (unique("once-failed"), &AtomicUsize::new(0));
+                let attempt = || async {
+                    match Guard::new(PAY).key(&id).lease::<u64>(&*store, PAY_LEASE).await? {
+                        Claim::Replay(charged) => Ok(charged),
+                        Claim::Run(ticket) => {
+                            ticket
+                                .run_steps(|steps| async move {
+                                    steps
+                                        .run_at_most_once("charge", |_| async {
+                                            match tries.fetch_add(1, SeqCst) {
+                                                0 => Err(Error::Store { store: "gateway", source: "refused".into() }),
+                                                _ => Ok(500u64),
+                                            }
+                                        })
+                                        .await
+                                })
+                                .await
+                        }
+                    }
+                };
+                assert!(matches!(attempt().await, Err(Error::Store { .. })));
+                assert_eq!(attempt().await.unwrap(), 500);
+                assert_eq!(tries.load(SeqCst), 2);
+            }
+
             /// A name used twice in one body is refused before it runs.
             #[tokio::test]
             async fn a_step_name_used_twice_is_refused() {
@@ -285,6 +404,109 @@ macro_rules! steps_suite {
             }
         }
     };
+}
+
+/// The scope of the calls to the gateway.
+const PAY: &str = "tests.steps.pay";
+
+/// A payment gateway that does not deduplicate: every request with a key
+/// charges again (it counts charges per key), but it can be asked whether
+/// a key was charged.
+#[derive(Default)]
+struct Gateway {
+    charges: Mutex<HashMap<String, usize>>,
+    checks: AtomicUsize,
+}
+
+impl Gateway {
+    fn charge(&self, key: &StepKey) -> u64 {
+        *self.charges.lock().unwrap().entry(key.to_string()).or_default() += 1;
+        500
+    }
+
+    fn find(&self, key: &StepKey) -> Option<u64> {
+        self.checks.fetch_add(1, SeqCst);
+        (self.charges(key) > 0).then_some(500)
+    }
+
+    fn charges(&self, key: &StepKey) -> usize {
+        self.charges.lock().unwrap().get(key.as_str()).copied().unwrap_or(0)
+    }
+}
+
+/// How the charge step declares itself.
+#[derive(Clone, Copy, Debug)]
+enum Charge {
+    /// `run_checked`, asking the gateway.
+    Checked,
+    /// `run_at_most_once`.
+    AtMostOnce,
+}
+
+/// Where the worker of an attempt stops for good (its body dropped), if
+/// it does: in `charge`, before or after the gateway charged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stop {
+    Never,
+    BeforeTheCharge,
+    AfterTheCharge,
+}
+
+/// quote -> charge (the gateway) -> receipt, answering the charge.
+async fn pay(steps: &Steps<'_>, gateway: &Gateway, charge: Charge, stop: Stop, stopped: &Notify) -> Result<u64, Error> {
+    let stand = |at: Stop| async move {
+        if stop == at {
+            stopped.notify_one();
+            std::future::pending::<()>().await;
+        }
+    };
+    let cents = steps.run("quote", |_| async { Ok::<_, Error>(500u64) }).await?;
+    let send = |key: StepKey| async move {
+        stand(Stop::BeforeTheCharge).await;
+        assert_eq!(gateway.charge(&key), cents);
+        stand(Stop::AfterTheCharge).await;
+        Ok::<_, Error>(cents)
+    };
+    let charged = match charge {
+        Charge::Checked => steps.run_checked("charge", |key| async move { Ok(gateway.find(&key)) }, send).await?,
+        Charge::AtMostOnce => steps.run_at_most_once("charge", send).await?,
+    };
+    steps.run("receipt", |_| async { Ok::<_, Error>(()) }).await?;
+    Ok(charged)
+}
+
+/// One attempt of the payment `id`.
+async fn pay_attempt(store: &dyn LeaseStore, id: &str, gateway: &Gateway, charge: Charge) -> Result<u64, Error> {
+    match Guard::new(PAY).key(id).lease::<u64>(store, PAY_LEASE).await? {
+        Claim::Replay(charged) => Ok(charged),
+        Claim::Run(ticket) => {
+            ticket
+                .run_steps(|steps| async move { pay(&steps, gateway, charge, Stop::Never, &Notify::new()).await })
+                .await
+        }
+    }
+}
+
+/// An attempt of the payment `id` whose worker stops at `stop` (its body
+/// dropped there, its record left as a crash leaves it), then the wait
+/// for its lease to pass.
+async fn pay_and_stop(store: &dyn LeaseStore, id: &str, gateway: &Gateway, charge: Charge, stop: Stop) {
+    let claim = Guard::new(PAY).key(id).lease::<u64>(store, PAY_LEASE).await.unwrap();
+    let Claim::Run(ticket) = claim else { panic!("a fresh key") };
+    let stopped = &Notify::new();
+    let body = ticket.run_steps(|steps| async move { pay(&steps, gateway, charge, stop, stopped).await });
+    tokio::select! {
+        done = body => panic!("the worker was to stop at {stop:?}: {done:?}"),
+        () = stopped.notified() => {}
+    }
+    tokio::time::sleep(PAY_LEASE + Duration::from_millis(200)).await;
+}
+
+const PAY_LEASE: Duration = Duration::from_millis(600);
+
+/// The key the gateway got for the charge of payment `id`.
+fn pay_key(id: &str) -> StepKey {
+    steps_key(&idem::key::stored_scope(PAY), idem::Key::new(id).unwrap().as_str(), "charge")
 }
 
 /// `transfer` whose `ledger` step never ends (its worker dies in it).

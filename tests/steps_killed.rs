@@ -18,6 +18,12 @@
 //! - before: the step has begun, its outside call not yet made;
 //! - during: the outside call was made, its result not yet recorded;
 //! - after: its result recorded, the next step not begun.
+//!
+//! The outside system does not deduplicate: a step re-sent is a second
+//! request. `charge` is a plain step (re-sent with its key), or one with a
+//! check (the take-over asks the outside system, and does not send it
+//! again), or at-most-once (the take-over stops in doubt until the test,
+//! as an operator, resolves it).
 
 use idem_test_support as common;
 
@@ -31,7 +37,7 @@ use std::sync::mpsc::{self, TryRecvError};
 use std::time::{Duration, Instant};
 
 use common::unique;
-use idem::lease::{LeaseStore, StepKey, Steps};
+use idem::lease::{LeaseStore, Resolve, StepKey, StepOutcome, Steps};
 use idem::{Claim, Error, Guard, Replayable};
 use serde::{Deserialize, Serialize};
 
@@ -95,6 +101,17 @@ async fn open(kind: Kind, place: &str) -> Option<Store> {
     })
 }
 
+/// How the `charge` step declares itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum Charge {
+    /// `Steps::run`: re-sent after a crash in it.
+    Plain,
+    /// `Steps::run_checked`, asking the outside system for its key.
+    Checked,
+    /// `Steps::run_at_most_once`.
+    AtMostOnce,
+}
+
 /// What a worker process is to do: in `scope`, one call killed at each
 /// step ([`call_killed_at`]), in `phase` of that step.
 #[derive(Serialize, Deserialize)]
@@ -103,6 +120,7 @@ struct Job {
     place: String,
     scope: String,
     phase: Phase,
+    charge: Charge,
     /// Where the outside system's files are.
     dir: PathBuf,
 }
@@ -134,6 +152,11 @@ impl Outside {
         file.flush().unwrap();
     }
 
+    /// Whether the outside system got step `key`: what `check` asks.
+    fn got(&self, key: &StepKey) -> bool {
+        self.requests().iter().any(|(_, k)| k == key.as_str())
+    }
+
     /// The requests so far, as (step, key).
     fn requests(&self) -> Vec<(String, String)> {
         let Ok(text) = std::fs::read_to_string(&self.file) else { return Vec::new() };
@@ -150,23 +173,28 @@ impl Outside {
 type KillPoint<'a> = (Phase, &'a str);
 
 /// reserve -> charge -> ledger, each step one request to the outside
-/// system; with `kill`, the call stops there for good (its process is
-/// about to be killed).
-async fn transfer(steps: Steps<'_>, outside: &Outside, kill: Option<(KillPoint<'_>, &str)>) -> Result<u64, Error> {
-    let held = step(&steps, outside, kill, "reserve", CENTS).await?;
-    let charged = step(&steps, outside, kill, "charge", held).await?;
-    step(&steps, outside, kill, "ledger", ()).await?;
+/// system, `charge` declared as `charge` says; with `kill`, the call stops
+/// there for good (its process is about to be killed).
+async fn transfer(
+    steps: Steps<'_>,
+    outside: &Outside,
+    charge: Charge,
+    kill: Option<(KillPoint<'_>, &str)>,
+) -> Result<u64, Error> {
+    let held = step(&steps, outside, kill, ("reserve", Charge::Plain), CENTS).await?;
+    let charged = step(&steps, outside, kill, ("charge", charge), held).await?;
+    step(&steps, outside, kill, ("ledger", Charge::Plain), ()).await?;
     Ok(charged)
 }
 
 /// The step `name`: a request to the outside system with the step's key,
 /// answering `value`; for the call killed at this step, the marker and no
 /// return at the kill point.
-async fn step<T: Replayable>(
+async fn step<T: Replayable + Clone>(
     steps: &Steps<'_>,
     outside: &Outside,
     kill: Option<(KillPoint<'_>, &str)>,
-    name: &str,
+    (name, declared): (&str, Charge),
     value: T,
 ) -> Result<T, Error> {
     let stand_if = |phase: Phase| async move {
@@ -175,14 +203,21 @@ async fn step<T: Replayable>(
             _ => {}
         }
     };
-    let value = steps
-        .run(name, |key| async move {
-            stand_if(Phase::Before).await;
-            outside.request(name, &key);
-            stand_if(Phase::During).await;
-            Ok::<_, Error>(value)
-        })
-        .await?;
+    let answer = value.clone();
+    let send = |key: StepKey| async move {
+        stand_if(Phase::Before).await;
+        outside.request(name, &key);
+        stand_if(Phase::During).await;
+        Ok::<_, Error>(value)
+    };
+    let value = match declared {
+        Charge::Plain => steps.run(name, send).await?,
+        Charge::Checked => {
+            let check = |key: StepKey| async move { Ok(outside.got(&key).then_some(answer)) };
+            steps.run_checked(name, check, send).await?
+        }
+        Charge::AtMostOnce => steps.run_at_most_once(name, send).await?,
+    };
     stand_if(Phase::After).await;
     Ok(value)
 }
@@ -212,7 +247,7 @@ async fn worker_process() {
             let Claim::Run(ticket) = claim else { panic!("{call}: a first call runs") };
             let outside = job.outside(step);
             let kill = Some(((job.phase, step), call.as_str()));
-            let ran = ticket.run_steps(|steps| transfer(steps, &outside, kill)).await;
+            let ran = ticket.run_steps(|steps| transfer(steps, &outside, job.charge, kill)).await;
             panic!("{call} went past its kill point: {ran:?}");
         }
     };
@@ -294,6 +329,11 @@ impl Drop for Worker {
 /// Kill a worker in `phase` of each step (three calls, one process), then
 /// take each call over and check what the outside system got.
 async fn kill_and_take_over(kind: Kind, phase: Phase) {
+    kill_and_take_over_charging(kind, phase, Charge::Plain).await;
+}
+
+/// [`kill_and_take_over`], with `charge` declared as `charge` says.
+async fn kill_and_take_over_charging(kind: Kind, phase: Phase, charge: Charge) {
     let dir = TestDir::new();
     let place = match kind {
         Kind::Sqlite => dir.0.join("store.db").to_str().unwrap().to_owned(),
@@ -301,7 +341,7 @@ async fn kill_and_take_over(kind: Kind, phase: Phase) {
         Kind::Postgres | Kind::Mysql => String::new(),
     };
     let Some(store) = open(kind, &place).await else { return };
-    let job = Job { kind, place, scope: unique("tests.steps_killed"), phase, dir: dir.0.clone() };
+    let job = Job { kind, place, scope: unique("tests.steps_killed"), phase, charge, dir: dir.0.clone() };
     let mut worker = Worker::start(&job);
     worker.wait_at_kill_points(&STEPS.map(call_killed_at)).await;
     worker.kill();
@@ -329,36 +369,50 @@ impl Drop for TestDir {
 
 /// Take over the call killed at `STEPS[killed]`, and check it: each step
 /// recorded before the kill requested once in all, the one in flight
-/// ("during") twice with the same key, nothing more than twice, the take-
-/// over resumed where the worker stopped, and its answer replays.
+/// ("during") twice with the same key if it is a plain step (once if it is
+/// checked; at-most-once, the take-over stops in doubt and the test
+/// resolves it done), nothing more than twice, the take-over resumed where
+/// the worker stopped, and its answer replays.
 async fn take_over(store: &dyn LeaseStore, job: &Job, killed: usize) {
     let call = call_killed_at(STEPS[killed]);
     let outside = job.outside(STEPS[killed]);
     let recorded = job.phase.recorded_at_kill(killed);
+    let resent = job.phase == Phase::During && (killed != 1 || job.charge == Charge::Plain);
     let requested_at_kill = recorded + usize::from(job.phase == Phase::During);
     assert_eq!(outside.requests().len(), requested_at_kill, "{call}: requests when the worker was killed");
 
-    let guard = Guard::new(job.scope.clone()).key(&call);
-    let claim = guard.lease_or_wait::<u64>(store, LEASE, PATIENCE).await.unwrap();
-    let Claim::Run(ticket) = claim else { panic!("{call}: the dead worker's call was not completed") };
+    let scope = idem::key::stored_scope(&job.scope);
+    let key = idem::Key::new(&call).unwrap();
+    let in_doubt = killed == 1 && job.charge == Charge::AtMostOnce && job.phase != Phase::After;
+    if in_doubt {
+        let doubt = attempt(store, job, &call, &outside).await;
+        let Err(Error::InDoubt { step_key, .. }) = doubt else { panic!("{call}: {doubt:?}") };
+        assert_eq!(step_key, StepKey::for_step(&scope, key.as_str(), "charge").to_string());
+        // The operator asked the outside system.
+        let outcome = match outside.requests().len() > recorded {
+            true => StepOutcome::Done { result: "500" },
+            false => StepOutcome::NotDone,
+        };
+        let resolved = store.resolve_step(&scope, key.as_str(), "charge", outcome).await.unwrap();
+        assert!(matches!(resolved, Resolve::Resolved(_)), "{call}: {resolved:?}");
+    }
     let mut resumed = None;
-    let answer = ticket
-        .run_steps(|steps| async {
-            resumed = Some((idem::lease::current().unwrap().reclaimed, steps.recorded()));
-            transfer(steps, &outside, None).await
-        })
-        .await
-        .unwrap();
+    let answer = attempt_with(store, job, &call, |steps| async {
+        resumed = Some((idem::lease::current().unwrap().reclaimed, steps.recorded()));
+        transfer(steps, &outside, job.charge, None).await
+    })
+    .await
+    .unwrap();
     assert_eq!(answer, CENTS);
-    assert_eq!(resumed, Some((true, recorded)), "{call}: took the record over, and replayed {recorded} steps");
+    let (reclaimed, replayed) = (!in_doubt, recorded + usize::from(in_doubt && job.phase == Phase::During));
+    assert_eq!(resumed, Some((reclaimed, replayed)), "{call}: took the record over, and replayed {replayed} steps");
 
     let requests = outside.requests();
-    let scope = idem::key::stored_scope(&job.scope);
     for (number, name) in STEPS.into_iter().enumerate() {
-        let key = StepKey::for_step(&scope, idem::Key::new(&call).unwrap().as_str(), name);
+        let key = StepKey::for_step(&scope, key.as_str(), name);
         let sent: Vec<_> = requests.iter().filter(|(step, _)| step == name).collect();
         assert!(sent.iter().all(|(_, k)| k == key.as_str()), "{call}: {name} always with its key: {sent:?}");
-        let expected = if number == killed && job.phase == Phase::During { 2 } else { 1 };
+        let expected = if number == killed && resent { 2 } else { 1 };
         assert_eq!(sent.len(), expected, "{call}: requests of {name}: {requests:?}");
     }
 
@@ -366,6 +420,24 @@ async fn take_over(store: &dyn LeaseStore, job: &Job, killed: usize) {
     let again = Guard::new(job.scope.clone()).key(&call).lease::<u64>(store, LEASE).await.unwrap();
     assert!(matches!(again, Claim::Replay(CENTS)), "{call}: {again:?}");
     assert_eq!(outside.requests().len(), requests.len(), "{call}: the replay requested nothing");
+}
+
+/// One attempt of `call`, its body `transfer` with no kill.
+async fn attempt(store: &dyn LeaseStore, job: &Job, call: &str, outside: &Outside) -> Result<u64, Error> {
+    attempt_with(store, job, call, |steps| transfer(steps, outside, job.charge, None)).await
+}
+
+/// One attempt of `call` with `body`, waiting for the dead worker's lease.
+async fn attempt_with<'s, F, Fut>(store: &'s dyn LeaseStore, job: &Job, call: &str, body: F) -> Result<u64, Error>
+where
+    F: FnOnce(Steps<'s>) -> Fut,
+    Fut: Future<Output = Result<u64, Error>>,
+{
+    let guard = Guard::new(job.scope.clone()).key(call);
+    match guard.lease_or_wait::<u64>(store, LEASE, PATIENCE).await? {
+        Claim::Run(ticket) => ticket.run_steps(body).await,
+        Claim::Replay(answer) => panic!("{call}: the dead worker's call was completed: {answer}"),
+    }
 }
 
 macro_rules! killed_suite {
@@ -392,6 +464,22 @@ macro_rules! killed_suite {
             #[tokio::test]
             async fn a_worker_killed_after_a_step_was_recorded_is_resumed_at_the_next_step() {
                 kill_and_take_over($kind, Phase::After).await;
+            }
+
+            /// Killed as the outside system charged, the charge checked:
+            /// the take-over finds the charge there and records it; the
+            /// outside system, which does not deduplicate, is charged once.
+            #[tokio::test]
+            async fn a_worker_killed_in_a_checked_charge_leaves_one_charge() {
+                kill_and_take_over_charging($kind, Phase::During, Charge::Checked).await;
+            }
+
+            /// Killed as the outside system charged, the charge at-most-once:
+            /// the take-over stops in doubt; resolved done, the call
+            /// completes, charged once.
+            #[tokio::test]
+            async fn a_worker_killed_in_an_at_most_once_charge_leaves_the_call_in_doubt() {
+                kill_and_take_over_charging($kind, Phase::During, Charge::AtMostOnce).await;
             }
         }
     };

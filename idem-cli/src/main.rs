@@ -1,7 +1,7 @@
 //! `idem`: operate idem's records from a shell. Every command is a call of
 //! the runtime's public functions (`idem::migrate`, `idem::admin::*`,
-//! `idem::sql::purge_expired`, `RedisStore::inspect_lease` ...), so a program
-//! can do the same.
+//! `idem::sql::purge_expired`, `RedisStore::inspect_lease`,
+//! `LeaseStore::resolve_step` ...), so a program can do the same.
 //!
 //! The command line is in `opt`; each command in the module of its name,
 //! acting on the stores `connect` reaches (`store`); how records look is
@@ -20,11 +20,12 @@ mod opt;
 mod purge;
 mod release;
 mod render;
+mod resolve;
 mod store;
 mod stuck;
 
 use error::{Failure, argument_error};
-use opt::{Cli, Command};
+use opt::{Cli, Command, StepsCommand};
 use render::{Done, Out};
 
 fn main() -> ExitCode {
@@ -83,6 +84,12 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
             use_table(&table)?;
             let id = args.target.id()?;
             release::run(&connect::each(&given).await?, &id, args.yes, &out).await
+        }
+        Command::Steps(StepsCommand::Resolve(args)) => {
+            given.any()?;
+            use_table(&table)?;
+            let id = args.target.id()?;
+            resolve::run(&connect::each(&given).await?, &id, &args, &out).await
         }
         Command::Purge(args) => {
             let url = given.database_url()?;

@@ -13,13 +13,14 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  done (inspect: also when there is no such record; the output says so)
   1  an error: a store unreachable or failing, tables missing, or a release
-     refused (no such record, not stuck, taken over meanwhile, not confirmed)
+     or resolution refused (no such record, not stuck, no such step in
+     flight, held by a worker, taken over meanwhile, not confirmed)
   2  usage: bad arguments, or no store given for the command
 
 Stores: --database-url (postgres://, postgresql://, mysql://, mariadb://,
 sqlite:) and/or --redis-url (redis://, rediss://); or IDEM_DATABASE_URL and
-IDEM_REDIS_URL. inspect, stuck and release act on each store given;
-migrate and purge on the database.
+IDEM_REDIS_URL. inspect, stuck, release and steps resolve act on each
+store given; migrate and purge on the database.
 
 HTTP records (the Idempotency-Key layer, idem::http): the scope is the
 layer's (default `http`); --key is the header's key without its quotes;
@@ -31,7 +32,7 @@ With --json, every outcome is one JSON document on stdout, bad arguments
 included ({\"error\": ..., \"exit_code\": 2}).";
 
 /// Operate idem's records: create the schema, look a record up, list and
-/// release stuck records, purge old ones.
+/// release stuck records, resolve a step in doubt, purge old ones.
 #[derive(Parser, Debug)]
 #[command(name = "idem", version, after_help = EXIT_CODES)]
 pub(crate) struct Cli {
@@ -91,22 +92,26 @@ pub(crate) enum Command {
     /// schema.
     Migrate,
 
-    /// Show one record: status, state (running, lease passed, unfinished,
-    /// done, expired), owner, fence, lease deadline, age, expiry, a
-    /// preview of the stored response, and the steps a lease call recorded
-    /// so far (number, name, result, and the stable key it gave the
-    /// outside system).
+    /// Show one record: status, state (held with a live lease, lease
+    /// passed, unfinished, done, expired), owner, fence, lease deadline,
+    /// age, expiry, a preview of the stored response, the steps a lease
+    /// call recorded so far (number, name, result, and the stable key it
+    /// gave the outside system), and the step in flight where a mark says
+    /// which. A call with no record (its last attempt failed, or stopped in
+    /// doubt) shows its steps alone.
     Inspect(Target),
 
     /// List stuck records: PROCESSING with the lease passed (the worker
     /// died; the next call takes it over), or PROCESSING with no lease (an
     /// unfinished dedup record: repeats fail with Error::Unfinished until
     /// it is released). Records past their retention are not listed. A
-    /// lease call's line says where it stopped: after which recorded step
-    /// (the next one was in flight), or before its first step.
+    /// lease call's line says where it stopped: in which step (name and
+    /// key) where a mark says which, else after which recorded step (the
+    /// next one was in flight), or before its first step.
     Stuck(StuckArgs),
 
-    /// Delete one stuck record so that the next call of its key runs again.
+    /// Delete one stuck record so that the next call of its key runs again
+    /// (its recorded steps stay: it replays them and resumes after them).
     /// Shows the record and asks for confirmation (--yes skips it); refuses
     /// a record that is not stuck (running, done, expired), and one that a
     /// worker took over between the look and the delete.
@@ -116,6 +121,49 @@ pub(crate) enum Command {
     /// completed ones), in bounded batches. SQL only: Redis drops records
     /// by TTL.
     Purge(PurgeArgs),
+
+    /// Operate a lease call's recorded steps.
+    #[command(subcommand)]
+    Steps(StepsCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum StepsCommand {
+    /// Say what became of a step in flight (a step with a check, or
+    /// at-most-once, that was marked started and not recorded when its
+    /// attempt stopped), once the outside system has been asked about its
+    /// key: --done with the step's result (recorded: the call resumes after
+    /// it), or --not-done (its mark removed: the call runs it). The call of
+    /// an at-most-once step stops "in doubt" until this is done. Shows the
+    /// call's steps and asks for confirmation (--yes skips it); refuses
+    /// while a worker holds the call with a live lease, and when no step of
+    /// that name is in flight.
+    Resolve(ResolveArgs),
+}
+
+/// The arguments of `idem steps resolve`.
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("outcome").required(true).args(["done", "not_done"]))]
+pub(crate) struct ResolveArgs {
+    #[command(flatten)]
+    pub(crate) target: Target,
+    /// The step's name, as `idem inspect` shows it in flight.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) step: String,
+    /// The step's work was done: record --result as its result.
+    #[arg(long, requires = "result")]
+    pub(crate) done: bool,
+    /// The step's result, as JSON of the step's `Ok` value (what the body
+    /// reads back: `"ch_42"`, `500`, `{"id": 7}`), as the outside system
+    /// reports it.
+    #[arg(long, value_name = "JSON", value_parser = parse_json, allow_hyphen_values = true)]
+    pub(crate) result: Option<String>,
+    /// The step's work was not done: remove its mark, so the call runs it.
+    #[arg(long, conflicts_with = "result")]
+    pub(crate) not_done: bool,
+    /// Resolve without asking (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
 }
 
 /// The arguments of `idem stuck`. (A command's help is its variant's
@@ -258,6 +306,13 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     let d = humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 30d, 12h, 90min)"))?;
     if d.is_zero() { Err("give a duration above zero".to_owned()) } else { Ok(d) }
+}
+
+/// `--result`: one JSON value, kept as it was written.
+fn parse_json(text: &str) -> Result<String, String> {
+    serde_json::from_str::<serde_json::Value>(text)
+        .map_err(|e| format!("not JSON: {e} (a string is quoted: '\"ch_42\"')"))?;
+    Ok(text.to_owned())
 }
 
 /// `--pause`: a duration, zero included (no pause).

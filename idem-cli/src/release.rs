@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::error::Failure;
 use crate::inspect::read_each;
-use crate::render::{Done, Out, json_record, scope_and_key, span, text_record};
+use crate::render::{Done, Out, each_store, json_record, meaning, scope_and_key, span, text_record};
 use crate::store::Store;
 
 /// What became of a store's record, as the JSON names it.
@@ -65,17 +65,10 @@ pub(crate) async fn run(stores: &[Store], id: &RecordId, yes: bool, out: &Out) -
         steps.push(release_one(store, id, record, yes, out).await?);
     }
     let released = steps.iter().filter(|step| step.outcome == Outcome::Released).count();
-    let mut failures: Vec<String> = steps
-        .iter()
-        .filter_map(|step| Some(format!("{}: not released: {}", step.store, step.refused.as_ref()?)))
-        .collect();
-    if released == 0 && failures.is_empty() {
-        failures.push(format!("no record for {} in any store given", scope_and_key(id.scope(), id.key())));
-    }
     let documents: Vec<Value> = steps.iter().map(Step::document).collect();
-    let document = json!({ "command": "release", "released": released, "stores": documents });
-    let failure = (!failures.is_empty()).then(|| Failure::error(failures.join("; ")));
-    Ok(Done { document, failure })
+    let refused = steps.into_iter().filter_map(|step| Some((step.store, step.refused?)));
+    let none = format!("no record for {} in any store given", scope_and_key(id.scope(), id.key()));
+    Ok(each_store("release", ("released", released), refused, none, documents))
 }
 
 /// Show `store`'s record of `id`, and release it if it is stuck and the
@@ -97,14 +90,41 @@ async fn release_one(
         let why = not_stuck_reason(&record);
         return Ok(Step::new(name, Outcome::NotStuck, Some(record)).refused(why));
     }
-    if !yes && let Err(why) = confirm(name) {
-        return Ok(Step::new(name, Outcome::NotConfirmed, Some(record)).refused(why.to_owned()));
+    let next = next_call(&record);
+    if !yes && let Err(why) = confirm(name, &next) {
+        return Ok(Step::new(name, Outcome::NotConfirmed, Some(record)).refused(why));
     }
     let release = store.release(id, record.fence).await?;
     if matches!(release, Release::Released(_)) {
-        out.say(format_args!("{name}: released: the next call of this key runs its body again"));
+        out.say(format_args!("{name}: released: {next}"));
     }
     Ok(released(name, record, release))
+}
+
+/// What the next call of a released record does: runs its body again,
+/// replaying the steps its call recorded (they stay) and resuming after
+/// them; a step marked in flight is checked first, or stops it in doubt.
+fn next_call(r: &Record) -> String {
+    let mut next = "the next call of this key runs its body again".to_owned();
+    if let Some(last) = r.steps.last() {
+        let names: Vec<String> = r.steps.iter().map(|step| format!("`{}`", step.name)).collect();
+        let (n, names) = (r.steps.len(), names.join(", "));
+        next.push_str(&match n {
+            1 => format!("; its 1 recorded step stays ({names}): it replays it and resumes after it"),
+            _ => format!(
+                "; its {n} recorded steps stay ({names}): it replays them and resumes after step {} `{}`",
+                last.number, last.name
+            ),
+        });
+    }
+    if let Some(step) = &r.in_flight {
+        next.push_str(&format!(
+            "; step {} `{}` stays marked in flight: a step with a check is checked first, an at-most-once step \
+             stops the call in doubt until `idem steps resolve`",
+            step.number, step.name
+        ));
+    }
+    next
 }
 
 /// What the store did with the `read` record it was asked to release.
@@ -128,22 +148,30 @@ fn released(store: &'static str, read: Record, release: Release) -> Step {
 
 /// Ask on the terminal; `Err` with why not when the answer is no, or when
 /// there is no terminal to ask on.
-fn confirm(store: &str) -> Result<(), &'static str> {
+fn confirm(store: &str, next: &str) -> Result<(), String> {
+    ask(&format!("Release this record in {store}? After the release, {next}."), "release")
+}
+
+/// Ask `question` on the terminal; `Err` with why not when the answer is
+/// no, or when there is no terminal to ask on (`--yes` would `act` without
+/// asking).
+pub(crate) fn ask(question: &str, act: &str) -> Result<(), String> {
     if !std::io::stdin().is_terminal() {
-        return Err("confirmation needed and stdin is not a terminal: pass --yes to release without asking");
+        return Err(format!("confirmation needed and stdin is not a terminal: pass --yes to {act} without asking"));
     }
-    eprint!("Release this record in {store}? The next call of its key will run its body again. [y/N] ");
+    eprint!("{question} [y/N] ");
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
-    std::io::stdin().read_line(&mut answer).map_err(|_| "could not read the answer")?;
-    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") { Ok(()) } else { Err("not confirmed") }
+    std::io::stdin().read_line(&mut answer).map_err(|_| "could not read the answer".to_owned())?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") { Ok(()) } else { Err("not confirmed".to_owned()) }
 }
 
 fn not_stuck_reason(r: &Record) -> String {
     match r.state {
         RecordState::Running => format!(
-            "its lease is live (a worker holds it for {} more); a record is released only once its lease has passed",
-            span(r.lease_left_ms().unwrap_or(0))
+            "it is held: its lease is live for {} more ({}); a record is released only once its lease has passed",
+            span(r.lease_left_ms().unwrap_or(0)),
+            meaning(r)
         ),
         RecordState::Done => "it is DONE: repeats replay its answer; `idem purge` deletes completed records".to_owned(),
         RecordState::Expired => {

@@ -6,7 +6,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use idem_runtime::Key;
 use idem_runtime::admin::RecordStatus;
-use idem_runtime::admin::{Record, RecordState, RecordStep};
+use idem_runtime::admin::{Record, RecordState};
+use idem_runtime::lease::{StepKey, StepLog};
 use serde_json::{Value, json};
 
 use crate::answer::{Answer, HttpResponse, answer};
@@ -38,6 +39,28 @@ impl Done {
     }
 }
 
+/// What a command that acts on the call in each store given (`release`,
+/// `steps resolve`) did: `count` stores `did` it; `refused`, each store's
+/// `(store, why)` where it did not, fail the command, and so does `none`
+/// when no store acted and none refused (no store holds the call).
+pub(crate) fn each_store(
+    command: &str,
+    (did, count): (&str, usize),
+    refused: impl IntoIterator<Item = (&'static str, String)>,
+    none: String,
+    documents: Vec<Value>,
+) -> Done {
+    let mut failures: Vec<String> =
+        refused.into_iter().map(|(store, why)| format!("{store}: not {did}: {why}")).collect();
+    if count == 0 && failures.is_empty() {
+        failures.push(none);
+    }
+    let mut document = json!({ "command": command, "stores": documents });
+    document[did] = json!(count);
+    let failure = (!failures.is_empty()).then(|| Failure::error(failures.join("; ")));
+    Done { document, failure }
+}
+
 /// A record as JSON: every field, times both as RFC 3339 and as epoch
 /// milliseconds, a preview of its answer, and its call's recorded steps.
 pub(crate) fn json_record(r: &Record) -> Value {
@@ -46,7 +69,7 @@ pub(crate) fn json_record(r: &Record) -> Value {
         None => (None, false),
     };
     let answer = answer(r);
-    let steps: Vec<Value> = r.steps.iter().map(json_step).collect();
+    let (steps, in_flight) = json_steps(&record_steps(r));
     json!({
         "scope": r.scope,
         "key": r.key,
@@ -78,21 +101,62 @@ pub(crate) fn json_record(r: &Record) -> Value {
             _ => Value::Null,
         },
         "steps": steps,
+        "in_flight": in_flight,
     })
 }
 
-/// A recorded step as JSON: its number, name and stable key, and a
-/// preview of its result as of an answer.
-fn json_step(step: &RecordStep) -> Value {
-    let (result_preview, truncated) = preview(&step.result, PREVIEW_CHARS);
-    json!({
-        "number": step.number,
-        "name": step.name,
-        "key": step.key,
-        "result_preview": result_preview,
-        "result_truncated": truncated,
-        "result_bytes": step.result.len(),
-    })
+/// A step of a call as shown: recorded (with its result), or in flight.
+pub(crate) struct Step<'a> {
+    number: usize,
+    name: &'a str,
+    key: String,
+    /// `None`: in flight (marked started, not recorded).
+    result: Option<&'a str>,
+}
+
+/// A record's steps, the one in flight last.
+fn record_steps(r: &Record) -> Vec<Step<'_>> {
+    let recorded =
+        r.steps.iter().map(|s| Step { number: s.number, name: &s.name, key: s.key.clone(), result: Some(&s.result) });
+    let in_flight =
+        r.in_flight.iter().map(|s| Step { number: s.number, name: &s.name, key: s.key.clone(), result: None });
+    recorded.chain(in_flight).collect()
+}
+
+/// A call's steps as the store holds them (`scope` and `key` as stored),
+/// the one in flight last.
+pub(crate) fn log_steps<'a>(scope: &str, key: &str, log: &'a StepLog) -> Vec<Step<'a>> {
+    let step_key = |name: &str| StepKey::for_step(scope, key, name).to_string();
+    let recorded = log.recorded.iter().enumerate();
+    let recorded =
+        recorded.map(|(number, s)| Step { number, name: &s.name, key: step_key(&s.name), result: Some(&s.result) });
+    let in_flight =
+        log.started.iter().map(|s| Step { number: s.number, name: &s.name, key: step_key(&s.name), result: None });
+    recorded.chain(in_flight).collect()
+}
+
+/// Steps as JSON: the recorded ones (number, name, stable key, a preview
+/// of the result as of an answer), and the one in flight (number, name,
+/// key), or null.
+pub(crate) fn json_steps(steps: &[Step<'_>]) -> (Value, Value) {
+    let mut recorded = Vec::new();
+    let mut in_flight = Value::Null;
+    for step in steps {
+        let Some(result) = step.result else {
+            in_flight = json!({ "number": step.number, "name": step.name, "key": step.key });
+            continue;
+        };
+        let (result_preview, truncated) = preview(result, PREVIEW_CHARS);
+        recorded.push(json!({
+            "number": step.number,
+            "name": step.name,
+            "key": step.key,
+            "result_preview": result_preview,
+            "result_truncated": truncated,
+            "result_bytes": result.len(),
+        }));
+    }
+    (Value::Array(recorded), in_flight)
 }
 
 /// A response the HTTP layer stored: status, headers, and a preview of
@@ -124,7 +188,7 @@ fn json_http(response: &HttpResponse) -> Value {
 pub(crate) fn text_record(store: &str, r: &Record) -> String {
     let mut lines = vec![format!("{store}: {}", scope_and_key(&r.scope, &r.key))];
     let mut field = |name: &str, value: String| lines.push(field_line(name, &value));
-    field("status", format!("{} ({})", r.status.as_str(), meaning(&r.state)));
+    field("status", format!("{} ({})", r.status.as_str(), meaning(r)));
     field("owner", r.owner.clone().unwrap_or_else(|| "-".to_owned()));
     field("fence", r.fence.to_string());
     field(
@@ -149,37 +213,51 @@ pub(crate) fn text_record(store: &str, r: &Record) -> String {
     );
     field("fingerprint", r.fingerprint.clone().unwrap_or_else(|| "-".to_owned()));
     lines.extend(answer_lines(r));
-    lines.extend(step_lines(&r.steps));
+    lines.extend(step_lines(&record_steps(r)));
     lines.join("\n")
 }
 
-/// The `steps` field when the call recorded any: a line a step, its
-/// result shown as an answer is.
-fn step_lines(steps: &[RecordStep]) -> Vec<String> {
-    if steps.is_empty() {
-        return Vec::new();
+/// The `steps` field when the call recorded any, a line a step, its
+/// result shown as an answer is; then the `in flight` field, if a step is.
+pub(crate) fn step_lines(steps: &[Step<'_>]) -> Vec<String> {
+    let recorded = steps.iter().filter(|step| step.result.is_some()).count();
+    let mut lines = Vec::new();
+    if recorded > 0 {
+        lines.push(field_line("steps", &format!("{recorded} recorded")));
     }
-    let mut lines = vec![field_line("steps", &format!("{} recorded", steps.len()))];
     for step in steps {
-        lines.push(format!("    {}: {} (key {})", step_name(step), json_text(&step.result), step.key));
+        match step.result {
+            Some(result) => lines.push(format!("    {}: {} (key {})", step_name(step), json_text(result), step.key)),
+            None => lines.push(field_line(
+                "in flight",
+                &format!(
+                    "{} (key {}): marked started, not recorded: it may or may not have taken effect; the next \
+                     attempt checks it, or, at-most-once, stops in doubt until `idem steps resolve`",
+                    step_name(step),
+                    step.key
+                ),
+            )),
+        }
     }
     lines
 }
 
 /// A step named for a terminal: its number, then its name in backticks.
-fn step_name(step: &RecordStep) -> String {
-    format!("step {} `{}`", step.number, one_line(&step.name))
+fn step_name(step: &Step<'_>) -> String {
+    format!("step {} `{}`", step.number, one_line(step.name))
 }
 
-/// Where the call of a stuck lease record stopped: after its last
-/// recorded step (the next one was in flight), or before its first step.
-/// `None` for another record (an unfinished dedup record records no
-/// steps).
+/// Where the call of a stuck lease record stopped: in the step a mark
+/// says was in flight (name and key), or after its last recorded step (the
+/// next one was in flight), or before its first step. `None` for another
+/// record (an unfinished dedup record records no steps).
 pub(crate) fn stopped(r: &Record) -> Option<String> {
     if r.state != RecordState::LeasePassed {
         return None;
     }
-    Some(match r.steps.last() {
+    let steps = record_steps(r);
+    Some(match steps.last() {
+        Some(step) if step.result.is_none() => format!("in {} (key {})", step_name(step), step.key),
         Some(step) => format!("after {}", step_name(step)),
         None => "before its first step".to_owned(),
     })
@@ -190,17 +268,25 @@ fn field_line(name: &str, value: &str) -> String {
     format!("  {name:<12}{value}")
 }
 
-/// What a record in `state` means for the operator.
-fn meaning(state: &RecordState) -> &'static str {
-    match state {
-        RecordState::Running => "running: a worker holds a live lease",
+/// What a record means for the operator, by the store's clock.
+pub(crate) fn meaning(r: &Record) -> String {
+    let text = match r.state {
+        // Its worker may be running, or dead with its lease not yet passed:
+        // the store cannot tell which.
+        RecordState::Running => {
+            let until = r.lease_until_ms.map_or_else(|| "-".to_owned(), timestamp);
+            return format!(
+                "held (lease live until {until}): by a worker, or by one that stopped since; the next call takes it over once the lease passes"
+            );
+        }
         RecordState::LeasePassed => "STUCK: the lease passed (worker died?); the next call takes it over",
         RecordState::Unfinished => "STUCK: unfinished (committed without its answer); repeats fail until released",
         RecordState::Done => "done: repeats replay its answer",
         RecordState::Failed => "failed",
         RecordState::Expired => "expired: past its retention; ignored by guards, deleted by a purge",
         _ => "",
-    }
+    };
+    text.to_owned()
 }
 
 /// The `response` field, and for a response of the HTTP layer its headers

@@ -2,8 +2,9 @@
 //! it: a command says what, the store's kind decides how.
 
 use idem_runtime::admin::{self, PurgePreview, Record, RecordId, Release, StuckQuery};
+use idem_runtime::lease::{LeaseStore as _, Resolve, StepLog, StepOutcome};
 use idem_runtime::sql::{PurgeOptions, PurgeReport};
-use idem_runtime::store::RedisStore;
+use idem_runtime::store::{RedisStore, SqlStore};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use crate::error::{Failure, store_failure};
@@ -24,6 +25,18 @@ pub(crate) enum Sql {
 
 /// Redis's name in the output.
 const REDIS: &str = "redis";
+
+/// The runtime's SQL functions are generic over the pool: the same call on
+/// whichever pool the URL named.
+macro_rules! on_pool {
+    ($sql:expr, |$pool:ident| $body:expr) => {
+        match $sql {
+            Sql::Postgres($pool) => $body,
+            Sql::Mysql($pool) => $body,
+            Sql::Sqlite($pool) => $body,
+        }
+    };
+}
 
 impl Store {
     /// The store's name in the output.
@@ -62,18 +75,32 @@ impl Store {
             Store::Redis(redis) => redis.release_lease(id, fence).await.map_err(|e| store_failure(REDIS, e)),
         }
     }
-}
 
-/// The runtime's SQL functions are generic over the pool: the same call on
-/// whichever pool the URL named.
-macro_rules! on_pool {
-    ($sql:expr, |$pool:ident| $body:expr) => {
-        match $sql {
-            Sql::Postgres($pool) => $body,
-            Sql::Mysql($pool) => $body,
-            Sql::Sqlite($pool) => $body,
-        }
-    };
+    /// The steps of the call of `id`, whether or not its record is there.
+    pub(crate) async fn steps(&self, id: &RecordId) -> Result<StepLog, Failure> {
+        let read = match self {
+            Store::Sql(sql) => on_pool!(sql, |pool| SqlStore::new(pool.clone()).steps(id.scope(), id.key()).await),
+            Store::Redis(redis) => redis.steps(id.scope(), id.key()).await,
+        };
+        read.map_err(|e| store_failure(self.name(), e))
+    }
+
+    /// Resolve the step `step` in flight in the call of `id`.
+    pub(crate) async fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        outcome: StepOutcome<'_>,
+    ) -> Result<Resolve, Failure> {
+        let (scope, key) = (id.scope(), id.key());
+        let resolved = match self {
+            Store::Sql(sql) => {
+                on_pool!(sql, |pool| SqlStore::new(pool.clone()).resolve_step(scope, key, step, outcome).await)
+            }
+            Store::Redis(redis) => redis.resolve_step(scope, key, step, outcome).await,
+        };
+        resolved.map_err(|e| store_failure(self.name(), e))
+    }
 }
 
 impl Sql {

@@ -18,6 +18,7 @@ use idem_test_support as common;
 
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -486,6 +487,104 @@ async fn steps_show_where_a_call_stopped(store: &dyn LeaseStore, cli: &Store<'_>
     assert_eq!(record_in(&doc)["response_preview"], "500", "{doc}");
 }
 
+/// An at-most-once payment, `quote` then `charge` (each charge counted in
+/// `charges`, a gateway that does not deduplicate), answering 500. With
+/// `stop`, its worker dies in `charge` just after the charge (the body's
+/// future dropped), the step marked started and not recorded.
+async fn pay_once(
+    store: &dyn LeaseStore,
+    scope: &str,
+    key: &str,
+    charges: &AtomicUsize,
+    stop: bool,
+) -> Result<u64, idem::Error> {
+    let ticket = match Guard::new(scope.to_owned()).key(key).lease::<u64>(store, SHORT_LEASE).await? {
+        Claim::Run(ticket) => ticket,
+        Claim::Replay(answer) => return Ok(answer),
+    };
+    let charged = &tokio::sync::Notify::new();
+    let body = ticket.run_steps(|steps| async move {
+        let cents = steps.run("quote", |_| async { Ok::<_, idem::Error>(500u64) }).await?;
+        let charge = steps.run_at_most_once("charge", |_| async move {
+            charges.fetch_add(1, SeqCst);
+            if stop {
+                charged.notify_one();
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, idem::Error>(cents)
+        });
+        charge.await
+    });
+    if !stop {
+        return body.await;
+    }
+    tokio::select! {
+        done = body => panic!("the worker was to die in `charge`: {done:?}"),
+        () = charged.notified() => {}
+    }
+    Ok(0)
+}
+
+/// A step in doubt as the operator meets it: a payment whose worker died
+/// in its at-most-once `charge` reads "held" with the step in flight
+/// (name and key) while its lease lasts, and cannot be resolved then;
+/// `stuck` names the step; `release` says which steps stay; the next
+/// attempt stops in doubt, and `inspect` still shows the call's steps
+/// without its record; `steps resolve` refuses a step not in flight and
+/// asks for confirmation; resolved done, the call completes with the
+/// result given, charged once.
+async fn a_step_in_doubt_is_shown_and_resolved(store: &dyn LeaseStore, cli: &Store<'_>) {
+    let (scope, key, charges) = (hostile("cli.doubt"), hostile("pay"), AtomicUsize::new(0));
+    let charge = step_key(&scope, &key, "charge");
+    pay_once(store, &scope, &key, &charges, true).await.unwrap();
+    let resolve = |step: &str, outcome: &[&str]| {
+        let mut args = vec!["steps", "resolve", "--scope", &scope, "--key", &key, "--step", step];
+        args.extend_from_slice(outcome);
+        idem(cli, &args)
+    };
+
+    let text = stdout(&idem(cli, &["inspect", "--scope", &scope, "--key", &key]));
+    assert!(text.contains("PROCESSING (held (lease live until "), "{text}");
+    assert!(text.contains(&format!("in flight   step 1 `charge` (key {charge})")), "{text}");
+    let doc = idem_json(cli, &["inspect", "--scope", &scope, "--key", &key], 0);
+    let in_flight = serde_json::json!({ "number": 1, "name": "charge", "key": charge });
+    assert_eq!(record_in(&doc)["in_flight"], in_flight, "{doc}");
+    let out = resolve("charge", &["--not-done", "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stderr(&out).contains("held (lease live until"), "{}", stderr(&out));
+
+    tokio::time::sleep(SHORT_LEASE + Duration::from_millis(300)).await;
+    let text = stdout(&idem(cli, &["stuck", "--scope", &scope]));
+    assert!(text.contains(&format!("stopped in step 1 `charge` (key {charge})")), "{text}");
+    let out = idem(cli, &["release", "--scope", &scope, "--key", &key, "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(said.contains("its 1 recorded step stays (`quote`): it replays it and resumes after it"), "{said}");
+    assert!(said.contains("step 1 `charge` stays marked in flight"), "{said}");
+
+    let doubt = pay_once(store, &scope, &key, &charges, false).await;
+    let Err(idem::Error::InDoubt { step_key, .. }) = doubt else { panic!("{doubt:?}") };
+    assert_eq!(step_key, charge);
+    let text = stdout(&idem(cli, &["inspect", "--scope", &scope, "--key", &key]));
+    assert!(text.contains("no record") && text.contains("in flight   step 1 `charge`"), "{text}");
+    let doc = idem_json(cli, &["inspect", "--scope", &scope, "--key", &key], 0);
+    assert_eq!((record_in(&doc), &doc["stores"][0]["in_flight"]), (&Value::Null, &in_flight), "{doc}");
+
+    let out = resolve("quote", &["--not-done", "--yes"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no step `quote` is in flight (step 1 `charge` is)"), "{}", stderr(&out));
+    let out = resolve("charge", &["--done", "--result", "500"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
+    let out = resolve("charge", &["--done", "--result", "500", "--yes", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&doc["resolved"], &doc["stores"][0]["outcome"]), (&Value::from(1), &Value::from("resolved")), "{doc}");
+
+    assert_eq!(pay_once(store, &scope, &key, &charges, false).await.unwrap(), 500);
+    assert_eq!(charges.load(SeqCst), 1, "charged by the worker that died alone");
+}
+
 /// A record a worker re-took after the operator looked is left alone: the
 /// release compares the fence it saw.
 async fn release_compares_the_fence<F, Fut>(store: &dyn LeaseStore, release: F)
@@ -548,6 +647,12 @@ macro_rules! sql_tests {
             async fn a_call_in_recorded_steps_shows_where_it_stopped() {
                 let Some((pool, url)) = setup().await else { return };
                 steps_show_where_a_call_stopped(&idem::store::SqlStore::new(pool), &Store::Sql(&url)).await;
+            }
+
+            #[tokio::test]
+            async fn a_step_in_doubt_is_shown_and_resolved_by_the_operator() {
+                let Some((pool, url)) = setup().await else { return };
+                a_step_in_doubt_is_shown_and_resolved(&idem::store::SqlStore::new(pool), &Store::Sql(&url)).await;
             }
 
             #[tokio::test]
@@ -805,6 +910,16 @@ fn with_json_bad_arguments_are_a_json_error_naming_the_flag() {
         (&["stuck", "--limit", "0"], &["--limit"]),
         (&["stuck", "--frobnicate"], &["--frobnicate"]),
         (&["inspect", "--key", "k"], &["--scope"]),
+        (&["steps", "resolve", "--scope", "s", "--key", "k", "--step", "c"], &["--done", "--not-done"]),
+        (&["steps", "resolve", "--scope", "s", "--key", "k", "--step", "c", "--done"], &["--result"]),
+        (
+            &["steps", "resolve", "--scope", "s", "--key", "k", "--step", "c", "--done", "--result", "ch_1"],
+            &["not JSON"],
+        ),
+        (
+            &["steps", "resolve", "--scope", "s", "--key", "k", "--step", "c", "--not-done", "--result", "1"],
+            &["--result"],
+        ),
         (&[], &["no command given"]),
     ] {
         let doc = idem_json(&cli, args, 2);
@@ -890,6 +1005,14 @@ mod redis_store {
         let Some((store, url, cleanup)) = setup().await else { return };
         let prefix = cleanup.prefix.clone();
         steps_show_where_a_call_stopped(&store, &Store::Redis { url: &url, prefix: &prefix }).await;
+        cleanup.run().await;
+    }
+
+    #[tokio::test]
+    async fn a_step_in_doubt_is_shown_and_resolved_by_the_operator() {
+        let Some((store, url, cleanup)) = setup().await else { return };
+        let prefix = cleanup.prefix.clone();
+        a_step_in_doubt_is_shown_and_resolved(&store, &Store::Redis { url: &url, prefix: &prefix }).await;
         cleanup.run().await;
     }
 

@@ -176,6 +176,31 @@ pub enum Error {
         found: String,
     },
 
+    /// An at-most-once step ([`Steps::run_at_most_once`](crate::lease::Steps::run_at_most_once))
+    /// was in flight when an earlier attempt of this call stopped (its
+    /// worker died, its body was dropped or panicked): whether its work
+    /// happened is unknown, and idem does not guess. Nothing ran; every
+    /// attempt of the call stops here until an operator asks the outside
+    /// system about `step_key` and resolves the step with `idem steps
+    /// resolve` (done, with its result, or not done). Not retryable.
+    #[error(
+        "step `{step}` of the call with idempotency key {key_hash} in scope `{scope}` is in doubt: it is \
+         at-most-once and was in flight when an earlier attempt stopped, so it may or may not have taken effect; \
+         ask the outside system about step key {step_key}, then resolve it with `idem steps resolve --step {step} \
+         --done --result JSON` or `--not-done` (with the call's --scope and --key)"
+    )]
+    InDoubt {
+        /// Scope of the guard.
+        scope: String,
+        /// Short hash of the call's key.
+        key_hash: String,
+        /// The step's name.
+        step: String,
+        /// The step's stable key, the one its work was given for the
+        /// outside system ([`StepKey`](crate::lease::StepKey)).
+        step_key: String,
+    },
+
     /// The lock a `lock+dedup`, `lock+state` or `lock` guard held was lost
     /// while the call ran (its renewals failed, or another holder has it).
     /// The body was stopped mid-way, or (with `dedup` or `state`) its result

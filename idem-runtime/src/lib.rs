@@ -121,7 +121,7 @@ pub use store::sql::admin;
 /// return (with a SQL feature, this module also holds the SQL functions).
 #[cfg(all(feature = "redis", not(feature = "sql")))]
 pub mod admin {
-    pub use crate::record::{Record, RecordId, RecordState, RecordStatus, RecordStep, Release};
+    pub use crate::record::{InFlightStep, Record, RecordId, RecordState, RecordStatus, RecordStep, Release};
 }
 
 /// Dedup records in SQL: the backend trait, the transaction trait, the

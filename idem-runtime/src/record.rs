@@ -201,6 +201,29 @@ pub struct Record {
     /// completion: its answer replays from then on). Of a stuck call, the
     /// last one is where it stopped: the step after it was in flight.
     pub steps: Vec<RecordStep>,
+    /// The step after [`steps`](Self::steps), when it was marked started
+    /// and has no result (a step with a check, or at-most-once, marks
+    /// itself before its work): of a stuck call, the step in flight when
+    /// its worker stopped. `None` for a plain step in flight: it leaves no
+    /// mark.
+    pub in_flight: Option<InFlightStep>,
+}
+
+/// A step marked started and not recorded: in flight when its attempt
+/// stopped, unless that attempt still runs. Its work may or may not have
+/// happened: the next attempt checks it with the outside system, or, for
+/// an at-most-once step, stops in doubt until an operator resolves it
+/// (`LeaseStore::resolve_step`, `idem steps resolve`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InFlightStep {
+    /// Its place in the body, from 0: the number of steps recorded.
+    pub number: usize,
+    /// Its name in the body.
+    pub name: String,
+    /// Its stable key, the one its work was given for the outside system:
+    /// ask the outside system about it.
+    pub key: String,
 }
 
 /// A step a lease-guarded call recorded: its `Ok` result, which a
@@ -247,16 +270,18 @@ impl Record {
     }
 
     /// Set [`steps`](Self::steps) from the `(name, result)` pairs the store
-    /// holds, in order, each with its stable key.
-    pub(crate) fn set_steps(&mut self, recorded: impl IntoIterator<Item = (String, String)>) {
-        self.steps = recorded
-            .into_iter()
-            .enumerate()
-            .map(|(number, (name, result))| {
-                let key = crate::key::step_key(&self.scope, &self.key, &name);
-                RecordStep { number, name, result, key }
-            })
-            .collect();
+    /// holds, in order, and [`in_flight`](Self::in_flight) from the
+    /// `(number, name)` of its mark, each with its stable key.
+    pub(crate) fn set_steps(
+        &mut self,
+        recorded: impl IntoIterator<Item = (String, String)>,
+        marked: Option<(usize, String)>,
+    ) {
+        let key = |name: &str| crate::key::step_key(&self.scope, &self.key, name);
+        let steps = recorded.into_iter().enumerate();
+        let steps = steps.map(|(number, (name, result))| RecordStep { number, key: key(&name), name, result });
+        let in_flight = marked.map(|(number, name)| InFlightStep { number, key: key(&name), name });
+        (self.steps, self.in_flight) = (steps.collect(), in_flight);
     }
 }
 

@@ -36,7 +36,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, Watch};
-use crate::lease::store::{NewStep, RecordedStep};
+use crate::lease::store::{NewStep, Resolve, StepLog, StepOutcome};
 use crate::lock::store::{LockAttempt, LockStore};
 use crate::precheck::store::PrecheckStore;
 #[cfg(feature = "sql")]
@@ -401,11 +401,31 @@ impl LeaseStore for Stores {
     fn answer_limit(&self) -> BoxFuture<'_, usize> {
         self.lease_or_missing().answer_limit()
     }
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<StepLog, Error>> {
         self.lease_or_missing().steps(scope, key)
     }
     fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         self.lease_or_missing().record_step(held, step)
+    }
+    fn mark_step<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        number: usize,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.lease_or_missing().mark_step(held, number, name)
+    }
+    fn unmark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize) -> BoxFuture<'a, Result<(), Error>> {
+        self.lease_or_missing().unmark_step(held, number)
+    }
+    fn resolve_step<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        step: &'a str,
+        outcome: StepOutcome<'a>,
+    ) -> BoxFuture<'a, Result<Resolve, Error>> {
+        self.lease_or_missing().resolve_step(scope, key, step, outcome)
     }
     fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         self.lease_or_missing().forget_steps(scope, key)

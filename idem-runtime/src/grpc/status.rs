@@ -85,6 +85,16 @@ pub(super) fn refused(e: &Error, lease_ms: u128) -> Response<Body> {
             response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
             response
         }
+        Error::InDoubt { step, step_key, .. } => {
+            // FAILED_PRECONDITION: not to be retried until the system's
+            // state is fixed, here by an operator.
+            tracing::error!(target: "idem", error = %e, "idempotency layer: a step of the call is in doubt");
+            answer(Status::failed_precondition(format!(
+                "an earlier attempt of this call stopped in step `{step}`, which may or may not have taken effect \
+                 and is not run twice: an operator must resolve it (idem steps resolve; step key {step_key}) \
+                 before the call can complete"
+            )))
+        }
         Error::InvalidKey { reason, .. } => {
             answer(Status::invalid_argument(format!("invalid idempotency key: {reason}")))
         }
@@ -120,5 +130,27 @@ pub(super) fn with_trailers(bytes: Bytes, trailers: Option<HeaderMap>) -> Body {
     match trailers {
         Some(trailers) => Body::new(data.with_trailers(std::future::ready(Some(Ok(trailers))))),
         None => Body::new(data),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused;
+    use crate::error::Error;
+
+    /// A call stopped in doubt fails its precondition (not to be retried
+    /// until fixed), naming the step's key for the operator.
+    #[test]
+    fn a_step_in_doubt_fails_its_precondition_for_an_operator() {
+        let e = Error::InDoubt {
+            scope: "pay".into(),
+            key_hash: "0123".into(),
+            step: "charge".into(),
+            step_key: "idem-step-42".into(),
+        };
+        let status = tonic::Status::from_header_map(refused(&e, 30_000).headers()).expect("a status");
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(status.message().contains("operator must resolve") && status.message().contains("idem-step-42"));
+        assert!(refused(&e, 30_000).headers().get(super::RETRY_PUSHBACK).is_none());
     }
 }

@@ -108,6 +108,19 @@ pub(super) fn refused(e: &Error, lease: Duration) -> Response<ResponseBody> {
             response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
             response
         }
+        Error::InDoubt { step, step_key, .. } => {
+            // Not retryable, and no Retry-After: every retry stops the same
+            // way until an operator resolves the step.
+            tracing::error!(target: "idem", error = %e, "idempotency layer: a step of the request is in doubt");
+            problem(
+                StatusCode::CONFLICT,
+                &format!(
+                    "an earlier attempt of this request stopped in step `{step}`, which may or may not have taken \
+                     effect and is not run twice: an operator must resolve it (idem steps resolve; step key \
+                     {step_key}) before the request can complete"
+                ),
+            )
+        }
         Error::InvalidKey { reason, .. } => {
             problem(StatusCode::BAD_REQUEST, &format!("invalid idempotency key: {reason}"))
         }
@@ -146,4 +159,31 @@ pub(super) fn problem(status: StatusCode, detail: &str) -> Response<ResponseBody
 fn retry_after(mut response: Response<ResponseBody>, seconds: u64) -> Response<ResponseBody> {
     response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use http::StatusCode;
+    use http_body_util::BodyExt as _;
+
+    use super::refused;
+    use crate::error::Error;
+
+    /// A request stopped in doubt is a conflict an operator must resolve:
+    /// no retry is suggested, and the step's key is named.
+    #[tokio::test]
+    async fn a_step_in_doubt_answers_a_conflict_for_an_operator() {
+        let e = Error::InDoubt {
+            scope: "pay".into(),
+            key_hash: "0123".into(),
+            step: "charge".into(),
+            step_key: "idem-step-42".into(),
+        };
+        let response = refused(&e, std::time::Duration::from_secs(30));
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert!(response.headers().get(http::header::RETRY_AFTER).is_none());
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("operator must resolve") && body.contains("idem-step-42"), "{body}");
+    }
 }

@@ -183,8 +183,9 @@ impl<'s> LeaseTicket<'s> {
     /// without running them and resumes at the first step without a
     /// result; the one step in flight when a worker died runs again, with
     /// the same [`StepKey`](crate::lease::StepKey) for the outside system
-    /// to deduplicate on. Once the call completes its steps are forgotten:
-    /// its answer replays.
+    /// to deduplicate on (or is checked first, or stops the call in doubt:
+    /// [`Steps::run_checked`], [`Steps::run_at_most_once`]). Once the call
+    /// completes its steps are forgotten: its answer replays.
     ///
     /// One more round trip to the store before the body (the steps read),
     /// and one write per step run.
@@ -206,7 +207,7 @@ impl<'s> LeaseTicket<'s> {
         };
         let holder = self.holder();
         let limit = self.store.answer_limit().await;
-        let had_steps = !recorded.is_empty();
+        let had_steps = !recorded.recorded.is_empty() || recorded.started.is_some();
         let wrote = Arc::new(AtomicBool::new(false));
         let names = (p.scope.to_string(), p.key.hash());
         let steps = Steps::new(self.store, holder, names, limit, recorded, wrote.clone(), self.held.clone());

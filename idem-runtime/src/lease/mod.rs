@@ -13,7 +13,10 @@ use crate::error::{Error, LostLease};
 
 pub use crate::lease::guard::LeaseTicket;
 pub use crate::lease::steps::{MAX_STEPS, StepKey, Steps};
-pub use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, RecordedStep, Watch};
+pub use crate::lease::store::{
+    HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, RecordedStep, Resolve, StartedStep, StepLog, StepOutcome,
+    Watch,
+};
 #[cfg(feature = "sql")]
 pub use crate::lease::store::{StepInTransaction, StepTransactions};
 

@@ -1,7 +1,10 @@
 //! Recorded steps inside a lease body (recovery points): each step's `Ok`
 //! result is written to the store under the lease's fence before the next
 //! step starts, so a take-over (or a retry after the body failed) resumes
-//! at the first step without a result. See `docs/decisions/0002`.
+//! at the first step without a result. A step with a check, or
+//! at-most-once, is also marked started before its work, so that the
+//! attempt after a crash knows it was in flight. See `docs/decisions/0002`
+//! and `0003`.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, LostLease};
 use crate::lease::Held;
-use crate::lease::store::{HeldLease, LeaseStore, NewStep, RecordedStep};
+use crate::lease::store::{HeldLease, LeaseStore, NewStep, RecordedStep, StartedStep, StepLog};
 use crate::replay::{Replayable, encode, fit};
 #[cfg(feature = "sql")]
 use crate::{
@@ -111,8 +114,21 @@ impl Holder {
 struct Log {
     /// What the store held when the call claimed the key.
     recorded: Vec<RecordedStep>,
+    /// The step after them, if an earlier attempt marked it started.
+    started: Option<StartedStep>,
     /// Names the body used so far, in order.
     seen: Vec<String>,
+}
+
+/// What the log says of the step at a place in the body.
+enum Place {
+    /// An earlier attempt recorded it: its result's JSON.
+    Recorded(String),
+    /// An earlier attempt marked it started and did not record it: it was
+    /// in flight when that attempt stopped.
+    Started,
+    /// Nothing yet: the step runs.
+    Next,
 }
 
 impl std::fmt::Debug for Steps<'_> {
@@ -128,11 +144,11 @@ impl<'s> Steps<'s> {
         held: Holder,
         (scope, key_hash): (String, String),
         answer_limit: usize,
-        recorded: Vec<RecordedStep>,
+        StepLog { recorded, started }: StepLog,
         wrote: Arc<AtomicBool>,
         lease: Held,
     ) -> Steps<'s> {
-        let log = Mutex::new(Log { recorded, seen: Vec::new() });
+        let log = Mutex::new(Log { recorded, started, seen: Vec::new() });
         Steps { store, held, scope, key_hash, answer_limit, log, wrote, lease }
     }
 
@@ -166,6 +182,12 @@ impl<'s> Steps<'s> {
     /// resume here, and the body itself may run the step again, as a retry
     /// loop does). Steps run one after another, in the body's order.
     ///
+    /// The step in flight when an earlier attempt stopped (its worker
+    /// died mid-step) runs again, with the same key: at-least-once. For an
+    /// outside system that does not deduplicate on the key, use
+    /// [`run_checked`](Self::run_checked) or
+    /// [`run_at_most_once`](Self::run_at_most_once).
+    ///
     /// Errors: [`Error::StepsChanged`] when the body names another step at
     /// this place than the one recorded (a deploy changed the body);
     /// [`Error::Step`] for a name used twice, empty or over 128 bytes, more
@@ -181,7 +203,7 @@ impl<'s> Steps<'s> {
         Fut: Future<Output = Result<T, E>>,
     {
         let number = self.begin(name)?;
-        if let Some(json) = self.replay(number, name)? {
+        if let Place::Recorded(json) = self.place(number, name)? {
             return Ok(self.decode(name, &json)?);
         }
         // A lease lost while the body was blocked (its thread held past the
@@ -194,6 +216,125 @@ impl<'s> Steps<'s> {
         let (json, value) = self.result(name, value)?;
         self.record(number, name, &json).await?;
         Ok(value)
+    }
+
+    /// [`run`](Self::run), for a step whose outside system can be asked
+    /// whether the step's key was done, but does not deduplicate on it (a
+    /// bank that can be queried, and would charge twice): the step is
+    /// marked started under the lease's fence before `step` runs (one more
+    /// write), and an attempt that finds it marked and not recorded (its
+    /// worker died, or its body was dropped or panicked, mid-step) calls
+    /// `check` with the step's key instead of running it at once:
+    ///
+    /// - `Ok(Some(result))`: it was done; `result` is recorded and
+    ///   returned, and `step` does not run;
+    /// - `Ok(None)`: it was not done; `step` runs (the mark stays, so an
+    ///   attempt after this one checks again);
+    /// - `Err`: returned as it is, the mark left: the next attempt checks
+    ///   again.
+    ///
+    /// So the outside system gets the step once, as long as what `check`
+    /// answers is true when it is asked: a stale worker still sending the
+    /// step after its lease was taken over is stopped only by the lease's
+    /// fence ([`lease::current`](crate::lease::current)), where the outside
+    /// system compares it.
+    ///
+    /// A `step` that returns `Err` says it did not act: its mark is removed
+    /// (if this attempt wrote it), and the step runs at once next time.
+    /// An attempt that runs the step without a crash in it never calls
+    /// `check`.
+    ///
+    /// ```
+    /// # extern crate idem_runtime as idem;
+    /// # struct Bank;
+    /// # impl Bank {
+    /// #     async fn charge(&self, _key: &str, cents: u64) -> Result<String, idem::Error> { Ok(format!("ch_{cents}")) }
+    /// #     async fn find_charge(&self, _key: &str) -> Result<Option<String>, idem::Error> { Ok(None) }
+    /// # }
+    /// # async fn demo(steps: &idem::lease::Steps<'_>, bank: &Bank) -> Result<String, idem::Error> {
+    /// let charge = steps
+    ///     .run_checked(
+    ///         "charge",
+    ///         |key| async move { bank.find_charge(key.as_str()).await },
+    ///         |key| async move { bank.charge(key.as_str(), 4_200).await },
+    ///     )
+    ///     .await?;
+    /// # Ok(charge) }
+    /// ```
+    ///
+    /// Errors: as [`run`](Self::run), and `check`'s own; [`Error::LeaseLost`]
+    /// before `step` runs when the mark finds the lease lost.
+    pub async fn run_checked<T, E, F, Fut, C, CheckFut>(&self, name: &str, check: C, step: F) -> Result<T, E>
+    where
+        T: Replayable,
+        E: From<Error>,
+        F: FnOnce(StepKey) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        C: FnOnce(StepKey) -> CheckFut,
+        CheckFut: Future<Output = Result<Option<T>, E>>,
+    {
+        let number = self.begin(name)?;
+        match self.place(number, name)? {
+            Place::Recorded(json) => return Ok(self.decode(name, &json)?),
+            Place::Started => match check(self.key(name)).await {
+                Ok(Some(done)) => {
+                    let (json, value) = self.result(name, done)?;
+                    self.record(number, name, &json).await?;
+                    return Ok(value);
+                }
+                // Not done: it runs under the earlier attempt's mark.
+                Ok(None) => {}
+                Err(e) => return Err(self.not_run(e)),
+            },
+            Place::Next => {
+                if let Err(e) = self.mark(number, name).await {
+                    return Err(self.not_run(e.into()));
+                }
+            }
+        }
+        // As in `run`: no step is sent once the lease is known lost.
+        self.lease.check()?;
+        let value = match step(self.key(name)).await {
+            Ok(value) => value,
+            Err(e) => {
+                self.unmark(number, name).await;
+                return Err(self.not_run(e));
+            }
+        };
+        // Not recordable: the mark stays, as after a crash (the step acted).
+        let (json, value) = self.result(name, value)?;
+        self.record(number, name, &json).await?;
+        Ok(value)
+    }
+
+    /// [`run`](Self::run), for a step whose outside system can neither
+    /// deduplicate on the step's key nor be asked about it: the step is
+    /// marked started under the lease's fence before `step` runs (one more
+    /// write), and an attempt that finds it marked and not recorded (its
+    /// worker died, or its body was dropped or panicked, mid-step) does not
+    /// run it: it returns [`Error::InDoubt`], naming the step and its key,
+    /// and so does every later attempt, until an operator finds out what
+    /// happened and resolves the step with `idem steps resolve` (done, with
+    /// its result: the call resumes after it; not done: the call runs it).
+    /// The step runs at most once.
+    ///
+    /// A `step` that returns `Err` says it did not act: its mark is
+    /// removed, and the step runs again next time (or now, if the body
+    /// calls it again).
+    ///
+    /// Errors: as [`run`](Self::run), and [`Error::InDoubt`];
+    /// [`Error::LeaseLost`] before `step` runs when the mark finds the
+    /// lease lost.
+    pub async fn run_at_most_once<T, E, F, Fut>(&self, name: &str, step: F) -> Result<T, E>
+    where
+        T: Replayable,
+        E: From<Error>,
+        F: FnOnce(StepKey) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        // A check that never finds out: the step in flight is in doubt.
+        let in_doubt = |key: StepKey| std::future::ready(Err(self.in_doubt(name, &key).into()));
+        self.run_checked(name, in_doubt, step).await
     }
 
     /// [`run`](Self::run), for a step whose work is writes to the lease
@@ -247,7 +388,7 @@ impl<'s> Steps<'s> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'c, DB>, StepKey) -> BoxFuture<'t, Result<T, E>>,
     {
         let number = self.begin(name)?;
-        if let Some(json) = self.replay(number, name)? {
+        if let Place::Recorded(json) = self.place(number, name)? {
             return Ok(self.decode(name, &json)?);
         }
         if let Err(e) = self.same_database(name, DB::LEASE_KIND) {
@@ -351,18 +492,54 @@ impl<'s> Steps<'s> {
         Ok(log.seen.len() - 1)
     }
 
-    /// The recorded result at `number`, if the step there is `name`.
-    fn replay(&self, number: usize, name: &str) -> Result<Option<String>, Error> {
+    /// What an earlier attempt left at `number`, if the step there is `name`.
+    fn place(&self, number: usize, name: &str) -> Result<Place, Error> {
         let log = self.lock();
-        match log.recorded.get(number) {
-            None => Ok(None),
-            Some(step) if step.name == name => Ok(Some(step.result.clone())),
-            Some(step) => Err(Error::StepsChanged {
+        let (earlier, place) = match (log.recorded.get(number), &log.started) {
+            (Some(step), _) => (&step.name, Place::Recorded(step.result.clone())),
+            (None, Some(started)) if started.number == number => (&started.name, Place::Started),
+            (None, _) => return Ok(Place::Next),
+        };
+        if earlier != name {
+            return Err(Error::StepsChanged {
                 scope: self.scope.clone(),
                 position: number,
-                recorded: step.name.clone(),
+                recorded: earlier.clone(),
                 found: name.to_owned(),
-            }),
+            });
+        }
+        Ok(place)
+    }
+
+    /// Mark the step started, before its work runs.
+    async fn mark(&self, number: usize, name: &str) -> Result<(), Error> {
+        // A mark is a step row to forget once the call completes.
+        self.wrote.store(true, Ordering::Relaxed);
+        match self.store.mark_step(&self.held.held(), number, name).await? {
+            true => Ok(()),
+            false => Err(self.taken_over()),
+        }
+    }
+
+    /// The step's work said it did not act: remove its mark. A mark that
+    /// cannot be removed stays, and the next attempt treats the step as in
+    /// flight (checks it, or stops in doubt): the safe side.
+    async fn unmark(&self, number: usize, name: &str) {
+        if let Err(e) = self.store.unmark_step(&self.held.held(), number).await {
+            tracing::warn!(target: "idem", scope = %self.scope, key = %self.key_hash, step = name, error = %e,
+                "a step that failed could not remove its started mark; the next attempt treats it as in flight");
+        }
+    }
+
+    fn in_doubt(&self, name: &str, key: &StepKey) -> Error {
+        tracing::error!(target: "idem", scope = %self.scope, key = %self.key_hash, step = name, step_key = %key,
+            "an at-most-once step was in flight when an earlier attempt stopped: the call is in doubt until an \
+             operator resolves the step (idem steps resolve)");
+        Error::InDoubt {
+            scope: self.scope.clone(),
+            key_hash: self.key_hash.clone(),
+            step: name.to_owned(),
+            step_key: key.to_string(),
         }
     }
 

@@ -90,6 +90,61 @@ pub struct RecordedStep {
     pub result: String,
 }
 
+/// What a store holds of one call's steps ([`LeaseStore::steps`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepLog {
+    /// The steps recorded, in order.
+    pub recorded: Vec<RecordedStep>,
+    /// The step after them, if one was marked started ([`LeaseStore::mark_step`]:
+    /// a step with a check, or at-most-once) and has no result: its work
+    /// may or may not have happened.
+    pub started: Option<StartedStep>,
+}
+
+/// A step marked started and not recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartedStep {
+    /// Its position in the body, from 0: the number of steps recorded.
+    pub number: usize,
+    /// The step's name.
+    pub name: String,
+}
+
+/// What an operator found out, from the outside system, about a step in
+/// flight ([`LeaseStore::resolve_step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepOutcome<'a> {
+    /// Its work was done: record `result` (the JSON of the step's `Ok`
+    /// value, as the body's type reads it back) as its result; the call
+    /// resumes after it.
+    Done {
+        /// The step's result, JSON.
+        result: &'a str,
+    },
+    /// Its work was not done: remove its mark; the call runs it.
+    NotDone,
+}
+
+/// What [`LeaseStore::resolve_step`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolve {
+    /// The step was in flight and is resolved. The call's steps as they
+    /// were.
+    Resolved(StepLog),
+    /// No step of that name is in flight (none was marked, or it was
+    /// recorded or resolved since): nothing changed. The call's steps as
+    /// they are.
+    NotInFlight(StepLog),
+    /// A worker holds the call's record with a live lease (it may be
+    /// checking or running the step): nothing changed; look again once it
+    /// stopped.
+    Held {
+        /// How long its lease lasts yet, by the store's clock.
+        lease_left: Duration,
+    },
+}
+
 /// A step to record, as a store receives it.
 #[derive(Clone, Copy, Debug)]
 pub struct NewStep<'a> {
@@ -218,10 +273,11 @@ pub trait LeaseStore: Send + Sync {
         Box::pin(std::future::ready(usize::MAX))
     }
     /// The steps recorded for the call of `scope` and `key` (as stored),
-    /// in order ([`Steps`](crate::lease::Steps)): read by a call that holds
-    /// the key, before its body runs. The default, for a store of your own
-    /// that keeps no steps, is [`Error::Step`].
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+    /// in order, and the one marked started after them, if any
+    /// ([`Steps`](crate::lease::Steps)): read by a call that holds the key,
+    /// before its body runs. The default, for a store of your own that
+    /// keeps no steps, is [`Error::Step`].
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<StepLog, Error>> {
         let _ = key;
         Box::pin(std::future::ready(Err(no_steps(self.kind(), scope))))
     }
@@ -234,6 +290,45 @@ pub trait LeaseStore: Send + Sync {
     fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         let _ = step;
         Box::pin(std::future::ready(Err(no_steps(self.kind(), held.scope))))
+    }
+    /// Mark step `number` (`name`) started, before its work runs, on the
+    /// same terms as [`record_step`](Self::record_step) records one (the
+    /// live holder's next step, in one atomic step; `false`, changing
+    /// nothing, when the lease is no longer `held`'s). A mark already there
+    /// for that step (an earlier holder's) is kept, and answers `true`. A
+    /// mark is read back by [`steps`](Self::steps) until the step is
+    /// recorded; it is kept as recorded steps are.
+    fn mark_step<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        number: usize,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = (number, name);
+        Box::pin(std::future::ready(Err(no_steps(self.kind(), held.scope))))
+    }
+    /// Remove the mark of step `number` if `held` wrote it (its fence): the
+    /// step's work said it did not act. Another holder's mark is left.
+    fn unmark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = number;
+        Box::pin(std::future::ready(Err(no_steps(self.kind(), held.scope))))
+    }
+    /// An operator's answer for the step `step` in flight in the call of
+    /// `scope` and `key` (as stored), found out from the outside system:
+    /// record its result, or remove its mark. Only while no worker holds
+    /// the call's record with a live lease, and only if the step is still
+    /// marked and unrecorded ([`Resolve`] says otherwise, changing
+    /// nothing). The default, for a store that keeps no steps, is
+    /// [`Error::Step`].
+    fn resolve_step<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        step: &'a str,
+        outcome: StepOutcome<'a>,
+    ) -> BoxFuture<'a, Result<Resolve, Error>> {
+        let _ = (key, step, outcome);
+        Box::pin(std::future::ready(Err(no_steps(self.kind(), scope))))
     }
     /// Forget the steps of a completed call (its answer replays from now
     /// on). The default does nothing.
@@ -297,11 +392,26 @@ macro_rules! forward_lease_store {
             fn answer_limit(&self) -> BoxFuture<'_, usize> {
                 (**self).answer_limit()
             }
-            fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+            fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<StepLog, Error>> {
                 (**self).steps(scope, key)
             }
             fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
                 (**self).record_step(held, step)
+            }
+            fn mark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize, name: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+                (**self).mark_step(held, number, name)
+            }
+            fn unmark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize) -> BoxFuture<'a, Result<(), Error>> {
+                (**self).unmark_step(held, number)
+            }
+            fn resolve_step<'a>(
+                &'a self,
+                scope: &'a str,
+                key: &'a str,
+                step: &'a str,
+                outcome: StepOutcome<'a>,
+            ) -> BoxFuture<'a, Result<Resolve, Error>> {
+                (**self).resolve_step(scope, key, step, outcome)
             }
             fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
                 (**self).forget_steps(scope, key)

@@ -7,7 +7,7 @@ use sha2::{Digest as _, Sha256};
 use super::BoxFuture;
 use crate::error::Error;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, Watch};
-use crate::lease::store::{NewStep, RecordedStep};
+use crate::lease::store::{NewStep, Resolve, StepLog, StepOutcome};
 
 type Route = Arc<dyn Fn(&str, &str) -> usize + Send + Sync>;
 
@@ -137,12 +137,35 @@ impl<S: LeaseStore> LeaseStore for Routed<S> {
         self.on(req.scope, req.key, |s| s.peek(req))
     }
 
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<StepLog, Error>> {
         self.on(scope, key, |s| s.steps(scope, key))
     }
 
     fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         self.on(held.scope, held.key, |s| s.record_step(held, step))
+    }
+
+    fn mark_step<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        number: usize,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.on(held.scope, held.key, |s| s.mark_step(held, number, name))
+    }
+
+    fn unmark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize) -> BoxFuture<'a, Result<(), Error>> {
+        self.on(held.scope, held.key, |s| s.unmark_step(held, number))
+    }
+
+    fn resolve_step<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        step: &'a str,
+        outcome: StepOutcome<'a>,
+    ) -> BoxFuture<'a, Result<Resolve, Error>> {
+        self.on(scope, key, |s| s.resolve_step(scope, key, step, outcome))
     }
 
     fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::lease::steps::Holder;
-use crate::lease::store::{NewStep, RecordedStep};
+use crate::lease::store::{NewStep, Resolve, StepLog, StepOutcome};
 use crate::lease::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::lock::{LockAttempt, LockStore};
 use crate::precheck::PrecheckStore;
@@ -46,6 +46,10 @@ pub enum Op {
     RecordStep,
     /// [`LeaseStore::forget_steps`].
     ForgetSteps,
+    /// [`LeaseStore::mark_step`].
+    MarkStep,
+    /// [`LeaseStore::unmark_step`].
+    UnmarkStep,
 }
 
 impl Op {
@@ -123,7 +127,7 @@ pub struct Faults {
 }
 
 /// How many variants `Op` has.
-const OPS: usize = Op::ForgetSteps as usize + 1;
+const OPS: usize = Op::UnmarkStep as usize + 1;
 
 impl std::fmt::Debug for Faults {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -383,8 +387,8 @@ impl<S: LeaseStore + 'static> LeaseStore for Faulty<S> {
         self.call(self.kind(), plain(Op::Peek, req.scope, req.key), move || self.store.peek(req), || None)
     }
 
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
-        self.call(self.kind(), plain(Op::Steps, scope, key), move || self.store.steps(scope, key), Vec::new)
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<StepLog, Error>> {
+        self.call(self.kind(), plain(Op::Steps, scope, key), move || self.store.steps(scope, key), StepLog::default)
     }
 
     fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
@@ -399,6 +403,32 @@ impl<S: LeaseStore + 'static> LeaseStore for Faulty<S> {
             })
         };
         self.write(self.kind(), call, move || self.store.record_step(held, step), || true, late)
+    }
+
+    fn mark_step<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        number: usize,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let call = plain(Op::MarkStep, held.scope, held.key);
+        self.call(self.kind(), call, move || self.store.mark_step(held, number, name), || true)
+    }
+
+    fn unmark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize) -> BoxFuture<'a, Result<(), Error>> {
+        let call = plain(Op::UnmarkStep, held.scope, held.key);
+        self.call(self.kind(), call, move || self.store.unmark_step(held, number), || ())
+    }
+
+    fn resolve_step<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        step: &'a str,
+        outcome: StepOutcome<'a>,
+    ) -> BoxFuture<'a, Result<Resolve, Error>> {
+        // An operator's act: no fault of its own.
+        self.store.resolve_step(scope, key, step, outcome)
     }
 
     fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {

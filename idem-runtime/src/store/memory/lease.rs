@@ -6,13 +6,36 @@ use std::time::Duration;
 use super::MemoryStore;
 use crate::error::Error;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, Watch};
-use crate::lease::store::{NewStep, RecordedStep};
+use crate::lease::store::{NewStep, RecordedStep, Resolve, StartedStep, StepLog, StepOutcome};
 use crate::store::{BoxFuture, RecordKind, millis};
 
-/// A call's recorded steps, kept for the retention from the last one.
-pub(super) struct StepLog {
+/// A call's recorded steps and its started mark, kept for the retention
+/// from the last write.
+pub(super) struct KeptSteps {
     steps: Vec<RecordedStep>,
+    started: Option<Mark>,
     pub(super) expires_at: i64,
+}
+
+/// A step marked started: by the holder of `fence`.
+struct Mark {
+    number: usize,
+    name: String,
+    fence: i64,
+}
+
+impl KeptSteps {
+    /// The mark, while its step has no result.
+    fn mark(&self) -> Option<&Mark> {
+        self.started.as_ref().filter(|mark| mark.number == self.steps.len())
+    }
+
+    fn log(&self) -> StepLog {
+        StepLog {
+            recorded: self.steps.clone(),
+            started: self.mark().map(|mark| StartedStep { number: mark.number, name: mark.name.clone() }),
+        }
+    }
 }
 
 pub(super) struct Rec {
@@ -74,6 +97,31 @@ impl MemoryStore {
                 LeaseClaim::Acquired { fence, reclaimed: false }
             }
         }
+    }
+
+    /// Change the call's steps with `write` if `held` still holds the
+    /// record with a live lease: what `write` answered, or `false`.
+    fn next_step(&self, held: &HeldLease<'_>, write: impl FnOnce(&mut KeptSteps) -> bool) -> bool {
+        let (id, now) = (self.id(held.scope, held.key), self.now());
+        // The record's shard, then the steps' (always in this order): the
+        // lease cannot pass or change hands while the step is written.
+        let records = self.state.shards.lock(&id);
+        let live = records.get(&id).is_some_and(|rec| {
+            !rec.done && rec.owner == held.owner && rec.fence == held.fence && rec.lease_until > now
+        });
+        if !live {
+            return false;
+        }
+        let mut logs = self.state.steps.lock(&id);
+        let expires_at = now.saturating_add(millis(held.retention));
+        let kept = logs.entry(id.clone()).or_insert(KeptSteps { steps: Vec::new(), started: None, expires_at });
+        if kept.expires_at <= now {
+            kept.steps.clear();
+            kept.started = None;
+        }
+        let written = write(kept);
+        kept.expires_at = expires_at;
+        written
     }
 
     /// Apply `change` to the record if `held` still holds it.
@@ -138,43 +186,83 @@ impl LeaseStore for MemoryStore {
         Box::pin(std::future::ready(Ok(released)))
     }
 
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<StepLog, Error>> {
         let (id, now) = (self.id(scope, key), self.now());
-        let steps = match self.state.steps.lock(&id).get(&id) {
-            Some(log) if log.expires_at > now => log.steps.clone(),
-            _ => Vec::new(),
+        let log = match self.state.steps.lock(&id).get(&id) {
+            Some(kept) if kept.expires_at > now => kept.log(),
+            _ => StepLog::default(),
         };
-        Box::pin(std::future::ready(Ok(steps)))
+        Box::pin(std::future::ready(Ok(log)))
     }
 
     fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
-        let (id, now) = (self.id(held.scope, held.key), self.now());
-        // The record's shard, then the steps' (always in this order): the
-        // lease cannot pass or change hands while the step is written.
-        let records = self.state.shards.lock(&id);
-        let live = records.get(&id).is_some_and(|rec| {
-            !rec.done && rec.owner == held.owner && rec.fence == held.fence && rec.lease_until > now
-        });
-        if !live {
-            return Box::pin(std::future::ready(Ok(false)));
-        }
-        let mut logs = self.state.steps.lock(&id);
-        let expires_at = now.saturating_add(millis(held.retention));
-        let log = logs.entry(id.clone()).or_insert(StepLog { steps: Vec::new(), expires_at });
-        if log.expires_at <= now {
-            log.steps.clear();
-        }
-        let recorded = match log.steps.get(step.number) {
+        let recorded = self.next_step(held, |kept| match kept.steps.get(step.number) {
             // This holder's own step, written again.
             Some(done) => done.name == step.name && done.result == step.result,
-            None if step.number == log.steps.len() => {
-                log.steps.push(RecordedStep { name: step.name.to_owned(), result: step.result.to_owned() });
+            None if step.number == kept.steps.len() => {
+                kept.steps.push(RecordedStep { name: step.name.to_owned(), result: step.result.to_owned() });
                 true
             }
             None => false,
-        };
-        log.expires_at = expires_at;
+        });
         Box::pin(std::future::ready(Ok(recorded)))
+    }
+
+    fn mark_step<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        number: usize,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let marked = self.next_step(held, |kept| {
+            if number != kept.steps.len() {
+                return false;
+            }
+            if kept.mark().is_none() {
+                kept.started = Some(Mark { number, name: name.to_owned(), fence: held.fence });
+            }
+            true
+        });
+        Box::pin(std::future::ready(Ok(marked)))
+    }
+
+    fn unmark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize) -> BoxFuture<'a, Result<(), Error>> {
+        let id = self.id(held.scope, held.key);
+        if let Some(kept) = self.state.steps.lock(&id).get_mut(&id)
+            && kept.started.as_ref().is_some_and(|mark| mark.number == number && mark.fence == held.fence)
+        {
+            kept.started = None;
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn resolve_step<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        step: &'a str,
+        outcome: StepOutcome<'a>,
+    ) -> BoxFuture<'a, Result<Resolve, Error>> {
+        let (id, now) = (self.id(scope, key), self.now());
+        // The record's shard, then the steps', as a holder's writes take them.
+        let records = self.state.shards.lock(&id);
+        if let Some(rec) = records.get(&id).filter(|rec| !rec.done && rec.lease_until > now && rec.expires_at > now) {
+            let lease_left = Duration::from_millis((rec.lease_until - now) as u64);
+            return Box::pin(std::future::ready(Ok(Resolve::Held { lease_left })));
+        }
+        let mut logs = self.state.steps.lock(&id);
+        let Some(kept) = logs.get_mut(&id).filter(|kept| kept.expires_at > now) else {
+            return Box::pin(std::future::ready(Ok(Resolve::NotInFlight(StepLog::default()))));
+        };
+        let before = kept.log();
+        if before.started.as_ref().is_none_or(|started| started.name != step) {
+            return Box::pin(std::future::ready(Ok(Resolve::NotInFlight(before))));
+        }
+        if let StepOutcome::Done { result } = outcome {
+            kept.steps.push(RecordedStep { name: step.to_owned(), result: result.to_owned() });
+        }
+        kept.started = None;
+        Box::pin(std::future::ready(Ok(Resolve::Resolved(before))))
     }
 
     fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {

@@ -85,7 +85,7 @@ struct State {
     /// Lock name -> holder: see `lock`.
     locks: Shards<lock::Held>,
     /// Lease record name -> its call's recorded steps: see `lease`.
-    steps: Shards<lease::StepLog>,
+    steps: Shards<lease::KeptSteps>,
     /// The last fencing token granted by any lease or lock of this store.
     fences: AtomicI64,
     epoch: Instant,

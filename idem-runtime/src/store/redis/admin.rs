@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 
 use super::{Lua, RedisStore, store_error, store_message, unexpected};
 use crate::error::Error;
+use crate::lease::store::{Resolve, StartedStep, StepLog, StepOutcome};
 use crate::record::RecordStatus;
 use crate::record::{Record, RecordId, RecordState, Release};
 use crate::store::RecordKind;
@@ -51,6 +52,30 @@ return 'D'",
     )
 });
 
+/// Resolve the step marked `ARGV[1]` (the mark's value as read; empty:
+/// none) in the steps hash KEYS[2] of the lease record KEYS[1]: with a
+/// field `ARGV[2]`,
+/// its result `ARGV[3]` recorded there; with none, only the mark removed.
+/// Replies 0 (resolved), -1 (the mark changed, or the step was recorded),
+/// or the milliseconds left on a live lease (a worker holds the record).
+static RESOLVE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local v = redis.call('GET', KEYS[1])
+local tail = v and string.match(v, '^P%d+%.%d+:[^|]*|%d+:(%d+):')
+if tail then
+  local left = redis.call('PTTL', KEYS[1]) - tonumber(tail)
+  if left > 0 then return left end
+end
+if ARGV[1] == '' or redis.call('HGET', KEYS[2], 'started') ~= ARGV[1] then return -1 end
+if ARGV[2] ~= '' then
+  if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return -1 end
+  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+end
+redis.call('HDEL', KEYS[2], 'started')
+return 0",
+    )
+});
+
 /// Keys asked of `SCAN` per call: each call is short on the server.
 const SCAN_COUNT: usize = 500;
 
@@ -78,12 +103,55 @@ where
         }
     }
 
-    /// `record` with the steps its call recorded ([`Record::steps`]), read
-    /// just after it (the hash beside it, in its Cluster slot).
+    /// `record` with the steps its call recorded ([`Record::steps`]) and
+    /// the one in flight ([`Record::in_flight`]), read just after it (the
+    /// hash beside it, in its Cluster slot).
     async fn with_steps(&self, mut record: Record) -> Result<Record, Error> {
-        let steps = self.read_steps(&record.scope, &record.key).await?;
-        record.set_steps(steps.into_iter().map(|step| (step.name, step.result)));
+        let log = self.read_steps(&record.scope, &record.key).await?;
+        let marked = log.started.map(|step| (step.number, step.name));
+        record.set_steps(log.recorded.into_iter().map(|step| (step.name, step.result)), marked);
         Ok(record)
+    }
+
+    /// [`LeaseStore::resolve_step`](crate::lease::LeaseStore::resolve_step):
+    /// the steps read, then one script call that checks that no worker
+    /// holds the record with a live lease and that the mark is still the
+    /// one read, and resolves it.
+    pub(super) async fn resolve_marked(
+        &self,
+        scope: &str,
+        key: &str,
+        step: &str,
+        outcome: StepOutcome<'_>,
+    ) -> Result<Resolve, Error> {
+        let (recorded, mark) = self.read_step_hash(scope, key).await?;
+        let started = mark.as_ref().map(|mark| StartedStep { number: mark.number, name: mark.name.clone() });
+        let before = StepLog { recorded, started };
+        // Without the step's mark the script still says whether the record
+        // is held (no mark matches the empty one).
+        let mark = mark.filter(|mark| mark.name == step);
+        let (field, value) = match (&mark, outcome) {
+            (Some(mark), StepOutcome::Done { result }) => (mark.number.to_string(), format!("{step}\n{result}")),
+            _ => (String::new(), String::new()),
+        };
+        let seen = mark.as_ref().map_or("", |mark| mark.value.as_str());
+        let (record, steps) =
+            (self.names.name(RecordKind::Lease, scope, key), self.names.name(RecordKind::Steps, scope, key));
+        // Not repeated on a dropped connection: a repeat of a resolution
+        // that went through would report the step as not in flight.
+        let reply = RESOLVE
+            .eval(&mut self.connection(), |c| {
+                c.arg(2).arg(&record).arg(&steps).arg(seen).arg(&field).arg(&value);
+            })
+            .await
+            .map_err(store_error)?;
+        match super::int(&reply) {
+            Some(0) => Ok(Resolve::Resolved(before)),
+            Some(-1) if mark.is_none() => Ok(Resolve::NotInFlight(before)),
+            Some(-1) => Ok(Resolve::NotInFlight(self.read_steps(scope, key).await?)),
+            Some(left) if left > 0 => Ok(Resolve::Held { lease_left: std::time::Duration::from_millis(left as u64) }),
+            _ => Err(unexpected(&reply)),
+        }
     }
 
     /// Lease records whose lease has passed (their worker died or was
@@ -290,6 +358,7 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
         expires_at_ms,
         now_ms,
         steps: Vec::new(),
+        in_flight: None,
     };
     if let Some(held) = value.strip_prefix('P') {
         let (fence, rest) = held.split_once('.')?;

@@ -25,7 +25,7 @@ use std::sync::{Arc, LazyLock};
 use super::{Lua, RedisStore, Shared, store_error, store_message, unexpected};
 use crate::error::Error;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
-use crate::lease::store::{NewStep, RecordedStep};
+use crate::lease::store::{NewStep, Resolve, StepLog, StepOutcome};
 use crate::store::keyspace::Keyspace;
 use crate::store::{BoxFuture, RecordKind, millis};
 
@@ -525,12 +525,35 @@ where
         })
     }
 
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<StepLog, Error>> {
         Box::pin(self.read_steps(scope, key))
     }
 
     fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(self.write_step(held, step))
+    }
+
+    fn mark_step<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        number: usize,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.write_mark(held, number, name))
+    }
+
+    fn unmark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.drop_mark(held, number))
+    }
+
+    fn resolve_step<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        step: &'a str,
+        outcome: StepOutcome<'a>,
+    ) -> BoxFuture<'a, Result<Resolve, Error>> {
+        Box::pin(self.bounded(self.resolve_marked(scope, key, step, outcome)))
     }
 
     fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {

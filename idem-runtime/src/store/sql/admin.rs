@@ -70,7 +70,8 @@ use super::dialect::{Arg, Dialect, Stmt, text};
 use super::schema::PurgeBatch;
 use super::{PurgeOptions, SqlBackend, classify, statements};
 use crate::error::Error;
-pub use crate::record::{Record, RecordId, RecordState, RecordStatus, RecordStep, Release, StuckQuery};
+use crate::lease::store::{Resolve, StartedStep, StepLog, StepOutcome};
+pub use crate::record::{InFlightStep, Record, RecordId, RecordState, RecordStatus, RecordStep, Release, StuckQuery};
 use crate::table::RecordTable;
 
 /// What [`purge_preview`] counted.
@@ -155,15 +156,59 @@ fn decode_admin<DB: SqlBackend>(row: &DB::Row) -> Result<Record, sqlx::Error> {
         expires_at_ms: Some(r.expires_at_ms),
         now_ms: DB::int(row, 11)?,
         steps: Vec::new(),
+        in_flight: None,
     })
 }
 
-/// `record` with the steps its call recorded ([`Record::steps`]), read on
-/// the same connection just after it.
+/// `record` with the steps its call recorded ([`Record::steps`]) and the
+/// one in flight ([`Record::in_flight`]), read on the same connection just
+/// after it.
 async fn with_steps<DB: SqlBackend>(conn: &mut DB::Connection, mut record: Record) -> Result<Record, Error> {
-    let steps = super::steps::read::<DB>(conn, &record.scope, &record.key).await.map_err(classify::<DB>)?;
-    record.set_steps(steps.into_iter().map(|step| (step.name, step.result)));
+    let log = super::steps::read::<DB>(conn, &record.scope, &record.key).await.map_err(classify::<DB>)?;
+    let marked = log.started.map(|step| (step.number, step.name));
+    record.set_steps(log.recorded.into_iter().map(|step| (step.name, step.result)), marked);
     Ok(record)
+}
+
+/// [`LeaseStore::resolve_step`](crate::lease::LeaseStore::resolve_step)
+/// on `conn`: the record read first (held with a live lease: left alone),
+/// then the call's steps, then one statement per mark that compares the
+/// mark read. (A worker that claims the record between the read and the
+/// write finds the step marked, and checks it or stops in doubt; one that
+/// is past its check already is the operator's to wait for.)
+pub(crate) async fn resolve_step<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    (scope, key): (&str, &str),
+    step: &str,
+    outcome: StepOutcome<'_>,
+) -> Result<Resolve, Error> {
+    use super::steps;
+    if let Some(record) = fetch::<DB>(conn, &RecordId::stored(scope, key)).await?
+        && record.state == RecordState::Running
+    {
+        let left = record.lease_left_ms().unwrap_or(0).max(0);
+        return Ok(Resolve::Held { lease_left: std::time::Duration::from_millis(left as u64) });
+    }
+    let (recorded, marks) = steps::read_rows::<DB>(conn, scope, key).await.map_err(classify::<DB>)?;
+    let started = marks.first().map(|mark| StartedStep { number: mark.number, name: mark.name.clone() });
+    let before = StepLog { recorded, started };
+    let Some(mark) = marks.first().filter(|mark| mark.name == step) else {
+        return Ok(Resolve::NotInFlight(before));
+    };
+    let resolved = match outcome {
+        StepOutcome::Done { result } => {
+            steps::record_resolved::<DB>(conn, (scope, key), (mark.number, step), result, &mark.key).await
+        }
+        StepOutcome::NotDone => {
+            let keys: Vec<String> = marks.into_iter().map(|mark| mark.key).collect();
+            steps::delete_marks::<DB>(conn, scope, key, &keys).await.map(|deleted| deleted > 0)
+        }
+    };
+    if resolved.map_err(classify::<DB>)? {
+        return Ok(Resolve::Resolved(before));
+    }
+    // Recorded or resolved meanwhile.
+    Ok(Resolve::NotInFlight(steps::read::<DB>(conn, scope, key).await.map_err(classify::<DB>)?))
 }
 
 /// Read one record with its state, by the database's clock.

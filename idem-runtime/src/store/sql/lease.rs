@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::dialect::{Arg, Dialect, Stmt, text};
 use super::{SqlBackend, classify, statements};
 use crate::error::Error;
-use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, RecordedStep};
+use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore, NewStep, Resolve, StepLog, StepOutcome};
 use crate::store::BoxFuture;
 use crate::table::RecordTable;
 
@@ -90,6 +90,18 @@ impl<DB: SqlBackend> SqlStore<DB> {
             }
         }
     }
+}
+
+/// `$op` on a connection of `$store`'s pool (`$conn`), a connection and
+/// the statement both within the store's bound.
+macro_rules! bounded {
+    ($store:expr, |$conn:ident| $op:expr) => {{
+        let deadline = Instant::now() + $store.timeout;
+        let mut pooled = $store.acquire(deadline).await?;
+        let $conn: &mut DB::Connection = &mut pooled;
+        let done = tokio::time::timeout_at(deadline, $op).await;
+        $store.settle(&mut pooled, done)
+    }};
 }
 
 /// What a lease-finishing statement does.
@@ -326,30 +338,50 @@ where
         Some(Arc::new(self.clone()))
     }
 
-    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Vec<RecordedStep>, Error>> {
-        Box::pin(async move {
-            let deadline = Instant::now() + self.timeout;
-            let mut conn = self.acquire(deadline).await?;
-            let done = tokio::time::timeout_at(deadline, super::steps::read::<DB>(&mut conn, scope, key)).await;
-            self.settle(&mut conn, done)
-        })
+    fn steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<StepLog, Error>> {
+        Box::pin(async move { bounded!(self, |conn| super::steps::read::<DB>(conn, scope, key)) })
     }
 
     fn record_step<'a>(&'a self, held: &'a HeldLease<'a>, step: &'a NewStep<'a>) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move { bounded!(self, |conn| super::steps::record::<DB>(conn, held, step)) })
+    }
+
+    fn mark_step<'a>(
+        &'a self,
+        held: &'a HeldLease<'a>,
+        number: usize,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move { bounded!(self, |conn| super::steps::mark::<DB>(conn, held, number, name)) })
+    }
+
+    fn unmark_step<'a>(&'a self, held: &'a HeldLease<'a>, number: usize) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let deadline = Instant::now() + self.timeout;
-            let mut conn = self.acquire(deadline).await?;
-            let done = tokio::time::timeout_at(deadline, super::steps::record::<DB>(&mut conn, held, step)).await;
-            self.settle(&mut conn, done)
+            bounded!(self, |conn| super::steps::unmark::<DB>(conn, held.scope, held.key, number, held.fence))
         })
     }
 
     fn forget_steps<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move { bounded!(self, |conn| super::steps::forget::<DB>(conn, scope, key)) })
+    }
+
+    fn resolve_step<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        step: &'a str,
+        outcome: StepOutcome<'a>,
+    ) -> BoxFuture<'a, Result<Resolve, Error>> {
         Box::pin(async move {
             let deadline = Instant::now() + self.timeout;
-            let mut conn = self.acquire(deadline).await?;
-            let done = tokio::time::timeout_at(deadline, super::steps::forget::<DB>(&mut conn, scope, key)).await;
-            self.settle(&mut conn, done)
+            let mut pooled = self.acquire(deadline).await?;
+            let resolve = super::admin::resolve_step::<DB>(&mut pooled, (scope, key), step, outcome);
+            let Ok(resolved) = tokio::time::timeout_at(deadline, resolve).await else {
+                // As `settle` does: the server may still be running it.
+                pooled.close_on_drop();
+                return Err(crate::store::no_answer(DB::BACKEND, self.timeout));
+            };
+            resolved
         })
     }
 

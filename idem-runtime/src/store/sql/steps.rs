@@ -7,14 +7,20 @@
 //! retention and go with the purges, and live in the lease record's
 //! database: a step is written by one `INSERT ... SELECT` from the
 //! holder's row, which checks its owner, fence and live lease by the
-//! database's clock in the same statement.
+//! database's clock in the same statement. A step marked started (a step
+//! with a check, or at-most-once) is a row of the same scope, written the
+//! same way, its key `nn-<fence>` (the number of the step, the fence of
+//! the holder that marked it: no two holders' marks meet), its value the
+//! step's name.
 
 use super::classify;
 use super::dialect::{Arg, Dialect, Stmt, inserted, read_text, text};
 use super::{SqlBackend, statements};
 use crate::error::Error;
 use crate::future::BoxFuture;
-use crate::lease::store::{HeldLease, NewStep, RecordedStep, StepInTransaction, StepTransactions};
+use crate::lease::store::{
+    HeldLease, NewStep, RecordedStep, StartedStep, StepInTransaction, StepLog, StepTransactions,
+};
 use crate::table::RecordTable;
 
 /// The step statements of one record table.
@@ -23,6 +29,8 @@ pub(crate) struct StepStatements {
     read: Stmt,
     clear_expired: Stmt,
     forget: Stmt,
+    delete: Stmt,
+    resolve: Stmt,
 }
 
 impl StepStatements {
@@ -57,6 +65,16 @@ impl StepStatements {
             )),
             clear_expired: Stmt::new::<D>(&format!("DELETE FROM {t} WHERE {range} AND expires_at <= {clock}")),
             forget: Stmt::new::<D>(&format!("DELETE FROM {t} WHERE {range}")),
+            // $2: one row's key.
+            delete: Stmt::new::<D>(&format!("DELETE FROM {t} WHERE {range} AND idem_key = $2")),
+            // An operator's "done": the step's result from the mark $4 the
+            // operator saw, kept as long as the mark ($1 to $3 as `record`).
+            resolve: Stmt::new::<D>(&format!(
+                "INSERT INTO {t} (scope, idem_key, status, response, fence, created_at, updated_at, expires_at) \
+                 SELECT $1, $2, 'DONE', {value}, m.fence, {clock}, {clock}, m.expires_at FROM {t} m \
+                 WHERE m.scope = $1 AND m.idem_key = $4 AND m.expires_at > {clock}{on_duplicate}",
+                value = D::text_value("$3"),
+            )),
         }
     }
 }
@@ -74,28 +92,61 @@ fn step_key(number: usize) -> String {
     format!("{number:02}")
 }
 
-/// The call's steps, in order, those past their retention left out (a
-/// first record in their way deletes them, see [`record`]): one statement,
-/// what a call reads before its body and the operator's reads show.
+/// The key of the mark of step `number` by the holder of `fence`.
+fn mark_key(number: usize, fence: i64) -> String {
+    format!("{number:02}-{fence}")
+}
+
+/// A mark of the call's steps, as read: its row's key, the step's number
+/// and name.
+pub(crate) struct MarkRow {
+    pub(crate) key: String,
+    pub(crate) number: usize,
+    pub(crate) name: String,
+}
+
+/// The call's steps as a call reads them: [`read_rows`], its marks of the
+/// step after the recorded ones as that step's.
 pub(crate) async fn read<DB: SqlBackend>(
     conn: &mut DB::Connection,
     scope: &str,
     key: &str,
-) -> Result<Vec<RecordedStep>, sqlx::Error> {
+) -> Result<StepLog, sqlx::Error> {
+    let (recorded, marks) = read_rows::<DB>(conn, scope, key).await?;
+    let started = marks.into_iter().next().map(|mark| StartedStep { number: mark.number, name: mark.name });
+    Ok(StepLog { recorded, started })
+}
+
+/// The call's steps, in order, and the marks of the step after them (of
+/// earlier steps, recorded since, left out), those past their retention
+/// left out (a first record in their way deletes them, see [`record`]):
+/// one statement, what a call reads before its body and the operator's
+/// reads show.
+pub(crate) async fn read_rows<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    scope: &str,
+    key: &str,
+) -> Result<(Vec<RecordedStep>, Vec<MarkRow>), sqlx::Error> {
     let call = call(scope, key);
     let rows = DB::fetch_all(conn, statements::<DB>().steps.read.query::<DB>(&[text(&call)])).await?;
-    let mut steps = Vec::with_capacity(rows.len());
-    for (number, row) in rows.iter().enumerate() {
+    let (mut steps, mut marks) = (Vec::with_capacity(rows.len()), Vec::new());
+    for row in &rows {
         let key = read_text::<DB>(row, 0)?.unwrap_or_default();
         let value = read_text::<DB>(row, 1)?.unwrap_or_default();
+        if let Some((number, _)) = key.split_once('-') {
+            let number = number.parse().map_err(|_| not_a_step(&key))?;
+            marks.push(MarkRow { number, name: value, key });
+            continue;
+        }
         let (name, result) = value.split_once('\n').ok_or_else(|| not_a_step(&key))?;
         // The keys run from 00 without a gap: a step is written only next.
-        if key != step_key(number) {
+        if key != step_key(steps.len()) {
             return Err(not_a_step(&key));
         }
         steps.push(RecordedStep { name: name.to_owned(), result: result.to_owned() });
     }
-    Ok(steps)
+    marks.retain(|mark| mark.number == steps.len());
+    Ok((steps, marks))
 }
 
 pub(crate) async fn record<DB: SqlBackend>(
@@ -107,17 +158,7 @@ pub(crate) async fn record<DB: SqlBackend>(
     let call = call(held.scope, held.key);
     let (key, previous) = (step_key(step.number), step.number.checked_sub(1).map(step_key));
     let value = format!("{}\n{}", step.name, step.result);
-    let args = [
-        text(&call),
-        text(&key),
-        text(&value),
-        Arg::Span(held.retention),
-        text(held.scope),
-        text(held.key),
-        text(held.owner),
-        Arg::Int(held.fence),
-        Arg::Text(previous.as_deref()),
-    ];
+    let args = holders_row(held, [&call, &key, &value], previous.as_deref());
     if inserted::<DB>(DB::execute(conn, s.record.query::<DB>(&args)).await)? {
         return Ok(true);
     }
@@ -133,14 +174,97 @@ pub(crate) async fn record<DB: SqlBackend>(
     if mine {
         return Ok(true);
     }
-    // Or rows of an earlier call of this key past their retention are in
-    // the way (reads leave them out): cleared here, off the common path,
-    // then the step written once more.
-    let cleared = DB::execute(conn, s.clear_expired.query::<DB>(&[text(&call)])).await?;
+    past_retention::<DB>(conn, &args).await
+}
+
+/// The values of the record statement: the row's scope, key and value,
+/// the holder it is written from, and the step that must precede it.
+fn holders_row<'a>(held: &HeldLease<'a>, [call, key, value]: [&'a str; 3], previous: Option<&'a str>) -> [Arg<'a>; 9] {
+    [
+        text(call),
+        text(key),
+        text(value),
+        Arg::Span(held.retention),
+        text(held.scope),
+        text(held.key),
+        text(held.owner),
+        Arg::Int(held.fence),
+        Arg::Text(previous),
+    ]
+}
+
+/// The holder's row was not written (`args` of the record statement): if
+/// rows of an earlier call of this key past their retention were in the
+/// way (reads leave them out), they are cleared here, off the common path,
+/// and the row written once more.
+async fn past_retention<DB: SqlBackend>(conn: &mut DB::Connection, args: &[Arg<'_>]) -> Result<bool, sqlx::Error> {
+    let s = &statements::<DB>().steps;
+    let cleared = DB::execute(conn, s.clear_expired.query::<DB>(&args[..1])).await?;
     if DB::rows(&cleared) == 0 {
         return Ok(false);
     }
-    inserted::<DB>(DB::execute(conn, s.record.query::<DB>(&args)).await)
+    inserted::<DB>(DB::execute(conn, s.record.query::<DB>(args)).await)
+}
+
+/// Mark step `number` started, as [`record`] records one: a row of the
+/// holder's own (its key names the holder's fence), so a mark another
+/// holder left stays beside it.
+pub(crate) async fn mark<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    held: &HeldLease<'_>,
+    number: usize,
+    name: &str,
+) -> Result<bool, sqlx::Error> {
+    let call = call(held.scope, held.key);
+    let (key, previous) = (mark_key(number, held.fence), number.checked_sub(1).map(step_key));
+    let args = holders_row(held, [&call, &key, name], previous.as_deref());
+    if inserted::<DB>(DB::execute(conn, statements::<DB>().steps.record.query::<DB>(&args)).await)? {
+        return Ok(true);
+    }
+    past_retention::<DB>(conn, &args).await
+}
+
+/// An operator's "done" for step `number` (`name`): its `result`
+/// recorded, from the mark row `mark`, which must still be there.
+pub(crate) async fn record_resolved<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    (scope, key): (&str, &str),
+    (number, name): (usize, &str),
+    result: &str,
+    mark: &str,
+) -> Result<bool, sqlx::Error> {
+    let (call, step) = (call(scope, key), step_key(number));
+    let value = format!("{name}\n{result}");
+    let args = [text(&call), text(&step), text(&value), text(mark)];
+    inserted::<DB>(DB::execute(conn, statements::<DB>().steps.resolve.query::<DB>(&args)).await)
+}
+
+/// Remove the mark of step `number` that the holder of `fence` wrote.
+pub(crate) async fn unmark<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    scope: &str,
+    key: &str,
+    number: usize,
+    fence: i64,
+) -> Result<(), sqlx::Error> {
+    delete_marks::<DB>(conn, scope, key, &[mark_key(number, fence)]).await.map(|_| ())
+}
+
+/// Delete the marks of the call with these keys ([`MarkRow::key`]): how
+/// many there were.
+pub(crate) async fn delete_marks<DB: SqlBackend>(
+    conn: &mut DB::Connection,
+    scope: &str,
+    key: &str,
+    marks: &[String],
+) -> Result<u64, sqlx::Error> {
+    let call = call(scope, key);
+    let mut deleted = 0;
+    for mark in marks {
+        let done = DB::execute(conn, statements::<DB>().steps.delete.query::<DB>(&[text(&call), text(mark)])).await?;
+        deleted += DB::rows(&done);
+    }
+    Ok(deleted)
 }
 
 impl<DB: SqlBackend> StepTransactions for DB {
