@@ -165,7 +165,7 @@ macro_rules! steps_suite {
                 assert_eq!(counts(&runs), [1, 1, 1], "no step ran again");
                 let scope = idem::key::stored_scope("tests.steps.transfer");
                 let key = idem::Key::new(&id).unwrap();
-                assert!(store.steps(&scope, key.as_str()).await.unwrap().is_empty(), "forgotten once completed");
+                assert!(store.steps(&scope, key.as_str()).await.unwrap().recorded.is_empty(), "forgotten once completed");
             }
 
             /// A worker whose future is dropped after `charge` (a crash

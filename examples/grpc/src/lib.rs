@@ -9,7 +9,10 @@
 //! while it runs); `fail_with` answers that status code instead (with
 //! trailing metadata); `response_bytes` pads the answer; `panic` makes the
 //! handler panic; `block_ms` blocks its thread that long (synchronous work
-//! that never yields). A guarded `Pay` answers its lease's fence in
+//! that never yields); `charge_step` charges the card in a recorded step
+//! (from the request's extensions), and with `fail_first_after_charge` the
+//! handler's first run answers `UNAVAILABLE` after it (nothing kept: the
+//! retry replays the charge, not runs it). A guarded `Pay` answers its lease's fence in
 //! `x-fence` metadata (from the request's extensions: what an outside
 //! write would carry).
 
@@ -23,7 +26,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use idem::grpc::IdempotencyLayer;
-use idem::lease::LeaseInfo;
+use idem::lease::{LeaseInfo, Steps};
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::codegen::tokio_stream::{self, Stream};
@@ -51,6 +54,10 @@ pub struct PayRequest {
     pub memo: String,
     #[prost(uint64, tag = "7")]
     pub block_ms: u64,
+    #[prost(bool, tag = "8")]
+    pub charge_step: bool,
+    #[prost(bool, tag = "9")]
+    pub fail_first_after_charge: bool,
 }
 
 /// What `Pay` answers (and `Watch` streams).
@@ -69,10 +76,12 @@ pub const SERVICE: &str = "payments.Payments";
 pub const PAY: &str = "/payments.Payments/Pay";
 pub const WATCH: &str = "/payments.Payments/Watch";
 
-/// The shop's state: how many payments `Pay` made.
+/// The shop's state: how many payments `Pay` made, and how many times a
+/// card was charged.
 #[derive(Clone, Debug, Default)]
 pub struct Shop {
     runs: Arc<AtomicU64>,
+    charges: Arc<AtomicU64>,
 }
 
 impl Shop {
@@ -81,10 +90,32 @@ impl Shop {
         self.runs.load(Ordering::SeqCst)
     }
 
+    /// Times a card was charged (the card network does not deduplicate).
+    pub fn charges(&self) -> u64 {
+        self.charges.load(Ordering::SeqCst)
+    }
+
     async fn pay(&self, request: Request<PayRequest>) -> Result<Response<Payment>, Status> {
         let fence = request.extensions().get::<LeaseInfo>().map(|lease| lease.fence);
+        let steps = request.extensions().get::<Steps<'static>>().cloned();
         let request = request.into_inner();
         let payment_id = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut replayed_steps = None;
+        if request.charge_step {
+            let steps = steps.ok_or_else(|| Status::internal("no step log: is the method guarded?"))?;
+            let charges = self.charges.clone();
+            steps
+                .run("charge", |_key| async move {
+                    charges.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, idem::Error>(())
+                })
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            replayed_steps = Some(steps.recorded() as u64);
+            if request.fail_first_after_charge && payment_id == 1 {
+                return Err(Status::unavailable("the ledger was down after the charge"));
+            }
+        }
         if request.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(request.delay_ms)).await;
         }
@@ -106,6 +137,9 @@ impl Shop {
         response.metadata_mut().append("x-audit", MetadataValue::from_static("second"));
         if let Some(fence) = fence {
             response.metadata_mut().insert("x-fence", MetadataValue::from(fence));
+        }
+        if let Some(replayed) = replayed_steps {
+            response.metadata_mut().insert("x-steps-replayed", MetadataValue::from(replayed));
         }
         Ok(response)
     }

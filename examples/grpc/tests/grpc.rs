@@ -270,6 +270,30 @@ macro_rules! grpc_suite {
                 assert_eq!(seen(&again), seen(&second), "retries replay the call that took over");
             }
 
+            /// A handler runs recorded steps under the layer's own record:
+            /// its first run charges the card and then fails (not kept);
+            /// the retry replays the charge and answers. One charge.
+            #[tokio::test]
+            async fn a_handler_resumes_after_its_recorded_step() {
+                let (client, shop) = server(store!(), |l| l).await;
+                let key = unique("k");
+                let message = PayRequest {
+                    amount_cents: 5,
+                    charge_step: true,
+                    fail_first_after_charge: true,
+                    ..Default::default()
+                };
+                let first = client.clone().pay(keyed(&key, "alice", message.clone())).await;
+                assert_eq!(first.unwrap_err().code(), Code::Unavailable);
+                assert_eq!(shop.charges(), 1);
+                let retry = client.clone().pay(keyed(&key, "alice", message.clone())).await.unwrap();
+                assert_eq!(retry.metadata().get("x-steps-replayed").unwrap(), "1", "the charge was replayed");
+                assert_eq!((shop.runs(), shop.charges()), (2, 1), "the handler ran twice, the card was charged once");
+                let again = client.clone().pay(keyed(&key, "alice", message)).await;
+                assert!(was_replayed(&again));
+                assert_eq!((shop.runs(), shop.charges()), (2, 1));
+            }
+
             #[tokio::test]
             async fn a_retry_while_the_first_runs_is_aborted_with_a_pushback() {
                 let (client, shop) = server(store!(), |l| l).await;

@@ -7,7 +7,11 @@
 //! (synchronous work that never yields); `"fail_with"` answers that status instead;
 //! `"response_bytes"` pads the answer (over the layer's limit, say);
 //! `"chunks"` streams the answer in that many chunks; `"panic": true`
-//! makes the handler panic. A guarded payment answers its lease's fence
+//! makes the handler panic; `"charge_step": true` charges the card in a
+//! recorded step (from the request's extensions), and with
+//! `"fail_first_after_charge": true` the handler's first run answers `503`
+//! after it (nothing kept: the retry replays the charge, not runs it). A
+//! guarded payment answers its lease's fence
 //! in `x-fence` (from the request's extensions: what an outside write
 //! would carry).
 
@@ -24,7 +28,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use idem::http::IdempotencyLayer;
-use idem::lease::LeaseInfo;
+use idem::lease::{LeaseInfo, Steps};
 
 /// What a client posts.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -42,6 +46,10 @@ pub struct PaymentRequest {
     pub chunks: Option<usize>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub panic: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub charge_step: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_first_after_charge: bool,
 }
 
 /// What the endpoint answers.
@@ -53,10 +61,12 @@ pub struct Payment {
     pub padding: String,
 }
 
-/// The shop's state: how many payments its handler made.
+/// The shop's state: how many payments its handler made, and how many
+/// times a card was charged.
 #[derive(Clone, Debug, Default)]
 pub struct Shop {
     runs: Arc<AtomicU64>,
+    charges: Arc<AtomicU64>,
 }
 
 impl Shop {
@@ -64,14 +74,39 @@ impl Shop {
     pub fn runs(&self) -> u64 {
         self.runs.load(Ordering::SeqCst)
     }
+
+    /// Times a card was charged (the card network does not deduplicate).
+    pub fn charges(&self) -> u64 {
+        self.charges.load(Ordering::SeqCst)
+    }
 }
 
 async fn pay(
     State(shop): State<Shop>,
     lease: Option<Extension<LeaseInfo>>,
+    steps: Option<Extension<Steps<'static>>>,
     axum::Json(req): axum::Json<PaymentRequest>,
 ) -> Response {
     let payment_id = shop.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut charge = None;
+    if req.charge_step {
+        let Some(Extension(steps)) = steps else {
+            return (StatusCode::INTERNAL_SERVER_ERROR, "no step log: is the route guarded?").into_response();
+        };
+        let charged = steps
+            .run("charge", |key| async move {
+                shop.charges.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, idem::Error>(format!("ch_{key}"))
+            })
+            .await;
+        match charged {
+            Ok(charged) => charge = Some((charged, steps.recorded())),
+            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        }
+        if req.fail_first_after_charge && payment_id == 1 {
+            return (StatusCode::SERVICE_UNAVAILABLE, "the ledger was down after the charge").into_response();
+        }
+    }
     if let Some(ms) = req.delay_ms {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -105,6 +140,10 @@ async fn pay(
     headers.append("x-audit", HeaderValue::from_static("second"));
     if let Some(Extension(lease)) = lease {
         headers.insert("x-fence", HeaderValue::from(lease.fence));
+    }
+    if let Some((charge, replayed_steps)) = charge {
+        headers.insert("x-charge", HeaderValue::from_str(&charge).expect("ascii"));
+        headers.insert("x-steps-replayed", HeaderValue::from(replayed_steps));
     }
     response
 }

@@ -230,6 +230,36 @@ macro_rules! http_suite {
                 assert_eq!(snapshot(again).await, second, "retries replay the request that took over");
             }
 
+            /// A handler runs recorded steps under the layer's own record
+            /// (its request's extensions): its first run charges the card
+            /// and then fails (`503`, not kept); the retry replays the
+            /// charge instead of running it, and answers. One charge.
+            #[tokio::test]
+            async fn a_handler_resumes_after_its_recorded_step() {
+                let (base, shop) = server(store!(), |l| l).await;
+                let client = reqwest::Client::new();
+                let key = unique("k");
+                let body = PaymentRequest {
+                    amount_cents: 5,
+                    charge_step: true,
+                    fail_first_after_charge: true,
+                    ..Default::default()
+                };
+                let first = post(&client, &base, Some(&key), &body).await;
+                assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+                assert_eq!(shop.charges(), 1);
+                let retry = post(&client, &base, Some(&key), &body).await;
+                assert_eq!(retry.status(), StatusCode::CREATED);
+                assert_eq!(retry.headers()["x-steps-replayed"], "1", "the charge was recorded, and replayed");
+                let charge = retry.headers()["x-charge"].to_str().unwrap().to_owned();
+                assert!(charge.starts_with("ch_idem-step-"), "{charge}");
+                assert_eq!((shop.runs(), shop.charges()), (2, 1), "the handler ran twice, the card was charged once");
+                let again = post(&client, &base, Some(&key), &body).await;
+                assert!(replayed(&again));
+                assert_eq!(again.headers()["x-charge"], charge.as_str());
+                assert_eq!((shop.runs(), shop.charges()), (2, 1));
+            }
+
             #[tokio::test]
             async fn the_same_key_with_another_request_is_422_and_runs_nothing() {
                 let (base, shop) = server(store!(), |l| l).await;

@@ -15,6 +15,7 @@ use super::settings::Settings;
 use super::stored::StoredResponse;
 use crate::error::Error;
 use crate::guard::{Claim, Guard};
+use crate::lease::Steps;
 use crate::lease::guard::LeaseTicket;
 
 /// How a door answers: its responses, built from a stored one or from a
@@ -106,12 +107,16 @@ where
                 Err(answer) => return Ok(answer),
             };
             request.extensions_mut().insert(ticket.info());
+            let steps = ticket.door_steps();
+            if let Some(steps) = &steps {
+                request.extensions_mut().insert(steps.clone());
+            }
             let handler = async {
                 let response = inner.call(request).await.map_err(Failure::Inner)?;
                 door.handled(response).await
             };
             let ran = ticket.run_body(handler).await;
-            finished(&*door, &ticket, ran).await
+            finished(&*door, &ticket, ran, steps.as_ref()).await
         }
     };
     let task = tokio::spawn(tracing::Instrument::instrument(call, tracing::Span::current()));
@@ -175,10 +180,11 @@ async fn finished<D: Door, E>(
     door: &D,
     ticket: &LeaseTicket<'_>,
     ran: Result<Handled<D::Response>, Failure<D::Response, E>>,
+    steps: Option<&Steps<'static>>,
 ) -> Result<D::Response, E> {
     let (response, why) = match ran {
         Ok(Handled::Whole(stored)) => {
-            return Ok(match ticket.completed(stored).await {
+            return Ok(match ticket.completed_with_steps(stored, steps).await {
                 Ok(stored) => door.stored(stored, false),
                 Err(e) => door.refused(&e),
             });
@@ -189,7 +195,7 @@ async fn finished<D: Door, E>(
         Err(Failure::Inner(e)) => return Err(e),
         Err(Failure::Guard(e)) => return Ok(door.refused(&e)),
     };
-    if let Err(e) = ticket.completed_without_answer(why).await {
+    if let Err(e) = ticket.completed_without_answer(why, steps).await {
         tracing::warn!(target: "idem", scope = %door.settings().scope, error = %e,
             "idempotency layer: a response not kept, and its record could not say so");
     }

@@ -2,7 +2,7 @@
 //! duration of the body by a lease the runtime keeps renewing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::error::{Error, LostLease};
@@ -205,25 +205,47 @@ impl<'s> LeaseTicket<'s> {
                 return Err(e.into());
             }
         };
-        let holder = self.holder();
         let limit = self.store.answer_limit().await;
-        let had_steps = !recorded.recorded.is_empty() || recorded.started.is_some();
-        let wrote = Arc::new(AtomicBool::new(false));
         let names = (p.scope.to_string(), p.key.hash());
-        let steps = Steps::new(self.store, holder, names, limit, recorded, wrote.clone(), self.held.clone());
+        let wrote = Arc::new(AtomicBool::new(false));
+        let steps = Steps::new(self.store, self.holder(), names, limit, recorded, wrote, self.held.clone());
+        let log = steps.clone();
         let value = self.run_body(body(steps)).await?;
         let (value, written) = self.completed_written(value).await?;
-        // A record left as a crash leaves it (the store failed for the
-        // whole lease) is taken over later: its steps must be there then.
-        // A call that neither found nor recorded a step has none to forget.
-        if !written || !(had_steps || wrote.load(Ordering::Relaxed)) {
-            return Ok(value);
+        if written {
+            self.forget_steps(&log).await;
         }
+        Ok(value)
+    }
+}
+
+impl LeaseTicket<'_> {
+    /// The call's step log for a door's handler (its request's
+    /// extensions), reading what an earlier attempt left with its first
+    /// step: no round trip for a handler that runs none. `None` for a
+    /// store that gives no shared handle ([`LeaseStore::shared`]).
+    #[cfg(any(feature = "http", feature = "grpc"))]
+    pub(crate) fn door_steps(&self) -> Option<Steps<'static>> {
+        let store = self.store.shared()?;
+        let names = (self.prepared.scope.to_string(), self.prepared.key.hash());
+        let wrote = Arc::new(AtomicBool::new(false));
+        Some(Steps::shared(store, self.holder(), names, wrote, self.held.clone()))
+    }
+
+    /// The call completed (its record written): forget the steps its log
+    /// found or recorded, whose answer replays from now on. A record left
+    /// as a crash leaves it (the store failed for the whole lease) keeps
+    /// them, for the take-over; a call that neither found nor recorded a
+    /// step has none to forget.
+    pub(crate) async fn forget_steps(&self, log: &Steps<'_>) {
+        if !log.to_forget() {
+            return;
+        }
+        let p = &self.prepared;
         if let Err(e) = self.store.forget_steps(&p.stored_scope, p.key.as_str()).await {
             tracing::warn!(target: "idem", scope = %p.scope, key = %p.key.hash(), error = %e,
                 "a completed call's steps could not be removed; they go with their retention");
         }
-        Ok(value)
     }
 }
 
@@ -312,12 +334,31 @@ impl LeaseTicket<'_> {
         Ok((value, written))
     }
 
-    /// The body ran to success, and its answer is not to be kept (`why`):
-    /// the record says so, and repeats get [`Error::AnswerNotKept`].
+    /// [`completed`](Self::completed) for a door's handler, then the
+    /// steps of its `log` forgotten.
     #[cfg(any(feature = "http", feature = "grpc"))]
-    pub(crate) async fn completed_without_answer(&self, why: &str) -> Result<(), Error> {
+    pub(crate) async fn completed_with_steps<T: Replayable>(
+        &self,
+        value: T,
+        log: Option<&Steps<'_>>,
+    ) -> Result<T, Error> {
+        let (value, written) = self.completed_written(value).await?;
+        if let (true, Some(log)) = (written, log) {
+            self.forget_steps(log).await;
+        }
+        Ok(value)
+    }
+
+    /// The body ran to success, and its answer is not to be kept (`why`):
+    /// the record says so, and repeats get [`Error::AnswerNotKept`]; then
+    /// the steps of its `log` are forgotten.
+    #[cfg(any(feature = "http", feature = "grpc"))]
+    pub(crate) async fn completed_without_answer(&self, why: &str, log: Option<&Steps<'_>>) -> Result<(), Error> {
         self.prepared.answer_not_kept(why);
-        self.write_completion(None).await.map(|_| ())
+        if let (true, Some(log)) = (self.write_completion(None).await?, log) {
+            self.forget_steps(log).await;
+        }
+        Ok(())
     }
 
     /// Write the completion. One that failed on the store is tried again

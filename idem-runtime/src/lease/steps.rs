@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, LostLease};
 use crate::lease::Held;
+use crate::lease::renew::bounded;
 use crate::lease::store::{HeldLease, LeaseStore, NewStep, RecordedStep, StartedStep, StepLog};
 use crate::replay::{Replayable, encode, fit};
 #[cfg(feature = "sql")]
@@ -55,15 +56,41 @@ impl std::fmt::Display for StepKey {
 }
 
 /// The step log of one lease-guarded call, handed to the body by
-/// [`LeaseTicket::run_steps`](crate::lease::LeaseTicket::run_steps).
-pub struct Steps<'s> {
-    store: &'s dyn LeaseStore,
+/// [`LeaseTicket::run_steps`](crate::lease::LeaseTicket::run_steps), and
+/// to an HTTP or gRPC handler in its request's extensions
+/// (`Steps<'static>`, under the layer's own record). A handle: its clones
+/// are the same log.
+#[derive(Clone)]
+pub struct Steps<'s>(Arc<Log<'s>>);
+
+/// Where a step log reaches its store: borrowed for a body's call, shared
+/// for a handler's request (whose extensions want what lives on its own).
+enum StoreRef<'s> {
+    Borrowed(&'s dyn LeaseStore),
+    Shared(Arc<dyn LeaseStore>),
+}
+
+impl<'s> std::ops::Deref for StoreRef<'s> {
+    type Target = dyn LeaseStore + 's;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            StoreRef::Borrowed(store) => *store,
+            StoreRef::Shared(store) => &**store,
+        }
+    }
+}
+
+struct Log<'s> {
+    store: StoreRef<'s>,
     held: Holder,
     /// The scope as given, for messages; the key's short hash.
     scope: String,
     key_hash: String,
-    answer_limit: usize,
-    log: Mutex<Log>,
+    /// The longest result the store holds, and what an earlier attempt
+    /// left: read with the first step (or before the body, by
+    /// `run_steps`).
+    read: tokio::sync::OnceCell<usize>,
+    steps: Mutex<Read>,
     /// Set once a step may have been recorded: shared with the ticket,
     /// which then knows the completed call has steps to forget.
     wrote: Arc<AtomicBool>,
@@ -111,7 +138,8 @@ impl Holder {
     }
 }
 
-struct Log {
+/// What the log read of the store, and the names the body used.
+struct Read {
     /// What the store held when the call claimed the key.
     recorded: Vec<RecordedStep>,
     /// The step after them, if an earlier attempt marked it started.
@@ -139,36 +167,97 @@ impl std::fmt::Debug for Steps<'_> {
 }
 
 impl<'s> Steps<'s> {
+    /// The log of a body, with what the store held when it began.
     pub(crate) fn new(
         store: &'s dyn LeaseStore,
         held: Holder,
-        (scope, key_hash): (String, String),
+        names: (String, String),
         answer_limit: usize,
-        StepLog { recorded, started }: StepLog,
+        found: StepLog,
         wrote: Arc<AtomicBool>,
         lease: Held,
     ) -> Steps<'s> {
-        let log = Mutex::new(Log { recorded, started, seen: Vec::new() });
-        Steps { store, held, scope, key_hash, answer_limit, log, wrote, lease }
+        let steps = Steps::unread(StoreRef::Borrowed(store), held, names, wrote, lease);
+        steps.found(answer_limit, found);
+        steps
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
-        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    fn unread(
+        store: StoreRef<'s>,
+        held: Holder,
+        (scope, key_hash): (String, String),
+        wrote: Arc<AtomicBool>,
+        lease: Held,
+    ) -> Steps<'s> {
+        let steps = Mutex::new(Read { recorded: Vec::new(), started: None, seen: Vec::new() });
+        Steps(Arc::new(Log { store, held, scope, key_hash, read: tokio::sync::OnceCell::new(), steps, wrote, lease }))
+    }
+
+    fn found(&self, answer_limit: usize, StepLog { recorded, started }: StepLog) {
+        let mut log = self.lock();
+        (log.recorded, log.started) = (recorded, started);
+        drop(log);
+        let _ = self.0.read.set(answer_limit);
+    }
+
+    /// Read what the store holds, once, before the first step.
+    async fn read(&self) -> Result<(), Error> {
+        let log = &*self.0;
+        log.read
+            .get_or_try_init(|| async {
+                let store = &*log.store;
+                let found = bounded(log.held.lease, store.kind(), store.steps(&log.held.scope, &log.held.key)).await?;
+                let limit = store.answer_limit().await;
+                let mut read = self.lock();
+                (read.recorded, read.started) = (found.recorded, found.started);
+                Ok::<_, Error>(limit)
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// A log for a door's handler, which reads what an earlier attempt
+    /// left with its first step.
+    #[cfg(any(feature = "http", feature = "grpc"))]
+    pub(crate) fn shared(
+        store: Arc<dyn LeaseStore>,
+        held: Holder,
+        names: (String, String),
+        wrote: Arc<AtomicBool>,
+        lease: Held,
+    ) -> Steps<'static> {
+        Steps::unread(StoreRef::Shared(store), held, names, wrote, lease)
+    }
+
+    fn answer_limit(&self) -> usize {
+        self.0.read.get().copied().unwrap_or(usize::MAX)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Read> {
+        self.0.steps.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the call has steps to forget once it completed: some were
+    /// found, marked or may have been recorded.
+    pub(crate) fn to_forget(&self) -> bool {
+        let log = self.lock();
+        !log.recorded.is_empty() || log.started.is_some() || self.0.wrote.load(Ordering::Relaxed)
     }
 
     /// Steps recorded by an earlier attempt of this call (a worker that
-    /// died, a body that failed), which this one replays.
+    /// died, a body that failed), which this one replays. At a door, known
+    /// once the first step ran.
     pub fn recorded(&self) -> usize {
         self.lock().recorded.len()
     }
 
     /// The stable key of the step `name` of this call.
     pub fn key(&self, name: &str) -> StepKey {
-        StepKey::for_step(&self.held.scope, &self.held.key, name)
+        StepKey::for_step(&self.0.held.scope, &self.0.held.key, name)
     }
 
     fn error(&self, step: &str, reason: impl Into<String>) -> Error {
-        Error::Step { scope: self.scope.clone(), step: step.to_owned(), reason: reason.into() }
+        Error::Step { scope: self.0.scope.clone(), step: step.to_owned(), reason: reason.into() }
     }
 
     /// Run the step `name`, or return its recorded result.
@@ -202,13 +291,14 @@ impl<'s> Steps<'s> {
         F: FnOnce(StepKey) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.read().await?;
         let number = self.begin(name)?;
         if let Place::Recorded(json) = self.place(number, name)? {
             return Ok(self.decode(name, &json)?);
         }
         // A lease lost while the body was blocked (its thread held past the
         // lease) is known by now: the step is not sent.
-        self.lease.check()?;
+        self.0.lease.check()?;
         let value = match step(self.key(name)).await {
             Ok(value) => value,
             Err(e) => return Err(self.not_run(e)),
@@ -273,6 +363,7 @@ impl<'s> Steps<'s> {
         C: FnOnce(StepKey) -> CheckFut,
         CheckFut: Future<Output = Result<Option<T>, E>>,
     {
+        self.read().await?;
         let number = self.begin(name)?;
         match self.place(number, name)? {
             Place::Recorded(json) => return Ok(self.decode(name, &json)?),
@@ -293,7 +384,7 @@ impl<'s> Steps<'s> {
             }
         }
         // As in `run`: no step is sent once the lease is known lost.
-        self.lease.check()?;
+        self.0.lease.check()?;
         let value = match step(self.key(name)).await {
             Ok(value) => value,
             Err(e) => {
@@ -387,6 +478,7 @@ impl<'s> Steps<'s> {
         // the step's future may borrow what lives that long.
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'c, DB>, StepKey) -> BoxFuture<'t, Result<T, E>>,
     {
+        self.read().await?;
         let number = self.begin(name)?;
         if let Place::Recorded(json) = self.place(number, name)? {
             return Ok(self.decode(name, &json)?);
@@ -406,11 +498,12 @@ impl<'s> Steps<'s> {
         // Not recordable: rolled back with the step's writes.
         let (json, value) = self.result(name, value).map_err(|e| self.not_run(e))?;
         let new = NewStep { number, name, result: &json };
-        if let StepInTransaction::Refused { call_here } = DB::record_step_in(&mut tx, &self.held.held(), &new).await? {
+        if let StepInTransaction::Refused { call_here } = DB::record_step_in(&mut tx, &self.0.held.held(), &new).await?
+        {
             drop(tx);
             return Err(self.not_recorded(name, !call_here).await.into());
         }
-        self.wrote.store(true, Ordering::Relaxed);
+        self.0.wrote.store(true, Ordering::Relaxed);
         tx.commit().await.map_err(Error::Database)?;
         Ok(value)
     }
@@ -431,7 +524,7 @@ impl<'s> Steps<'s> {
     /// (what a replay will give).
     fn result<T: Replayable>(&self, name: &str, value: T) -> Result<(String, T), Error> {
         let json = encode(&value).map_err(|e| self.error(name, format!("its result does not serialize: {e}")))?;
-        fit(&value, json, self.answer_limit)
+        fit(&value, json, self.answer_limit())
             .map_err(|e| self.error(name, format!("its result cannot be recorded: {e}")))
     }
 
@@ -439,7 +532,7 @@ impl<'s> Steps<'s> {
     /// in a store known to be elsewhere.
     #[cfg(feature = "sql")]
     fn same_database(&self, name: &str, backend: &str) -> Result<(), Error> {
-        match self.store.kind() {
+        match self.0.store.kind() {
             kind @ ("memory" | "redis" | "postgres" | "mysql" | "sqlite") if kind != backend => {
                 Err(self.elsewhere(name, kind))
             }
@@ -465,15 +558,15 @@ impl<'s> Steps<'s> {
     /// another database than the lease records.
     #[cfg(feature = "sql")]
     async fn not_recorded(&self, name: &str, absent: bool) -> Error {
-        if absent && let Ok(true) = self.store.extend(&self.held.held()).await {
-            return self.elsewhere(name, self.store.kind());
+        if absent && let Ok(true) = self.0.store.extend(&self.0.held.held()).await {
+            return self.elsewhere(name, self.0.store.kind());
         }
         self.taken_over()
     }
 
     /// The store refused a step's record: the lease is another call's.
     fn taken_over(&self) -> Error {
-        Error::LeaseLost { scope: self.scope.clone(), key_hash: self.key_hash.clone(), why: LostLease::TakenOver }
+        Error::LeaseLost { scope: self.0.scope.clone(), key_hash: self.0.key_hash.clone(), why: LostLease::TakenOver }
     }
 
     /// Check `name` and take the next position.
@@ -502,7 +595,7 @@ impl<'s> Steps<'s> {
         };
         if earlier != name {
             return Err(Error::StepsChanged {
-                scope: self.scope.clone(),
+                scope: self.0.scope.clone(),
                 position: number,
                 recorded: earlier.clone(),
                 found: name.to_owned(),
@@ -514,8 +607,8 @@ impl<'s> Steps<'s> {
     /// Mark the step started, before its work runs.
     async fn mark(&self, number: usize, name: &str) -> Result<(), Error> {
         // A mark is a step row to forget once the call completes.
-        self.wrote.store(true, Ordering::Relaxed);
-        match self.store.mark_step(&self.held.held(), number, name).await? {
+        self.0.wrote.store(true, Ordering::Relaxed);
+        match self.0.store.mark_step(&self.0.held.held(), number, name).await? {
             true => Ok(()),
             false => Err(self.taken_over()),
         }
@@ -525,19 +618,19 @@ impl<'s> Steps<'s> {
     /// cannot be removed stays, and the next attempt treats the step as in
     /// flight (checks it, or stops in doubt): the safe side.
     async fn unmark(&self, number: usize, name: &str) {
-        if let Err(e) = self.store.unmark_step(&self.held.held(), number).await {
-            tracing::warn!(target: "idem", scope = %self.scope, key = %self.key_hash, step = name, error = %e,
+        if let Err(e) = self.0.store.unmark_step(&self.0.held.held(), number).await {
+            tracing::warn!(target: "idem", scope = %self.0.scope, key = %self.0.key_hash, step = name, error = %e,
                 "a step that failed could not remove its started mark; the next attempt treats it as in flight");
         }
     }
 
     fn in_doubt(&self, name: &str, key: &StepKey) -> Error {
-        tracing::error!(target: "idem", scope = %self.scope, key = %self.key_hash, step = name, step_key = %key,
+        tracing::error!(target: "idem", scope = %self.0.scope, key = %self.0.key_hash, step = name, step_key = %key,
             "an at-most-once step was in flight when an earlier attempt stopped: the call is in doubt until an \
              operator resolves the step (idem steps resolve)");
         Error::InDoubt {
-            scope: self.scope.clone(),
-            key_hash: self.key_hash.clone(),
+            scope: self.0.scope.clone(),
+            key_hash: self.0.key_hash.clone(),
             step: name.to_owned(),
             step_key: key.to_string(),
         }
@@ -546,8 +639,8 @@ impl<'s> Steps<'s> {
     async fn record(&self, number: usize, name: &str, json: &str) -> Result<(), Error> {
         let step = NewStep { number, name, result: json };
         // Set before: a write whose answer was lost may have landed.
-        self.wrote.store(true, Ordering::Relaxed);
-        match self.store.record_step(&self.held.held(), &step).await? {
+        self.0.wrote.store(true, Ordering::Relaxed);
+        match self.0.store.record_step(&self.0.held.held(), &step).await? {
             true => Ok(()),
             false => Err(self.taken_over()),
         }
