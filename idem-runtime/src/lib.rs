@@ -40,7 +40,8 @@
 //!   the record table's name; `replay`: what an answer
 //!   must be to replay exactly ([`Replayable`]); `telemetry`: whether a
 //!   call ran or replayed ([`observe`]), events and metrics; `canonical`:
-//!   the one canonical JSON every fingerprint hashes. These leaves import
+//!   the one canonical text every fingerprint hashes, written from
+//!   `Serialize` (the doors' JSON bodies too). These leaves import
 //!   nothing above them.
 //!
 //! Public paths are the facade's, one per item: a module's items are the
