@@ -260,6 +260,23 @@ pub enum Error {
         scope: String,
     },
 
+    /// PostgreSQL: the session held a statement of the application's under
+    /// the name an [`idem::Tx`](crate::Tx) gives its claim
+    /// (`idem_claim_<hash>`), with the claim's parameter types, so the claim
+    /// ran it and wrote no record; the answer then found none. Nothing was
+    /// committed. idem deallocated that statement: the session's next claim
+    /// prepares its own, so running the call again works.
+    #[error(
+        "the session's prepared statement `{name}` was not idem's claim (a statement of the application's under \
+         idem's name, with the same parameter types): this transaction's claim wrote no record and nothing was \
+         committed; idem deallocated it, so running the call again works"
+    )]
+    #[cfg(feature = "tx")]
+    StatementTaken {
+        /// The statement's name.
+        name: String,
+    },
+
     /// A state machine does not fit its table: a transition moved more
     /// than one row (the key columns are not unique), or a key or state
     /// code has another type than its column. Nothing may commit: roll the
@@ -378,12 +395,14 @@ pub enum Error {
 
 impl Error {
     /// True for errors where retrying the same request later can succeed
-    /// (`InProgress`, `LockBusy`, `LockLost`, store failures, and transient
+    /// (`InProgress`, `LockBusy`, `LockLost`, `StatementTaken`, store failures, and transient
     /// database failures: lost connections, pool timeouts, deadlocks and
     /// serialization failures, SQLite's busy database).
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } => true,
+            #[cfg(feature = "tx")]
+            Error::StatementTaken { .. } => true,
             // A route to a shard that does not exist stays wrong.
             Error::Store { store, .. } => *store != "routed",
             #[cfg(feature = "sql")]
