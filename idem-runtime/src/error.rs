@@ -233,10 +233,11 @@ pub enum Error {
         scope: String,
     },
 
-    /// An [`idem::Tx`](crate::Tx) (feature `tx`) was used after its commit or
+    /// An [`idem::Tx`][Tx] (feature `tx`) was used after its commit or
     /// rollback, or after one of its statements was cancelled (a dropped
     /// future, a timeout) or failed with the server's state unknown. Its
     /// connection is closed when it is dropped, so the server rolls back.
+    #[doc = links!()]
     #[error("this idem::Tx cannot be used any more: {reason}; begin a new one with `idem::begin(&pool)`")]
     TxUnusable {
         /// What happened to it.
@@ -320,10 +321,11 @@ pub enum Error {
         source: sqlx::Error,
     },
 
-    /// The statement given to [`idem::sql::begin_with`](crate::sql::begin_with) is not
+    /// The statement given to [`idem::sql::begin_with`][begin_with] is not
     /// one that begins a transaction and nothing else: the first guard's
     /// claim is sent in the same text, so anything else could run it outside
     /// the transaction, or comment it out.
+    #[doc = links!()]
     #[error(
         "`{statement}` cannot begin an idem::Tx: {reason}; write `BEGIN ...` or `START TRANSACTION ...` with its \
          options only (on MySQL, set the isolation level for the session instead)"
@@ -337,7 +339,8 @@ pub enum Error {
 
     /// A record table name that is not a plain `name` or `schema.name`, or
     /// one installed after this process already used `idem_records`
-    /// ([`StoresBuilder::record_table`](crate::StoresBuilder::record_table)).
+    /// ([`StoresBuilder::record_table`][crate::StoresBuilder::record_table]).
+    #[doc = links!()]
     #[error("invalid record table `{table}`: {reason}")]
     InvalidTable {
         /// The name given.

@@ -151,16 +151,17 @@ impl<'s> Guard<'s> {
     }
 
     /// `dedup` only: [`claim_after`](Self::claim_after), and on an
-    /// [`idem::Tx`](crate::Tx) the record with its answer is written in the
+    /// [`idem::Tx`][Tx] the record with its answer is written in the
     /// text that commits the transaction (`INSERT ...; COMMIT`), so the
     /// guard writes once and sends nothing of its own:
-    /// [`Ticket::complete`](crate::Ticket::complete) commits the `Tx` (a
+    /// [`Ticket::complete`][crate::Ticket::complete] commits the `Tx` (a
     /// later `Tx::commit` sends nothing). The guarded call is then the
     /// whole transaction, its first work and its last. A repeat's insert
     /// fails on the key, which stops the text before its `COMMIT`: the
     /// transaction is rolled back, the body's writes with it, and the
     /// first answer replayed. On a `sqlx::Transaction`, which idem does not
     /// commit, it is `claim_after`. See `docs/dedup.md`.
+    #[doc = links!()]
     pub fn claim_at_commit(mut self) -> Guard<'s> {
         self.claim_after = true;
         self.at_commit = true;
