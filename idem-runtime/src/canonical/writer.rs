@@ -143,40 +143,32 @@ impl Entries {
 
     /// The object, its entries sorted by key (stably: a repeated key's
     /// entries stay in the order written). Version 1 keeps the last of
-    /// them, as a `serde_json::Value` does.
+    /// them, as a `serde_json::Value` does. Written piece by piece, so that
+    /// the texts part only where an entry's do.
     fn write_to<S: Sink>(mut self, out: &mut S) {
         self.list.sort_by(|a, b| a.key.cmp(&b.key));
-        let repeated = |i: usize| self.list.get(i + 1).is_some_and(|next| next.key == self.list[i].key);
-        let apart = self.list.iter().enumerate().any(|(i, e)| e.v1.is_some() || repeated(i));
-        if !apart {
-            out.both(b"{");
-            for (i, entry) in self.list.iter().enumerate() {
-                out.both(if i == 0 { b"" } else { b"," });
-                out.both(&self.v2[entry.v2.clone()]);
-            }
-            return out.both(b"}");
-        }
-        let (mut v2, mut v1) = (vec![b'{'], vec![b'{']);
+        out.both(b"{");
+        let mut v1_empty = true;
         for (i, entry) in self.list.iter().enumerate() {
-            if i > 0 {
-                v2.push(b',');
-            }
-            v2.extend_from_slice(&self.v2[entry.v2.clone()]);
-            if repeated(i) {
-                continue;
-            }
-            if v1.len() > 1 {
-                v1.push(b',');
-            }
-            v1.extend_from_slice(match &entry.v1 {
+            let v2 = &self.v2[entry.v2.clone()];
+            let superseded = self.list.get(i + 1).is_some_and(|next| next.key == entry.key);
+            let v1: &[u8] = match &entry.v1 {
+                _ if superseded => b"",
                 Some(range) => &self.v1[range.clone()],
-                None => &self.v2[entry.v2.clone()],
-            });
+                None => v2,
+            };
+            let comma = |first| if first { &b""[..] } else { &b","[..] };
+            pair(out, comma(i == 0), comma(v1_empty || superseded));
+            pair(out, v2, v1);
+            v1_empty &= superseded;
         }
-        v2.push(b'}');
-        v1.push(b'}');
-        out.split(&v2, &v1);
+        out.both(b"}");
     }
+}
+
+/// `v2` and `v1` into `out`, as one text where they are one.
+fn pair<S: Sink>(out: &mut S, v2: &[u8], v1: &[u8]) {
+    if std::ptr::eq(v2, v1) || v2 == v1 { out.both(v2) } else { out.split(v2, v1) }
 }
 
 /// `serde_json`'s name of the struct an `arbitrary_precision` number
