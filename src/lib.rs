@@ -54,7 +54,7 @@
 //! - The attribute's arguments, its compile-time rules and its errors:
 //!   [`idempotent`].
 //! - What `dedup` does in every situation, the statements it adds,
-//!   `claim = "after"`, [`idem::Tx`](Tx) (the claim on `BEGIN`, the answer
+//!   `claim = "after"`, [`idem::Tx`][Tx] (the claim on `BEGIN`, the answer
 //!   on `COMMIT`), the schema, sharding, purging and the `idem` command:
 //!   [`sql`].
 //! - Where lease records, tokens, locks and markers live (there is no
@@ -72,13 +72,29 @@
 //! - A duplicate is never an error: a repeat of a completed call is `Ok`
 //!   with the first answer. [`Error`] is what a caller must act on, and
 //!   [`Error::is_retryable`] says which to retry.
-
+//!
+// Links to items of a feature that may be off: see `doc_links`.
+#![cfg_attr(feature = "tx", doc = "[Tx]: crate::Tx")]
+#![cfg_attr(not(feature = "tx"), doc = concat!("[Tx]: https://docs.rs/idem-guard/", env!("CARGO_PKG_VERSION"), "/idem/struct.Tx.html"))]
+#![cfg_attr(feature = "sql", doc = "[`sql`]: crate::sql\n[`batch`]: crate::batch")]
+#![cfg_attr(
+    not(feature = "sql"),
+    doc = concat!(
+        "[`sql`]: https://docs.rs/idem-guard/", env!("CARGO_PKG_VERSION"), "/idem/sql/index.html\n",
+        "[`batch`]: https://docs.rs/idem-guard/", env!("CARGO_PKG_VERSION"), "/idem/batch/index.html"
+    )
+)]
 #![warn(missing_docs)]
 // docs.rs builds with `--cfg docsrs` (see Cargo.toml): label items by the
 // cargo feature they need.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[macro_use]
+mod doc_links;
+
 #[doc = include_str!("../docs/idempotent.md")]
+// By path: the attributes of a `use` item resolve macros from the crate root.
+#[doc = crate::doc_links::links!()]
 pub use idem_macros::idempotent;
 
 #[doc = include_str!("../docs/state_machine.md")]
@@ -110,6 +126,7 @@ pub use idem_runtime::observe;
 /// Lease records: `strategy = "lease"`.
 pub mod lease {
     #![doc = include_str!("../docs/lease.md")]
+    #![doc = links!()]
     pub use idem_runtime::lease::{
         DEFAULT_LEASE, HeldLease, LeaseClaim, LeaseInfo, LeaseRequest, LeaseStore, LeaseTicket, MAX_STEPS, NewStep,
         RecordedStep, Resolve, StartedStep, StepKey, StepLog, StepOutcome, Steps, Watch, current,
@@ -152,6 +169,7 @@ pub mod batch {
 /// Where guards keep what is not in your transaction.
 pub mod store {
     #![doc = include_str!("../docs/stores.md")]
+    #![doc = links!()]
     #[cfg(feature = "sql")]
     pub use idem_runtime::store::SqlStore;
     pub use idem_runtime::store::{BoxFuture, DEFAULT_TIMEOUT, MemoryStore, RecordKind, Routed};
@@ -164,6 +182,7 @@ pub mod store {
 pub mod sql {
     #![doc = include_str!("../docs/dedup.md")]
     #![doc = include_str!("../docs/sql.md")]
+    #![doc = links!()]
     #[cfg(feature = "tx")]
     pub use idem_runtime::sql::begin_with;
     pub use idem_runtime::sql::{
@@ -175,6 +194,7 @@ pub mod sql {
 /// Key parts, the stored form of scopes and keys, and fingerprints.
 pub mod key {
     #![doc = include_str!("../docs/key.md")]
+    #![doc = links!()]
     pub use idem_runtime::key::{Fingerprint, Fingerprintable, MAX_PLAIN_KEY_LEN, SqlKey, stored_scope};
 }
 

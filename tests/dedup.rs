@@ -57,6 +57,7 @@ macro_rules! dedup_suite {
         short_lock_wait = $short_wait:literal;
         unmigrated = $unmigrated:path;
         count_archived = $count_archived:literal;
+        insert_record = $insert_record:literal;
     ) => {
         mod $tx {
             use super::*;
@@ -489,6 +490,29 @@ macro_rules! dedup_suite {
                 drop(tx);
                 assert_eq!(runs.load(SeqCst), 1);
                 assert_eq!(coupons(&pool, &event.trade_no).await, 1);
+            }
+
+            /// A record 0.2 wrote holds its fingerprint (64 hex digits of
+            /// the payload's JSON, no version): the same payload replays it
+            /// after the upgrade, another is a mismatch.
+            #[tokio::test]
+            async fn a_record_written_by_0_2_compares_in_its_version() {
+                let pool = pool!();
+                // SHA-256 of `[500,"EUR",null]`: the payload as 0.2 hashed it.
+                const V1: &str = "0e77b0216c70a471d71726aa3343e06a0b4554ee1ba530f58c73e63cff494485";
+                let (scope, key) = ("tests.written_by_0_2", unique("v1"));
+                let record = sqlx::query($insert_record).bind(scope).bind(&key).bind(V1).bind("\"first\"");
+                record.execute(&pool).await.unwrap();
+                for (currency, replays) in [("EUR", true), ("USD", false)] {
+                    let payload = (500, currency, None::<String>);
+                    let mut tx = begin(&pool).await;
+                    let claim = idem::Guard::new(scope).key(&key).fingerprint(&payload).dedup::<String, _>(&mut tx).await;
+                    match claim {
+                        Ok(idem::Claim::Replay(first)) if replays => assert_eq!(first, "first"),
+                        Err(idem::Error::KeyMismatch { .. }) if !replays => {}
+                        other => panic!("{currency}: {other:?}"),
+                    }
+                }
             }
 
             async fn replays_exactly<T>(pool: &sqlx::Pool<Db>, first: T, other: T)
@@ -1001,6 +1025,8 @@ dedup_suite! {
     short_lock_wait = "PRAGMA busy_timeout = 100";
     unmigrated = sqlite_unmigrated;
     count_archived = "SELECT COUNT(*) FROM idem_records_archive WHERE scope = ? AND idem_key = ? AND status = 'DONE'";
+    insert_record = "INSERT INTO idem_records (scope, idem_key, status, fingerprint, response, created_at, updated_at, \
+        expires_at) VALUES (?, ?, 'DONE', ?, ?, unixepoch() * 1000, unixepoch() * 1000, unixepoch() * 1000 + 3600000)";
 }
 
 dedup_suite! {
@@ -1014,6 +1040,8 @@ dedup_suite! {
     short_lock_wait = "SET LOCAL lock_timeout = '200ms'";
     unmigrated = pg_unmigrated;
     count_archived = "SELECT COUNT(*) FROM idem_records_archive WHERE scope = $1 AND idem_key = $2 AND status = 'DONE'";
+    insert_record = "INSERT INTO idem_records (scope, idem_key, status, fingerprint, response, created_at, updated_at, \
+        expires_at) VALUES ($1, $2, 'DONE', $3, $4, now(), now(), now() + interval '1 hour')";
 }
 
 dedup_suite! {
@@ -1027,4 +1055,6 @@ dedup_suite! {
     short_lock_wait = "SET SESSION innodb_lock_wait_timeout = 1";
     unmigrated = mysql_unmigrated;
     count_archived = "SELECT COUNT(*) FROM idem_records_archive WHERE scope = ? AND idem_key = ? AND status = 'DONE'";
+    insert_record = "INSERT INTO idem_records (scope, idem_key, status, fingerprint, response, created_at, updated_at, \
+        expires_at) VALUES (?, ?, 'DONE', ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)";
 }

@@ -258,3 +258,83 @@ async fn the_first_call_gets_what_every_repeat_gets() {
     }
     assert!(replies.iter().all(|r| *r == Receipt { id: 7, cached: None }), "{replies:?}");
 }
+
+/// Payloads JSON writes alike: `null` for NaN, the infinities, `()` and
+/// `None` (each through its own `Serialize`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Null {
+    NaN,
+    Infinity,
+    MinusInfinity,
+    Unit,
+    None,
+}
+
+impl serde::Serialize for Null {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Null::NaN => f64::NAN.serialize(s),
+            Null::Infinity => f64::INFINITY.serialize(s),
+            Null::MinusInfinity => f64::NEG_INFINITY.serialize(s),
+            Null::Unit => ().serialize(s),
+            Null::None => None::<u8>.serialize(s),
+        }
+    }
+}
+
+/// An order whose extra fields are flattened into it: one holding the
+/// name `amount` writes that key twice.
+#[derive(serde::Serialize)]
+struct Order {
+    amount: i64,
+    #[serde(flatten)]
+    extra: std::collections::BTreeMap<String, i64>,
+}
+
+/// One guarded call of `payload` under `key`, on a dedup record (SQLite)
+/// and on a lease record (memory): whether each ran.
+async fn guarded<P: serde::Serialize>(
+    pool: &sqlx::SqlitePool,
+    store: &idem::store::MemoryStore,
+    key: &str,
+    payload: &P,
+) -> Result<(bool, bool), Error> {
+    let mut tx = pool.begin().await?;
+    let dedup = match Guard::new("tests.api.alike").key(key).fingerprint(payload).dedup::<(), _>(&mut tx).await? {
+        Claim::Run(ticket) => ticket.complete(&mut tx, Ok::<_, Error>(())).await?.map(|()| true)?,
+        Claim::Replay(()) => false,
+    };
+    tx.commit().await?;
+    let lease = Guard::new("tests.api.alike").key(key).fingerprint(payload);
+    let lease = match lease.lease::<()>(store, Duration::from_secs(5)).await? {
+        Claim::Run(ticket) => ticket.run(async { Ok::<_, Error>(()) }).await.map(|()| true)?,
+        Claim::Replay(()) => false,
+    };
+    Ok((dedup, lease))
+}
+
+/// 0.2 fingerprinted them alike, so the same key with the other payload
+/// replayed the first one's answer: now it is a mismatch, and only the
+/// first payload replays.
+#[tokio::test]
+async fn payloads_json_writes_alike_are_a_mismatch_for_each_other() {
+    let pool = common::sqlite().await.unwrap();
+    let store = idem::store::MemoryStore::new();
+    let nulls = [Null::NaN, Null::Infinity, Null::MinusInfinity, Null::Unit, Null::None];
+    for first in nulls {
+        let key = unique("null");
+        assert_eq!(guarded(&pool, &store, &key, &first).await.unwrap(), (true, true));
+        for other in nulls.into_iter().filter(|&n| n != first) {
+            let got = guarded(&pool, &store, &key, &other).await;
+            assert!(matches!(got, Err(Error::KeyMismatch { .. })), "{first:?} then {other:?}: {got:?}");
+        }
+        assert_eq!(guarded(&pool, &store, &key, &first).await.unwrap(), (false, false), "{first:?} replays");
+    }
+    let twice = Order { amount: 1, extra: [("amount".to_owned(), 2)].into() };
+    let once = Order { amount: 2, extra: Default::default() };
+    let key = unique("twice");
+    assert_eq!(guarded(&pool, &store, &key, &twice).await.unwrap(), (true, true));
+    let got = guarded(&pool, &store, &key, &once).await;
+    assert!(matches!(got, Err(Error::KeyMismatch { .. })), "a key written twice is not its last value: {got:?}");
+    assert_eq!(guarded(&pool, &store, &key, &twice).await.unwrap(), (false, false));
+}

@@ -542,6 +542,43 @@ macro_rules! lease_suite {
                 assert_eq!(runs.load(SeqCst), 1);
             }
 
+            /// Records 0.2 wrote hold its fingerprint (64 hex digits of the
+            /// payload's JSON, no version): an identical retry after the
+            /// upgrade replays it, or takes it over once its holder's lease
+            /// has passed, and the record keeps 0.2's fingerprint; another
+            /// payload is a mismatch.
+            #[tokio::test]
+            async fn a_record_written_by_0_2_compares_in_its_version() {
+                let store: Store = store!();
+                // SHA-256 of `100`: `work`'s fingerprinted `amount`, as 0.2 hashed it.
+                const V1: &str = "ad57366865126e55649ecb23ae1d48887544976efea46a48eb5d85a6eeb4d306";
+                let (scope, runs, lease) = ("tests.lease.work", AtomicUsize::new(0), Duration::from_millis(300));
+                let by_0_2 = |key| LeaseRequest { fingerprint: Some(V1), ..request(scope, key, "0.2", lease) };
+                let done = unique("v1-done");
+                let LeaseClaim::Acquired { fence, .. } = store.claim(&by_0_2(&done)).await.unwrap() else {
+                    panic!("claim")
+                };
+                let held = HeldLease { fingerprint: Some(V1), ..holder(scope, &done, "0.2", fence, lease) };
+                assert!(store.complete(&held, Some("100")).await.unwrap());
+                assert_eq!(work(&*store, &done, 100, &runs, 0, false).await.unwrap(), 100);
+                let other = work(&*store, &done, 999, &runs, 0, false).await;
+                assert!(matches!(other, Err(AppError::Idem(Error::KeyMismatch { .. }))), "{other:?}");
+                assert_eq!(runs.load(SeqCst), 0, "replayed");
+
+                // Held by a 0.2 worker that stalled.
+                let stalled = unique("v1-held");
+                assert!(matches!(store.claim(&by_0_2(&stalled)).await.unwrap(), LeaseClaim::Acquired { .. }));
+                let other = work(&*store, &stalled, 999, &runs, 0, false).await;
+                assert!(matches!(other, Err(AppError::Idem(Error::KeyMismatch { .. }))), "{other:?}");
+                let busy = work(&*store, &stalled, 100, &runs, 0, false).await;
+                assert!(matches!(busy, Err(AppError::Idem(Error::InProgress { .. }))), "{busy:?}");
+                tokio::time::sleep(lease + Duration::from_millis(200)).await;
+                assert_eq!(work(&*store, &stalled, 100, &runs, 0, false).await.unwrap(), 100);
+                assert_eq!(runs.load(SeqCst), 1, "taken over");
+                let by_0_2_again = LeaseRequest { owner: "0.2 again", ..by_0_2(&stalled) };
+                assert_eq!(store.claim(&by_0_2_again).await.unwrap(), LeaseClaim::Done { response: Some("100".into()) });
+            }
+
             #[tokio::test]
             async fn falsy_values_replay_exactly() {
                 let store: Store = store!();

@@ -393,4 +393,59 @@ mod postgres {
             assert!(theirs.1.contains("SELECT $1 + 1"), "{theirs:?}");
         }
     }
+
+    /// The application prepared a statement of its own under idem's claim
+    /// name, taking the claim's own parameter types: the claim runs it
+    /// without an error and writes no record. The call fails once, where
+    /// its answer goes out (at the commit, or before the next guard's
+    /// claim), naming the statement, with nothing committed (a repeat's
+    /// second answer does not overwrite the first); idem deallocated the
+    /// statement, so the session's next calls run and replay.
+    #[tokio::test]
+    async fn a_statement_of_the_application_s_with_the_claim_s_parameter_types_fails_one_call() {
+        let Some(pool) = one_session().await else { return };
+        let scope = "tests.sessions.same_types";
+        let repeated = unique("same-types");
+        let mut tx = idem::begin(&pool).await.unwrap();
+        assert_eq!(call(&mut tx, scope, &repeated, "first").await.unwrap(), (true, "first".to_owned()));
+        tx.commit().await.unwrap();
+        let ours = idem_statements(&pool).await;
+        let claim = ours.into_iter().map(|(n, _)| n).find(|n| n.starts_with("idem_claim_")).expect("prepared");
+        // A repeat (its record is there), then a first call (none is).
+        for (key, next) in [(repeated, (false, "first")), (unique("same-types"), (true, "fourth"))] {
+            let mut conn = pool.acquire().await.unwrap();
+            on(&mut conn, "DEALLOCATE ALL").await;
+            on(&mut conn, &format!("PREPARE {claim} (text, text, text, int8) AS SELECT $1, $2, $3, $4")).await;
+            drop(conn);
+            let mut tx = idem::begin(&pool).await.unwrap();
+            // The claim wrote nothing, so even the repeat's body ran.
+            assert_eq!(call(&mut tx, scope, &key, "second").await.unwrap(), (true, "second".to_owned()));
+            let err = tx.commit().await.unwrap_err();
+            assert!(matches!(&err, idem::Error::StatementTaken { name } if *name == claim), "{err:?}");
+            assert!(err.is_retryable());
+            assert!(idem_statements(&pool).await.iter().all(|(n, _)| *n != claim), "the application's is gone");
+            for (ran, answer) in [next, (false, next.1)] {
+                let mut tx = idem::begin(&pool).await.unwrap();
+                let got = call(&mut tx, scope, &key, "fourth").await.unwrap();
+                assert_eq!(got, (ran, answer.to_owned()), "{key}");
+                tx.commit().await.unwrap();
+            }
+        }
+        // Two guarded calls in one transaction: the first one's answer goes
+        // out before the second one's claim, and fails there.
+        let mut conn = pool.acquire().await.unwrap();
+        on(&mut conn, "DEALLOCATE ALL").await;
+        on(&mut conn, &format!("PREPARE {claim} (text, text, text, int8) AS SELECT $1, $2, $3, $4")).await;
+        drop(conn);
+        let (a, b) = (unique("same-types-a"), unique("same-types-b"));
+        let mut tx = idem::begin(&pool).await.unwrap();
+        assert_eq!(call(&mut tx, scope, &a, "a").await.unwrap(), (true, "a".to_owned()));
+        let err = call(&mut tx, scope, &b, "b").await.unwrap_err();
+        assert!(matches!(&err, idem::Error::StatementTaken { name } if *name == claim), "{err:?}");
+        assert!(tx.commit().await.is_err(), "nothing of it commits");
+        let mut tx = idem::begin(&pool).await.unwrap();
+        assert_eq!(call(&mut tx, scope, &a, "a again").await.unwrap(), (true, "a again".to_owned()));
+        assert_eq!(call(&mut tx, scope, &b, "b").await.unwrap(), (true, "b".to_owned()));
+        tx.commit().await.unwrap();
+    }
 }

@@ -262,10 +262,11 @@ pub enum Error {
         scope: String,
     },
 
-    /// An [`idem::Tx`](crate::Tx) (feature `tx`) was used after its commit or
+    /// An [`idem::Tx`][Tx] (feature `tx`) was used after its commit or
     /// rollback, or after one of its statements was cancelled (a dropped
     /// future, a timeout) or failed with the server's state unknown. Its
     /// connection is closed when it is dropped, so the server rolls back.
+    #[doc = links!()]
     #[error("this idem::Tx cannot be used any more: {reason}; begin a new one with `idem::begin(&pool)`")]
     TxUnusable {
         /// What happened to it.
@@ -287,6 +288,23 @@ pub enum Error {
         /// Scope of the guard (of an `idem::Tx`'s commit: the scopes of the
         /// answers it carried, `, `-separated).
         scope: String,
+    },
+
+    /// PostgreSQL: the session held a statement of the application's under
+    /// the name an [`idem::Tx`](crate::Tx) gives its claim
+    /// (`idem_claim_<hash>`), with the claim's parameter types, so the claim
+    /// ran it and wrote no record; the answer then found none. Nothing was
+    /// committed. idem deallocated that statement: the session's next claim
+    /// prepares its own, so running the call again works.
+    #[error(
+        "the session's prepared statement `{name}` was not idem's claim (a statement of the application's under \
+         idem's name, with the same parameter types): this transaction's claim wrote no record and nothing was \
+         committed; idem deallocated it, so running the call again works"
+    )]
+    #[cfg(feature = "tx")]
+    StatementTaken {
+        /// The statement's name.
+        name: String,
     },
 
     /// A state machine does not fit its table: a transition moved more
@@ -332,10 +350,11 @@ pub enum Error {
         source: sqlx::Error,
     },
 
-    /// The statement given to [`idem::sql::begin_with`](crate::sql::begin_with) is not
+    /// The statement given to [`idem::sql::begin_with`][begin_with] is not
     /// one that begins a transaction and nothing else: the first guard's
     /// claim is sent in the same text, so anything else could run it outside
     /// the transaction, or comment it out.
+    #[doc = links!()]
     #[error(
         "`{statement}` cannot begin an idem::Tx: {reason}; write `BEGIN ...` or `START TRANSACTION ...` with its \
          options only (on MySQL, set the isolation level for the session instead)"
@@ -349,7 +368,8 @@ pub enum Error {
 
     /// A record table name that is not a plain `name` or `schema.name`, or
     /// one installed after this process already used `idem_records`
-    /// ([`StoresBuilder::record_table`](crate::StoresBuilder::record_table)).
+    /// ([`StoresBuilder::record_table`][crate::StoresBuilder::record_table]).
+    #[doc = links!()]
     #[error("invalid record table `{table}`: {reason}")]
     InvalidTable {
         /// The name given.
@@ -433,7 +453,7 @@ impl std::fmt::Display for LostLease {
 
 impl Error {
     /// True for errors where retrying the same request later can succeed
-    /// (`InProgress`, `LockBusy`, `LockLost`, `LeaseLost`, store failures, and transient
+    /// (`InProgress`, `LockBusy`, `LockLost`, `LeaseLost`, `StatementTaken`, store failures, and transient
     /// database failures: lost connections, pool timeouts, deadlocks and
     /// serialization failures, SQLite's busy database).
     pub fn is_retryable(&self) -> bool {
@@ -441,6 +461,8 @@ impl Error {
             Error::InProgress { .. } | Error::LockBusy { .. } | Error::LockLost { .. } | Error::LeaseLost { .. } => {
                 true
             }
+            #[cfg(feature = "tx")]
+            Error::StatementTaken { .. } => true,
             // A route to a shard that does not exist stays wrong.
             Error::Store { store, .. } => *store != "routed",
             #[cfg(feature = "sql")]

@@ -122,8 +122,8 @@ impl<'s> Guard<'s> {
 
     /// Hash the request payload into the record, so that the same key sent
     /// with another payload is [`Error::KeyMismatch`] instead of a replay.
-    /// The hash is of a canonical JSON (object keys sorted at every level):
-    /// equal payloads match however their maps iterate.
+    /// The hash is [`Fingerprint::of`]'s: what counts as the same payload is
+    /// in the [`key`](crate::key) module.
     pub fn fingerprint<F: Fingerprintable + ?Sized>(mut self, payload: &F) -> Guard<'s> {
         self.fingerprint = Some(Fingerprint::of(payload).map_err(|e| e.to_string()));
         self
@@ -151,16 +151,17 @@ impl<'s> Guard<'s> {
     }
 
     /// `dedup` only: [`claim_after`](Self::claim_after), and on an
-    /// [`idem::Tx`](crate::Tx) the record with its answer is written in the
+    /// [`idem::Tx`][Tx] the record with its answer is written in the
     /// text that commits the transaction (`INSERT ...; COMMIT`), so the
     /// guard writes once and sends nothing of its own:
-    /// [`Ticket::complete`](crate::Ticket::complete) commits the `Tx` (a
+    /// [`Ticket::complete`][crate::Ticket::complete] commits the `Tx` (a
     /// later `Tx::commit` sends nothing). The guarded call is then the
     /// whole transaction, its first work and its last. A repeat's insert
     /// fails on the key, which stops the text before its `COMMIT`: the
     /// transaction is rolled back, the body's writes with it, and the
     /// first answer replayed. On a `sqlx::Transaction`, which idem does not
     /// commit, it is `claim_after`. See `docs/dedup.md`.
+    #[doc = links!()]
     pub fn claim_at_commit(mut self) -> Guard<'s> {
         self.claim_after = true;
         self.at_commit = true;
@@ -371,11 +372,11 @@ impl Prepared {
     /// The fingerprint is checked before anything else about a record: a
     /// mismatch is a mismatch even while the first call still runs. A record
     /// written without a fingerprint (before one was declared) cannot be
-    /// compared and passes.
+    /// compared and passes; one written by 0.2 is compared in its version.
     #[cfg(feature = "sql")]
     pub(crate) fn check_fingerprint(&self, stored: Option<&str>) -> Result<(), Error> {
         match (&self.fingerprint, stored) {
-            (Some(ours), Some(theirs)) if ours.as_str() != theirs => Err(self.mismatch()),
+            (Some(ours), Some(theirs)) if !ours.matches(theirs) => Err(self.mismatch()),
             _ => Ok(()),
         }
     }

@@ -445,26 +445,50 @@ impl KeyBuilder {
 /// A hash of the request payload, stored with the record to detect a key reused
 /// for a different request ([`Error::KeyMismatch`]).
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Fingerprint(String);
+pub struct Fingerprint {
+    /// What a new record holds: [`V2`] and 61 hex digits.
+    stored: String,
+    /// What 0.2 stored for the payload (64 hex digits, no version), to
+    /// compare the records it wrote; `None` where it refused the payload.
+    v1: Option<String>,
+}
+
+/// How a version 2 fingerprint begins. Version 1 (0.2's) is 64 hex
+/// digits: no text is both.
+const V2: &str = "v2:";
 
 impl Fingerprint {
-    /// SHA-256 over a canonical JSON form of `value`: every object's keys
-    /// sorted, at every level, so equal payloads hash alike however their
-    /// maps iterate (a `HashMap`, a `serde_json::Value` built in another
-    /// order or under serde_json's `preserve_order`). Numbers keep their
-    /// JSON form: `1` and `1.0` differ. A value `serde_json::Value` cannot
-    /// hold (an integer beyond 64 bits) is hashed in its plain JSON form.
+    /// SHA-256 over the canonical text of `value` (see the `key` module:
+    /// "Fingerprints"), as a record stores it: `v2:` and 61 hex digits.
+    /// Errors where `value` cannot be serialized (a map whose keys are not
+    /// strings, numbers or unit variants, or its own `Serialize` error).
     pub fn of<T: Fingerprintable + ?Sized>(value: &T) -> Result<Fingerprint, serde_json::Error> {
-        let json = match serde_json::to_value(value) {
-            Ok(tree) => crate::canonical::to_vec(tree)?,
-            Err(_) => serde_json::to_vec(value)?,
-        };
-        Ok(Fingerprint(hex(&Sha256::digest(&json))))
+        let digests = crate::canonical::digests(value)?;
+        let mut stored = String::with_capacity(64);
+        stored.push_str(V2);
+        stored.push_str(&hex(&digests.v2)[..64 - V2.len()]);
+        Ok(Fingerprint { stored, v1: digests.v1.map(|v1| hex(&v1)) })
     }
 
-    /// The stored hex text.
+    /// The stored text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.stored
+    }
+
+    /// Whether a record's fingerprint is this payload's, compared in the
+    /// version the record was written in: a record of 0.2 is compared with
+    /// the payload's version 1, so that an identical retry across the
+    /// upgrade still replays.
+    #[cfg(feature = "sql")]
+    pub(crate) fn matches(&self, stored: &str) -> bool {
+        stored == self.stored || self.v1.as_deref() == Some(stored)
+    }
+
+    /// The payload's fingerprint as 0.2 wrote it, for a claim that found a
+    /// record of 0.2's (see [`matches`](Self::matches)): a claim made with
+    /// it keeps the record in its version.
+    pub(crate) fn v1(&self) -> Option<Fingerprint> {
+        self.v1.as_ref().map(|v1| Fingerprint { stored: v1.clone(), v1: None })
     }
 }
 
@@ -537,25 +561,87 @@ mod tests {
 
     /// Fingerprints are stored with records: a retry after an upgrade must
     /// hash its payload exactly as before, or every open record would
-    /// answer `KeyMismatch`. These hashes are pinned; never change them.
+    /// answer `KeyMismatch`. These hashes are pinned; never change them:
+    /// each version's, and 0.2's (version 1), which records it wrote hold.
     #[test]
     fn fingerprints_hash_exactly_as_stored_records_expect() {
         let json: serde_json::Value =
             serde_json::from_str(r#"{"b":[1,2.5,{"y":null,"x":"\"q\":"}],"a":-3,"c":1.0}"#).unwrap();
         let map: std::collections::HashMap<&str, u32> = [("z", 1), ("a", 2), ("m", 3)].into_iter().collect();
-        for (fingerprint, pinned) in [
-            (Fingerprint::of(&(1, "a")), "2010945388e2de98f5651051478912aa4ff38bb13a2cdb1a2c257bb97fbf98ff"),
-            (Fingerprint::of(&json), "947a8d02765470bcad1e40377461920713e7fb1c0a71e5fcc41410bc0566f53f"),
-            (Fingerprint::of(&map), "ebba85cfdc0a724b6cc327ecc545faeb38b9fe02eca603b430eb872f5cf75370"),
+        for (fingerprint, v2, v1) in [
+            (
+                Fingerprint::of(&(1, "a")),
+                "v2:2010945388e2de98f5651051478912aa4ff38bb13a2cdb1a2c257bb97fbf9",
+                "2010945388e2de98f5651051478912aa4ff38bb13a2cdb1a2c257bb97fbf98ff",
+            ),
+            (
+                Fingerprint::of(&json),
+                "v2:947a8d02765470bcad1e40377461920713e7fb1c0a71e5fcc41410bc0566f",
+                "947a8d02765470bcad1e40377461920713e7fb1c0a71e5fcc41410bc0566f53f",
+            ),
+            (
+                Fingerprint::of(&map),
+                "v2:ebba85cfdc0a724b6cc327ecc545faeb38b9fe02eca603b430eb872f5cf75",
+                "ebba85cfdc0a724b6cc327ecc545faeb38b9fe02eca603b430eb872f5cf75370",
+            ),
             (
                 Fingerprint::of(&(0.1f64, -0.0f64, 1e300f64)),
+                "v2:2b63cd7620268cf46195a1e627e512cebebc95d9c3eb6163f9d03f0b6762a",
                 "2b63cd7620268cf46195a1e627e512cebebc95d9c3eb6163f9d03f0b6762a3db",
             ),
-            // Past 64 bits: hashed in its plain JSON form.
-            (Fingerprint::of(&u128::MAX), "f315ff319bf588e202110ab686fb8c3dbca12b4df9fbd844615b566a2fff3e75"),
-            (Fingerprint::of("text"), "1e1d0f251d3a76fa2b1bfc81164078572623403887db02988b504b0492e9f076"),
+            // Past 64 bits: 0.2 hashed it in its plain JSON.
+            (
+                Fingerprint::of(&u128::MAX),
+                "v2:f315ff319bf588e202110ab686fb8c3dbca12b4df9fbd844615b566a2fff3",
+                "f315ff319bf588e202110ab686fb8c3dbca12b4df9fbd844615b566a2fff3e75",
+            ),
+            (
+                Fingerprint::of("text"),
+                "v2:1e1d0f251d3a76fa2b1bfc81164078572623403887db02988b504b0492e9f",
+                "1e1d0f251d3a76fa2b1bfc81164078572623403887db02988b504b0492e9f076",
+            ),
+            // What 0.2 wrote as `null` (all four alike), and the last value
+            // of a key written twice.
+            (
+                Fingerprint::of(&None::<u8>),
+                "v2:140bedbf9c3f6d56a9846d2ba7088798683f4da0c248231336e6a05679e4f",
+                "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b",
+            ),
+            (
+                Fingerprint::of(&f64::NAN),
+                "v2:d5b592c05dc25b5032553f1b27f4139be95e881f73db33b02b05ab20c3f99",
+                "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b",
+            ),
         ] {
-            assert_eq!(fingerprint.unwrap().as_str(), pinned);
+            let fingerprint = fingerprint.unwrap();
+            assert_eq!(fingerprint.as_str(), v2);
+            assert_eq!(fingerprint.v1().unwrap().as_str(), v1);
+        }
+    }
+
+    /// What JSON writes alike (`null`, a key's last value) fingerprints
+    /// apart, so the same key with the other payload is a mismatch; a
+    /// record 0.2 wrote still compares as 0.2 compared it.
+    #[cfg(feature = "sql")]
+    #[test]
+    fn payloads_json_writes_alike_fingerprint_apart() {
+        let nulls = [
+            Fingerprint::of(&f64::NAN),
+            Fingerprint::of(&f64::INFINITY),
+            Fingerprint::of(&f64::NEG_INFINITY),
+            Fingerprint::of(&()),
+            Fingerprint::of(&None::<u8>),
+            Fingerprint::of(&Some(None::<u8>)),
+        ]
+        .map(Result::unwrap);
+        for (i, a) in nulls.iter().enumerate() {
+            for b in &nulls[i + 1..] {
+                assert!(!a.matches(b.as_str()), "{a:?} {b:?}");
+                // As 0.2 hashed them, they were one.
+                assert!(a.matches(b.v1().unwrap().as_str()));
+            }
+            assert!(a.matches(a.as_str()));
+            assert_eq!(a.as_str().len(), 64, "a record's column holds 64 characters");
         }
     }
 

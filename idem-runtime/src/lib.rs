@@ -11,10 +11,10 @@
 //!   call (`current()`, `issue()`, `acquire()`, `counters()`, state
 //!   machines), its store trait (`store.rs`) and its guard method
 //!   (`guard.rs`); `dedup` also holds the caller's transaction as guards
-//!   see it (`context.rs`, [`sql::TxContext`]), the record's steps and the
+//!   see it (`context.rs`, `sql::TxContext`), the record's steps and the
 //!   ticket the other in-transaction strategies share, and `token+dedup`;
 //!   everything SQL needs the `sql` feature (implied by each database);
-//! - `tx`: [`Tx`] (feature `tx`), which overrides the transaction's steps
+//! - `tx`: `Tx` (feature `tx`), which overrides the transaction's steps
 //!   to send the claim with `BEGIN` and the answer with `COMMIT`;
 //! - [`store`]: the stores, one folder each (`memory`, `redis` with its Lua
 //!   in `.lua` files, `store/sql`: the SQL of each concern written once
@@ -26,13 +26,13 @@
 //!   root's `sql` and `admin` modules (and `migrate` at the root);
 //! - [`Stores`]: which stores guards use when they name none, and the
 //!   record table of SQL records with its statements;
-//! - [`batch`]: a broker's batch, each message under its own dedup guard
+//! - `batch`: a broker's batch, each message under its own dedup guard
 //!   (feature `sql`);
 //! - `http`: the `Idempotency-Key` layer (feature `http`); `grpc`: the
 //!   same for tonic services (feature `grpc`); `door`: what the two share
 //!   (settings, key and tenant, fingerprint, a response as kept, the
 //!   guarded call from claim to answer), so neither imports the other;
-//! - [`testing`]: duplicates fired at an operation, and stores with faults
+//! - `testing`: duplicates fired at an operation, and stores with faults
 //!   injected (feature `testing`), for users' tests of their own code;
 //! - `error`, [`key`], `record`, `machine`, `future`, `table`: the error
 //!   type, key parts and fingerprints, a record as stores keep it, a state
@@ -40,7 +40,8 @@
 //!   the record table's name; `replay`: what an answer
 //!   must be to replay exactly ([`Replayable`]); `telemetry`: whether a
 //!   call ran or replayed ([`observe`]), events and metrics; `canonical`:
-//!   the one canonical JSON every fingerprint hashes. These leaves import
+//!   the one canonical text every fingerprint hashes, written from
+//!   `Serialize` (the doors' JSON bodies too). These leaves import
 //!   nothing above them.
 //!
 //! Public paths are the facade's, one per item: a module's items are the
@@ -50,6 +51,9 @@
 // docs.rs builds with `--cfg docsrs` (see Cargo.toml): label items by the
 // cargo feature they need.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[macro_use]
+mod doc_links;
 
 #[cfg(feature = "sql")]
 pub mod batch;

@@ -201,8 +201,8 @@ impl std::fmt::Display for StoredState {
 }
 
 /// A transition `from | from -> to` of a state enum, by variant name, for
-/// [`Guard::state`](crate::Guard::state) and
-/// [`Guard::dedup_state`](crate::Guard::dedup_state). Build it as a `const`
+/// [`Guard::state`][crate::Guard::state] and
+/// [`Guard::dedup_state`][crate::Guard::dedup_state]. Build it as a `const`
 /// and check it at compile time:
 ///
 /// ```
@@ -216,6 +216,7 @@ impl std::fmt::Display for StoredState {
 /// const PAY: Transition = Transition::new(&OrderStatus::STATES, &["WaitPay"], "Paid");
 /// // An undeclared move, or a name that is no variant, fails the build here.
 /// ```
+#[doc = links!()]
 #[derive(Debug)]
 pub struct Transition {
     /// The state enum (`<OrderStatus as StateMachine>::STATES`).

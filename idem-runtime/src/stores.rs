@@ -165,9 +165,10 @@ impl Stores {
 
 impl StoresBuilder {
     /// Where `strategy = "lease"` keeps its records: a
-    /// [`SqlStore`](crate::store::SqlStore) for records that must survive
-    /// anything, [`RedisStore`](crate::store::RedisStore),
+    /// [`SqlStore`][crate::store::SqlStore] for records that must survive
+    /// anything, [`RedisStore`][crate::store::RedisStore],
     /// [`Routed`](crate::store::Routed), or [`MemoryStore`](crate::store::MemoryStore).
+    #[doc = links!()]
     pub fn lease(mut self, store: impl LeaseStore + 'static) -> StoresBuilder {
         self.stores.lease = Some(Arc::new(store));
         self
@@ -191,9 +192,10 @@ impl StoresBuilder {
         self
     }
 
-    /// One store for every role: a [`RedisStore`](crate::store::RedisStore) or a
+    /// One store for every role: a [`RedisStore`][crate::store::RedisStore] or a
     /// [`MemoryStore`](crate::store::MemoryStore), which keep each kind of record
     /// under names of its own.
+    #[doc = links!()]
     pub fn all<S>(self, store: S) -> StoresBuilder
     where
         S: LeaseStore + TokenStore + LockStore + PrecheckStore + 'static,
@@ -237,7 +239,8 @@ impl StoresBuilder {
     /// [`Error::StoresAlreadyInstalled`] and changes nothing (guards may
     /// already have used the first configuration). A record table other
     /// than `idem_records` after a SQL step has used that one is
-    /// [`Error::InvalidTable`] (see [`record_table`](Self::record_table)).
+    /// [`Error::InvalidTable`] (see [`record_table`][crate::StoresBuilder::record_table]).
+    #[doc = links!()]
     pub fn install(self) -> Result<&'static Stores, Error> {
         #[cfg(feature = "sql")]
         let _settling = SETTLING.lock().unwrap_or_else(|e| e.into_inner());

@@ -21,7 +21,7 @@ pub(crate) const MAX_ATTEMPTS: usize = 5;
 
 /// A transaction a dedup record can be written in.
 ///
-/// Implemented for `sqlx::Transaction<'_, DB>` and [`idem::Tx<DB>`](crate::Tx)
+/// Implemented for `sqlx::Transaction<'_, DB>` and [`idem::Tx<DB>`][Tx]
 /// of every supported database. A type of your own (a unit-of-work wrapper)
 /// can implement it by handing out the connection of a transaction it
 /// holds: the record must commit or roll back together with the business
@@ -30,6 +30,7 @@ pub(crate) const MAX_ATTEMPTS: usize = 5;
 /// guards: through `connection` alone its claims would not ride on
 /// `BEGIN`, and the `Tx`'s connection panics before it has begun unless
 /// `Tx::open` was called.)
+#[doc = links!()]
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can write its dedup record in",
     label = "not a supported transaction",

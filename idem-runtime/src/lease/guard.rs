@@ -9,6 +9,7 @@ use crate::error::{Error, LostLease};
 use crate::guard::Claim;
 use crate::guard::{Guard, GuardError, Prepared};
 use crate::guard::{keep, replayed};
+use crate::key::Fingerprint;
 use crate::lease::new_owner;
 use crate::lease::renew::{LostSender, Renewal, bounded, under_renewal};
 use crate::lease::steps::{Holder, Steps};
@@ -96,9 +97,10 @@ impl Guard<'_> {
         wait: Duration,
     ) -> Result<Claim<T, LeaseTicket<'s>>, Error> {
         let precheck = self.precheck_store();
-        let p = self.prepare_claim_before("lease", store.kind())?;
+        let mut p = self.prepare_claim_before("lease", store.kind())?;
         let lease = crate::error::check_ttl("lease", lease)?;
         let owner = new_owner();
+        let v1 = p.fingerprint.as_ref().and_then(Fingerprint::v1);
         let req = LeaseRequest {
             scope: &p.stored_scope,
             key: p.key.as_str(),
@@ -116,12 +118,16 @@ impl Guard<'_> {
                     precheck_confirmed(true);
                     return replay(&p, response).map(Claim::Replay);
                 }
-                Some(LeaseClaim::Mismatch) => return Err(p.mismatch()),
+                // A record of 0.2's is compared in its version by the claim.
+                Some(LeaseClaim::Mismatch) if v1.is_none() => return Err(p.mismatch()),
                 // The claim answers; a completed record still replays from it.
                 _ => seen = true,
             }
         }
-        let claim = claim_or_wait(store, &req, wait).await?;
+        let (claim, in_v1) = claim_in_its_version(store, &req, v1.as_ref(), wait).await?;
+        if in_v1 {
+            p.fingerprint = v1;
+        }
         if seen {
             precheck_confirmed(matches!(claim, LeaseClaim::Done { .. }));
         }
@@ -141,6 +147,23 @@ impl Guard<'_> {
             LeaseClaim::Mismatch => Err(p.mismatch()),
         }
     }
+}
+
+/// [`claim_or_wait`], then, if the record holds another fingerprint, again
+/// with the payload's fingerprint as 0.2 wrote it (`v1`): a record of
+/// 0.2's is compared, and kept, in its version (an identical retry across
+/// the upgrade replays or takes over). `true`: the second claim settled it.
+async fn claim_in_its_version(
+    store: &dyn LeaseStore,
+    req: &LeaseRequest<'_>,
+    v1: Option<&Fingerprint>,
+    wait: Duration,
+) -> Result<(LeaseClaim, bool), Error> {
+    let claim = claim_or_wait(store, req, wait).await?;
+    let Some(v1) = v1.filter(|_| claim == LeaseClaim::Mismatch) else { return Ok((claim, false)) };
+    let claim = claim_or_wait(store, &LeaseRequest { fingerprint: Some(v1.as_str()), ..req.clone() }, wait).await?;
+    let settled = claim != LeaseClaim::Mismatch;
+    Ok((claim, settled))
 }
 
 /// Claim, and while another call holds the key, wait (up to `wait`) and

@@ -25,7 +25,8 @@ pub enum LockAttempt {
 /// A store of locks.
 ///
 /// [`MemoryStore`](crate::store::MemoryStore) and, with the `redis` feature,
-/// [`RedisStore`](crate::store::RedisStore) implement it.
+/// [`RedisStore`][crate::store::RedisStore] implement it.
+#[doc = links!()]
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a lock store",
     label = "`store` must name a lock store",

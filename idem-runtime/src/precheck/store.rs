@@ -10,7 +10,8 @@ use crate::future::BoxFuture;
 /// A store of "seen" markers.
 ///
 /// [`MemoryStore`](crate::store::MemoryStore) and, with the `redis` feature,
-/// [`RedisStore`](crate::store::RedisStore) implement it.
+/// [`RedisStore`][crate::store::RedisStore] implement it.
+#[doc = links!()]
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a precheck store",
     label = "`store` must name a precheck store",

@@ -1,10 +1,16 @@
 //! The stores behind the guards, one module per store: [`MemoryStore`]
-//! (one process) and, with the `redis` feature, [`RedisStore`]. Each holds
-//! every kind of record a guard keeps outside your transaction: lease
-//! records, one-time tokens, locks with their fencing counters, and
-//! precheck markers. (Dedup and state records live in your SQL
-//! transaction; lease records can also live in SQL, see [`SqlStore`]. A
-//! [`Routed`] store spreads lease records over several stores.)
+//! (one process) and, with the `redis` feature,
+//! [`RedisStore`][crate::store::RedisStore]. Each holds every kind of
+//! record a guard keeps outside your transaction: lease records, one-time
+//! tokens, locks with their fencing counters, and precheck markers. (Dedup
+//! and state records live in your SQL transaction; lease records can also
+//! live in SQL, see [`SqlStore`][crate::store::SqlStore]. A [`Routed`]
+//! store spreads lease records over several stores.)
+#![doc = links!()]
+// Here `RedisStore` and `SqlStore` name the items without a path, where
+// their features compile them; the explicit labels are for builds where
+// they do not (see `doc_links`).
+#![allow(rustdoc::redundant_explicit_links)]
 
 use std::time::Duration;
 
@@ -28,8 +34,9 @@ pub use sql::SqlStore;
 
 pub use crate::future::BoxFuture;
 
-/// How long a store of idem's own ([`RedisStore`], [`SqlStore`])
-/// waits for one call (a connection from its pool included) before the
+/// How long a store of idem's own
+/// ([`RedisStore`][crate::store::RedisStore],
+/// [`SqlStore`][crate::store::SqlStore]) waits for one call (a connection from its pool included) before the
 /// guard fails with a retryable error ([`Error::Store`](crate::Error::Store),
 /// or a pool time-out): 3 s, unless the store is given another with its
 /// `timeout` method. A store that is down is reported within it, not after
@@ -37,6 +44,7 @@ pub use crate::future::BoxFuture;
 /// about 9 s, a sqlx pool for its 30 s `acquire_timeout`). A call cut off
 /// may still have landed: every lease step is safe to repeat, and a claim
 /// that landed waits for its lease before a retry takes it over.
+#[doc = links!()]
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// `call` within `timeout`, else a retryable store error of `store`.

@@ -9,8 +9,9 @@ use crate::future::BoxFuture;
 
 /// A store of one-time tokens.
 ///
-/// [`MemoryStore`](crate::store::MemoryStore) and, with the `redis` feature, [`RedisStore`](crate::store::RedisStore)
-/// implement it (the same store types that hold lease records and locks).
+/// [`MemoryStore`](crate::store::MemoryStore) and, with the `redis` feature,
+/// [`RedisStore`][crate::store::RedisStore] implement it (the same store types that hold lease records and locks).
+#[doc = links!()]
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a token store",
     label = "`store` must name a token store",

@@ -211,7 +211,19 @@ impl TxCore {
             // A failure leaves the server inside the transaction (aborted on
             // PostgreSQL) without the answers: it must not commit now.
             self.state = if sent.is_ok() { State::Open } else { State::Failed };
-            sent.map_err(|e| pending_error::<DB>(e, &scopes))?;
+            if let Err(e) = sent {
+                let error = pending_error::<DB>(e, &scopes);
+                if !matches!(error, Error::RecordVanished { .. }) {
+                    return Err(error);
+                }
+                // Ended here, to look at the session's statements (an
+                // aborted transaction runs nothing); still `Failed`: a
+                // commit is refused, a rollback sends nothing more.
+                return Err(match Tm::<DB>::rollback(conn).await {
+                    Ok(()) => vanished_or_taken::<DB>(conn, error).await,
+                    Err(_) => error,
+                });
+            }
         }
         Ok(())
     }
@@ -406,7 +418,7 @@ impl TxCore {
                     // constraint). `Closed`: a `Tx::commit` after it fails too.
                     Tm::<DB>::start_rollback(conn);
                     self.state = if server_said { State::Closed } else { State::Broken };
-                    return Err(error);
+                    return Err(vanished_or_taken::<DB>(conn, error).await);
                 }
                 Some(error)
             }
@@ -527,6 +539,31 @@ fn of_the_statement(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
         .is_some_and(|c| c.starts_with("42") || c.starts_with("22") || c.starts_with("26"))
+}
+
+/// After a text of queued answers failed with `error` and its transaction
+/// ended: an answer that found no record ([`Error::RecordVanished`]) may
+/// come from a claim that named a statement of the application's under
+/// idem's name, with the claim's parameter types, which ran, wrote nothing
+/// and failed nothing (no claim idem could send on that session would
+/// write a record again). If the session holds such a statement it is
+/// deallocated, so that the next claim prepares idem's, and the error
+/// names it. Only this failure pays for the look: claims are never checked.
+pub(super) async fn vanished_or_taken<DB: SqlBackend>(conn: &mut DB::Connection, error: Error) -> Error {
+    let Some(p) = texts::<DB>().and_then(|t| t.prepared.as_ref()) else { return error };
+    if !matches!(error, Error::RecordVanished { .. }) {
+        return error;
+    }
+    match DB::fetch_text(&mut *conn, sql(p.claim_taken.clone())).await {
+        Ok(Some(_)) => {
+            if let Err(e) = DB::execute_text(conn, sql(format!("DEALLOCATE {}", p.claim_name))).await {
+                tracing::warn!(target: "idem", statement = %p.claim_name, error = %e,
+                    "a statement of the application's under idem's claim name could not be deallocated");
+            }
+            Error::StatementTaken { name: p.claim_name.clone() }
+        }
+        _ => error,
+    }
 }
 
 pub(super) fn sql(text: String) -> sqlx::SqlStr {

@@ -17,7 +17,7 @@ use std::fmt;
 use sqlx::pool::PoolConnection;
 use sqlx_core::transaction::TransactionManager;
 
-use self::core::{State, TxCore, pending_error, sql};
+use self::core::{State, TxCore, pending_error, sql, vanished_or_taken};
 use crate::error::Error;
 use crate::store::sql::{SqlBackend, classify};
 
@@ -92,7 +92,13 @@ type Tm<DB> = <DB as sqlx::Database>::TransactionManager;
 /// `DEALLOCATE`) prepares it and runs again, one round trip more; one whose
 /// name holds a statement of the application's (a `PREPARE` under idem's
 /// name), or that cannot be prepared, is written out instead, for the rest
-/// of the transaction. The answer is always written out: it goes with
+/// of the transaction. One of the application's that takes the claim's
+/// own parameter types runs without an error and writes no record: the
+/// answer then finds none, and the call fails with
+/// [`Error::StatementTaken`], nothing committed (a repeat's body may have
+/// run, its writes rolled back); idem deallocates that statement, and the
+/// session's next claim prepares its own. (Checking every claim would cost
+/// every call.) The answer is always written out: it goes with
 /// `COMMIT`, after a body that may have deallocated the session's
 /// statements, where a missing one would abort the transaction with the
 /// body's writes and nothing left to retry; so are a `claim = "commit"`
@@ -289,7 +295,10 @@ impl<DB: SqlBackend> Tx<DB> {
         let sent = DB::execute_text(&mut *conn, sql(text)).await;
         Tm::<DB>::start_rollback(conn);
         self.core.state = State::Closed;
-        sent.map(drop).map_err(|e| pending_error::<DB>(e, &scopes))
+        match sent {
+            Ok(_) => Ok(()),
+            Err(e) => Err(vanished_or_taken::<DB>(conn, pending_error::<DB>(e, &scopes)).await),
+        }
     }
 
     /// Roll back (nothing is sent if nothing has begun).

@@ -26,12 +26,20 @@ impl TxSql for Postgres {
         let digest = sha2::Sha256::digest(format!("{claim}\n{read}"));
         let tag = crate::key::hex(&digest[..6]);
         let (claim_name, read_name) = (format!("idem_claim_{tag}"), format!("idem_read_{tag}"));
+        let claim = format!("PREPARE {claim_name} (text, text, text, int8) AS {claim}");
+        // The server keeps, for a statement prepared in SQL, the whole text
+        // its PREPARE came in: idem's holds this PREPARE as written.
+        let claim_taken = format!(
+            "SELECT 1 FROM pg_prepared_statements WHERE name = '{claim_name}' AND strpos(statement, {}) = 0",
+            text(&claim)
+        );
         let prepared = Prepared {
-            claim: format!("PREPARE {claim_name} (text, text, text, int8) AS {claim}"),
+            claim,
             read: format!("PREPARE {read_name} (text, text) AS {read}"),
             claim_name,
             read_name,
             is_unprepared: |e| e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "26000"),
+            claim_taken,
         };
         Some(Texts {
             commit: "COMMIT; BEGIN",
@@ -123,11 +131,14 @@ fn read_sql(table: &str, scope: &str, key: &str) -> String {
 }
 
 /// The answer, failing (1 / 0) when no record was updated: the text stops
-/// before its COMMIT.
+/// before its COMMIT. Only the claim's own record, still `PROCESSING`: a
+/// claim that wrote none (it ran a statement of the application's under
+/// its name) must not complete a record it found, a repeat's, with a
+/// second answer.
 fn complete_sql(table: &str, scope: &str, key: &str, response: &str) -> String {
     format!(
         "WITH done AS (UPDATE {table} SET status = 'DONE', response = {response} \
-         WHERE scope = {scope} AND idem_key = {key} RETURNING 1) SELECT 1 / count(*) FROM done"
+         WHERE scope = {scope} AND idem_key = {key} AND status = 'PROCESSING' RETURNING 1) SELECT 1 / count(*) FROM done"
     )
 }
 

@@ -5,7 +5,7 @@
 //! The SQL functions work on PostgreSQL, MySQL/MariaDB and SQLite, on the
 //! record table of the installed [`Stores`](crate::Stores) (`idem_records`
 //! unless the application named another); the lease records
-//! in Redis have their counterparts on [`RedisStore`](crate::store::RedisStore)
+//! in Redis have their counterparts on [`RedisStore`][crate::store::RedisStore]
 //! (`inspect_lease`, `stuck_leases`, `release_lease`). Purging is
 //! [`purge_expired`](crate::sql::purge_expired), with
 //! [`PurgeOptions::older_than`](crate::sql::PurgeOptions::older_than) for
@@ -65,6 +65,7 @@
 //! }
 //! # Ok(()) }
 //! ```
+#![doc = links!()]
 
 use super::dialect::{Arg, Dialect, Stmt, text};
 use super::schema::PurgeBatch;

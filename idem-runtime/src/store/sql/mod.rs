@@ -125,7 +125,7 @@ pub enum ReadMode {
 
 /// A database idem can keep dedup records in: PostgreSQL, MySQL/MariaDB, SQLite.
 ///
-/// Implemented for [`sqlx::Postgres`], [`sqlx::MySql`] and [`sqlx::Sqlite`]
+/// Implemented for `sqlx::Postgres`, `sqlx::MySql` and `sqlx::Sqlite`
 /// (each behind its cargo feature). Its hidden supertraits are how idem
 /// writes its SQL for the database; applications call [`migrate`],
 /// [`purge_expired`] and [`find_record`].

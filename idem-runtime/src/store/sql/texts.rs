@@ -91,6 +91,10 @@ pub struct Prepared {
     /// Whether an error says that a text named a statement the session has
     /// not prepared (PostgreSQL 26000).
     pub is_unprepared: fn(&sqlx::Error) -> bool,
+    /// A row if the session holds a statement under the claim's name that
+    /// is not the claim (the text that prepared it lacks the `PREPARE`
+    /// above).
+    pub claim_taken: String,
 }
 
 /// The texts of `DB` for the record table in use, if it has them.

@@ -1,41 +1,24 @@
-//! Canonical JSON: one text per JSON value, every object's keys sorted at
-//! every level and no whitespace, so equal payloads hash alike whatever
-//! order their maps iterate in or their client wrote them in. Both
-//! fingerprints are hashed over it: a guard's ([`Fingerprint::of`], from a
-//! serializable value) and the HTTP layer's (from a request body's text).
-//! Their hashes are stored with records, so this text never changes.
-//!
-//! A leaf: it uses nothing of the crate.
-//!
-//! [`Fingerprint::of`]: crate::key::Fingerprint::of
+//! A request body's JSON text as canonical text (the doors'), where
+//! parsing it loses nothing that tells two texts apart.
 
 use serde_json::Value;
-
-/// `value` as canonical JSON.
-pub(crate) fn to_vec(mut value: Value) -> Result<Vec<u8>, serde_json::Error> {
-    value.sort_all_objects();
-    serde_json::to_vec(&value)
-}
 
 /// JSON text as canonical JSON, or `None` (compare the bytes) if it does
 /// not parse, or if parsing would lose what tells two texts apart: a
 /// number JSON holds more exactly than a 64-bit integer or float
 /// (`1.000000000000000001`, an integer past `u64`) or not in the form it
 /// would be written back (`1e2`), or an object with a key twice (which
-/// readers take differently). A value built in memory has no such text
-/// (see [`to_vec`]).
-#[cfg(any(feature = "http", feature = "grpc"))]
+/// readers take differently).
 pub(crate) fn from_text(text: &[u8]) -> Option<Vec<u8>> {
     let value: Value = serde_json::from_slice(text).ok()?;
     let (keys, exact) = scan(text);
     if !exact || keys != entries(&value) {
         return None;
     }
-    to_vec(value).ok()
+    super::to_vec(&value).ok()
 }
 
 /// How many object entries a value holds, at every level.
-#[cfg(any(feature = "http", feature = "grpc"))]
 fn entries(value: &Value) -> usize {
     match value {
         Value::Object(map) => map.len() + map.values().map(entries).sum::<usize>(),
@@ -46,7 +29,6 @@ fn entries(value: &Value) -> usize {
 
 /// In JSON text that parses: how many object keys it writes (a string
 /// followed by `:`), and whether every number reads back as written.
-#[cfg(any(feature = "http", feature = "grpc"))]
 fn scan(text: &[u8]) -> (usize, bool) {
     let (mut keys, mut i) = (0, 0);
     while i < text.len() {
@@ -80,7 +62,7 @@ fn scan(text: &[u8]) -> (usize, bool) {
     (keys, true)
 }
 
-#[cfg(all(test, any(feature = "http", feature = "grpc")))]
+#[cfg(test)]
 mod tests {
     use super::from_text;
 

@@ -1,0 +1,72 @@
+//! Link definitions that docs naming items of a feature append
+//! (`[text][label]` links, `#[doc = links!()]` below the docs): the items
+//! where the feature compiles them, else their page on docs.rs (see the
+//! runtime's `doc_links`).
+
+use idem_runtime::__doc_link_group as group;
+
+/// Every group's definitions, after a blank line.
+macro_rules! links {
+    () => {
+        concat!(
+            "\n\n",
+            $crate::doc_links::tx_links!(),
+            $crate::doc_links::sql_links!(),
+            $crate::doc_links::admin_links!(),
+            $crate::doc_links::redis_links!()
+        )
+    };
+}
+pub(crate) use links;
+
+group!(
+    feature = "tx",
+    tx_links,
+    ("Tx", "crate::Tx", "struct.Tx.html"),
+    ("Tx::commit", "crate::Tx::commit", "struct.Tx.html#method.commit"),
+    ("Tx::open", "crate::Tx::open", "struct.Tx.html#method.open"),
+    ("begin", "crate::begin", "fn.begin.html"),
+);
+
+group!(
+    feature = "sql",
+    sql_links,
+    ("crate::sql", "crate::sql", "sql/index.html"),
+    (
+        "crate::sql#claiming-after-the-body",
+        "crate::sql#claiming-after-the-body",
+        "sql/index.html#claiming-after-the-body"
+    ),
+    (
+        "crate::sql#writing-once-with-commit",
+        "crate::sql#writing-once-with-commit",
+        "sql/index.html#writing-once-with-commit"
+    ),
+    ("crate::sql#operating", "crate::sql#operating", "sql/index.html#operating"),
+    ("crate::sql#sharded-databases", "crate::sql#sharded-databases", "sql/index.html#sharded-databases"),
+    ("crate::sql::TxContext", "crate::sql::TxContext", "sql/trait.TxContext.html"),
+    ("crate::sql::find_record", "crate::sql::find_record", "sql/fn.find_record.html"),
+    ("crate::sql::purge_expired", "crate::sql::purge_expired", "sql/fn.purge_expired.html"),
+    ("crate::lease::Steps::run_tx", "crate::lease::Steps::run_tx", "lease/struct.Steps.html#method.run_tx"),
+    ("crate::store::SqlStore", "crate::store::SqlStore", "store/struct.SqlStore.html"),
+);
+
+group!(
+    any(feature = "sql", feature = "redis"),
+    admin_links,
+    ("crate::admin::Record::steps", "crate::admin::Record::steps", "admin/struct.Record.html#structfield.steps"),
+    (
+        "crate::admin::Record::in_flight",
+        "crate::admin::Record::in_flight",
+        "admin/struct.Record.html#structfield.in_flight"
+    ),
+    ("crate::admin::RecordId::new", "crate::admin::RecordId::new", "admin/struct.RecordId.html#method.new"),
+    ("crate::admin::RecordId::stored", "crate::admin::RecordId::stored", "admin/struct.RecordId.html#method.stored"),
+);
+
+group!(
+    feature = "redis",
+    redis_links,
+    ("crate::store::RedisStore", "crate::store::RedisStore", "store/struct.RedisStore.html"),
+    ("crate::store::RedisStore::key", "crate::store::RedisStore::key", "store/struct.RedisStore.html#method.key"),
+);
