@@ -67,6 +67,7 @@ pub struct Steps<'s>(Arc<Log<'s>>);
 /// for a handler's request (whose extensions want what lives on its own).
 enum StoreRef<'s> {
     Borrowed(&'s dyn LeaseStore),
+    #[cfg(any(feature = "http", feature = "grpc"))]
     Shared(Arc<dyn LeaseStore>),
 }
 
@@ -75,6 +76,7 @@ impl<'s> std::ops::Deref for StoreRef<'s> {
     fn deref(&self) -> &Self::Target {
         match self {
             StoreRef::Borrowed(store) => *store,
+            #[cfg(any(feature = "http", feature = "grpc"))]
             StoreRef::Shared(store) => &**store,
         }
     }
