@@ -14,6 +14,7 @@ use idem::idempotent;
 use idem::lease::LeaseStore;
 
 use crate::common::{AppError, BoxError, Store};
+use crate::errors::Errors;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Ack {
@@ -33,13 +34,16 @@ pub(crate) async fn guarded(store: &dyn LeaseStore, key: &str, id: u64) -> Resul
     Ok(Ack { id })
 }
 
-/// Calls per second of `call(n)` from `clients` tasks for `length`.
-async fn measure<F, Fut>(clients: usize, length: Duration, call: F) -> f64
+/// Calls per second of `call(n)` from `clients` tasks for `length`; an
+/// error if any call failed (`mode`: what the calls measure).
+async fn measure<F, Fut>(mode: &str, clients: usize, length: Duration, call: F) -> Result<f64, BoxError>
 where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), BoxError>> + Send,
 {
-    measure_calls(clients, length, false, call).await.tps
+    let m = measure_calls(clients, length, false, call).await;
+    m.errors.check("lease", mode)?;
+    Ok(m.tps)
 }
 
 /// What [`measure_calls`] saw.
@@ -50,7 +54,7 @@ pub(crate) struct Measured {
     /// Calls made, failed ones too (each ran to its end: a slice stops
     /// starting calls, it does not cut one short).
     pub calls: u64,
-    pub errors: u64,
+    pub errors: Errors,
     /// Each successful call's time, in µs, when asked for.
     pub latencies_us: Vec<u32>,
 }
@@ -70,7 +74,7 @@ where
     for _ in 0..clients.max(1) {
         let (call, stop) = (call.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
-            let (mut ok, mut errors, mut latencies) = (0u64, 0u64, Vec::new());
+            let (mut ok, mut errors, mut latencies) = (0u64, Errors::default(), Vec::new());
             while !stop.load(Ordering::Relaxed) {
                 // The memory store's futures are ready at once: without a
                 // yield now and then, busy clients would starve the timer.
@@ -85,12 +89,7 @@ where
                             latencies.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
                         }
                     }
-                    Err(e) => {
-                        errors += 1;
-                        if errors < 3 {
-                            eprintln!("lease bench: {e}");
-                        }
-                    }
+                    Err(e) => errors.add(e),
                 }
             }
             (ok, errors, latencies)
@@ -103,10 +102,11 @@ where
     for t in tasks {
         let (calls, errors, latencies) = t.await.expect("bench task");
         ok += calls;
-        m.errors += errors;
+        m.calls += errors.count();
+        m.errors.absorb(errors);
         m.latencies_us.extend(latencies);
     }
-    m.calls = ok + m.errors;
+    m.calls += ok;
     m.tps = ok as f64 / started.elapsed().as_secs_f64();
     m
 }
@@ -137,15 +137,15 @@ pub(crate) async fn idem_pair(
     length: Duration,
     run: &str,
 ) -> Result<(f64, f64), BoxError> {
-    let first = idem_first(store, clients, length, run).await;
+    let first = idem_first(store, clients, length, run).await?;
     let keys = completed_keys(store, &format!("R{run}-{clients}-"), 1000).await?;
-    Ok((first, idem_replay(store, clients, length, keys).await))
+    Ok((first, idem_replay(store, clients, length, keys).await?))
 }
 
 /// First runs per second: every call a fresh key.
-async fn idem_first(store: &Arc<dyn LeaseStore>, clients: usize, length: Duration, run: &str) -> f64 {
+async fn idem_first(store: &Arc<dyn LeaseStore>, clients: usize, length: Duration, run: &str) -> Result<f64, BoxError> {
     let (store, run) = (store.clone(), run.to_owned());
-    measure(clients, length, move |n| {
+    measure("idem first run", clients, length, move |n| {
         let (store, key) = (store.clone(), format!("F{run}-{n}"));
         async move {
             guarded(&*store, &key, n).await?;
@@ -156,9 +156,14 @@ async fn idem_first(store: &Arc<dyn LeaseStore>, clients: usize, length: Duratio
 }
 
 /// Replays per second over `keys`, all completed.
-async fn idem_replay(store: &Arc<dyn LeaseStore>, clients: usize, length: Duration, keys: Arc<Vec<String>>) -> f64 {
+async fn idem_replay(
+    store: &Arc<dyn LeaseStore>,
+    clients: usize,
+    length: Duration,
+    keys: Arc<Vec<String>>,
+) -> Result<f64, BoxError> {
     let store = store.clone();
-    measure(clients, length, move |n| {
+    measure("idem replay", clients, length, move |n| {
         let (store, keys) = (store.clone(), keys.clone());
         async move {
             guarded(&*store, &keys[n as usize % keys.len()], n).await?;
@@ -265,13 +270,13 @@ pub async fn run_only(
             let stats = || under.redis_stats.as_ref().map(|s| s());
             t[0] = cpu().await?;
             let s0 = stats();
-            let first = idem_first(&under.store, clients, length, &run).await;
+            let first = idem_first(&under.store, clients, length, &run).await?;
             let s1 = stats();
             t[1] = cpu().await?;
             let keys = completed_keys(&under.store, &format!("R{run}-{clients}-"), 1000).await?;
             t[2] = cpu().await?;
             let s2 = stats();
-            let replay = idem_replay(&under.store, clients, length, keys).await;
+            let replay = idem_replay(&under.store, clients, length, keys).await?;
             if let (Some(s0), Some(s1), Some(s2), Some(s3)) = (s0, s1, s2, stats()) {
                 let mean = |a: idem::store::RedisStats, b: idem::store::RedisStats| {
                     (b.operations - a.operations) as f64 / (b.script_calls - a.script_calls).max(1) as f64
@@ -287,11 +292,11 @@ pub async fn run_only(
             let url = redis_url.ok_or("--only peer needs --redis-url")?;
             let peer = peer::Peer::connect(url).await?;
             t[0] = cpu().await?;
-            let first = peer.first_tps(clients, length, &run).await;
+            let first = peer.first_tps(clients, length, &run).await?;
             t[1] = cpu().await?;
             let keys = peer.completed_keys(&format!("R{run}-{clients}-")).await?;
             t[2] = cpu().await?;
-            ("redis (idempotent 0.3)", first, peer.replay_tps(clients, length, keys).await)
+            ("redis (idempotent 0.3)", first, peer.replay_tps(clients, length, keys).await?)
         }
     };
     let t3 = cpu().await?;
@@ -544,14 +549,14 @@ async fn raw_evalsha(url: &str, clients: usize, length: Duration) -> Result<f64,
     static SCRIPT: std::sync::LazyLock<redis::Script> =
         std::sync::LazyLock::new(|| redis::Script::new("return redis.call('EXISTS', KEYS[1])"));
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
-    Ok(measure(clients, length, move |n| {
+    measure("raw EVALSHA", clients, length, move |n| {
         let mut conn = conn.clone();
         async move {
             let _: i64 = SCRIPT.key(format!("idem-bench-raw:{}", n % 1000)).invoke_async(&mut conn).await?;
             Ok(())
         }
     })
-    .await)
+    .await
 }
 
 /// The `idempotent` crate 0.3 (its Valkey/Redis store), doing what the
@@ -611,14 +616,14 @@ mod peer {
         }
 
         pub async fn pair(&self, clients: usize, length: Duration, run: &str) -> Result<(f64, f64), BoxError> {
-            let first_tps = self.first_tps(clients, length, run).await;
+            let first_tps = self.first_tps(clients, length, run).await?;
             let keys = self.completed_keys(&format!("R{run}-{clients}-")).await?;
-            Ok((first_tps, self.replay_tps(clients, length, keys).await))
+            Ok((first_tps, self.replay_tps(clients, length, keys).await?))
         }
 
-        pub async fn first_tps(&self, clients: usize, length: Duration, run: &str) -> f64 {
+        pub async fn first_tps(&self, clients: usize, length: Duration, run: &str) -> Result<f64, BoxError> {
             let (store, tag) = (self.store.clone(), run.to_owned());
-            measure(clients, length, move |n| {
+            measure("peer first run", clients, length, move |n| {
                 let (store, key) = (store.clone(), format!("F{tag}-{n}"));
                 async move { first(&store, key).await }
             })
@@ -634,9 +639,14 @@ mod peer {
             Ok(Arc::new(keys))
         }
 
-        pub async fn replay_tps(&self, clients: usize, length: Duration, keys: Arc<Vec<String>>) -> f64 {
+        pub async fn replay_tps(
+            &self,
+            clients: usize,
+            length: Duration,
+            keys: Arc<Vec<String>>,
+        ) -> Result<f64, BoxError> {
             let store = self.store.clone();
-            measure(clients, length, move |n| {
+            measure("peer replay", clients, length, move |n| {
                 let (store, keys) = (store.clone(), keys.clone());
                 async move { replay(&store, keys[n as usize % keys.len()].clone()).await }
             })

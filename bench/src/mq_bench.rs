@@ -32,6 +32,7 @@ use idem::{Outcome, idempotent};
 use sqlx::Transaction;
 
 use crate::common::{AppError, BoxError, Ledger, Shop, Store};
+use crate::errors::Errors;
 
 /// Share of the messages that repeat a completed key.
 const DUP_RATIO: f64 = 0.5;
@@ -161,9 +162,6 @@ struct Tally {
     msgs: u64,
     firsts: u64,
     repeats: u64,
-    /// A first delivery that replayed or a repeat that ran the body.
-    wrong_outcome: u64,
-    errors: u64,
     slice_tps: Vec<f64>,
     latencies_us: Vec<u32>,
     /// Of the repeats alone.
@@ -176,13 +174,20 @@ struct Tally {
 struct ClientResult {
     firsts: u64,
     repeats: u64,
-    wrong_outcome: u64,
-    errors: u64,
+    /// Failed deliveries, and first deliveries that replayed or repeats
+    /// that ran the body.
+    errors: Errors,
     latencies_us: Vec<u32>,
     repeat_latencies_us: Vec<u32>,
 }
 
-async fn slice<DB: Ledger + Shop>(ctx: &Arc<Ctx<DB>>, mode: Mode, clients: usize, length: Duration, tally: &mut Tally)
+async fn slice<DB: Ledger + Shop>(
+    ctx: &Arc<Ctx<DB>>,
+    mode: Mode,
+    clients: usize,
+    length: Duration,
+    tally: &mut Tally,
+) -> Result<(), BoxError>
 where
     DB::Connection: Send,
 {
@@ -214,16 +219,13 @@ where
                             out.repeats += 1;
                             out.repeat_latencies_us.push(us);
                         }
-                        if (outcome == Outcome::Executed) != first {
-                            out.wrong_outcome += 1;
+                        match (outcome == Outcome::Executed, first) {
+                            (false, true) => out.errors.add(format!("first delivery of {key} replayed")),
+                            (true, false) => out.errors.add(format!("repeat of {key} ran the body")),
+                            _ => {}
                         }
                     }
-                    Err(e) => {
-                        out.errors += 1;
-                        if out.errors < 3 {
-                            eprintln!("mq bench {mode:?}: {e}");
-                        }
-                    }
+                    Err(e) => out.errors.add(e),
                 }
             }
             out
@@ -231,14 +233,13 @@ where
     }
     tokio::time::sleep(length).await;
     stop.store(true, Ordering::Relaxed);
-    let mut msgs = 0;
+    let (mut msgs, mut errors) = (0, Errors::default());
     for t in tasks {
         let out = t.await.expect("client task");
         msgs += out.latencies_us.len() as u64;
         tally.firsts += out.firsts;
         tally.repeats += out.repeats;
-        tally.wrong_outcome += out.wrong_outcome;
-        tally.errors += out.errors;
+        errors.absorb(out.errors);
         tally.latencies_us.extend(out.latencies_us);
         tally.repeat_latencies_us.extend(out.repeat_latencies_us);
     }
@@ -252,6 +253,7 @@ where
     c.confirmed += after.confirmed - before.confirmed;
     c.missing += after.missing - before.missing;
     c.unavailable += after.unavailable - before.unavailable;
+    errors.check("mq", &format!("{mode:?}"))
 }
 
 /// Earlier runs' records and ledger rows, removed at start so every run
@@ -337,7 +339,7 @@ where
     // completed keys of each mode for the repeats to pick from.
     let mut warm = Tally::default();
     for mode in [Mode::Plain, Mode::Precheck] {
-        slice(&ctx, mode, clients, Duration::from_millis(500), &mut warm).await;
+        slice(&ctx, mode, clients, Duration::from_millis(500), &mut warm).await?;
     }
     let (mut plain, mut pre) = (Tally::default(), Tally::default());
     let mut ratios = Vec::new();
@@ -346,7 +348,7 @@ where
         let order = if round % 2 == 0 { [Mode::Plain, Mode::Precheck] } else { [Mode::Precheck, Mode::Plain] };
         for mode in order {
             let tally = if mode == Mode::Plain { &mut plain } else { &mut pre };
-            slice(&ctx, mode, clients, slice_len, tally).await;
+            slice(&ctx, mode, clients, slice_len, tally).await?;
         }
         let last = |t: &Tally| t.slice_tps.last().copied().unwrap_or(f64::NAN);
         ratios.push(last(&pre) / last(&plain));
@@ -376,15 +378,14 @@ where
     let (entries, applied, keys) = DB::ledger_report(pool, &run).await?;
     let executed = (warm.firsts + plain.firsts + pre.firsts) as i64;
     let ledger_ok = entries == executed && applied == executed && keys == executed;
-    let errors = warm.errors
-        + plain.errors
-        + pre.errors
-        + warm.wrong_outcome
-        + plain.wrong_outcome
-        + pre.wrong_outcome
-        + u64::from(!ledger_ok);
     if let Some(mut conn) = redis {
         forget(&mut conn, &prefix).await?;
+    }
+    if !ledger_ok {
+        return Err(format!(
+            "scenario mq: ledger: {entries} entries, {applied} applications, {keys} keys for {executed} first deliveries"
+        )
+        .into());
     }
 
     let dup = |t: &Tally| t.repeats as f64 / (t.firsts + t.repeats).max(1) as f64;
@@ -418,16 +419,13 @@ where
          with the precheck (+1 marker check per message, {markers}); this mix: {plain_stmts:.2} vs {pre_stmts:.2}",
         m.first, m.plain_repeat, m.precheck_repeat
     );
-    println!(
-        "  ledger: {entries} entries, {applied} applications, {keys} keys for {executed} first deliveries{}",
-        if ledger_ok { "" } else { ": MISMATCH" }
-    );
+    println!("  ledger: {entries} entries, {applied} applications, {keys} keys for {executed} first deliveries");
     println!(
         "scenario=mq store={store} clients={clients} dup_ratio={DUP_RATIO} plain_msgs_per_s={plain_tps:.0} \
          precheck_msgs_per_s={pre_tps:.0} speedup={speedup:.3} queries_saved={saved} \
          queries_saved_per_msg={saved_per_msg:.3} plain_p50_us={plain_p50} plain_p99_us={plain_p99} \
          precheck_p50_us={pre_p50} precheck_p99_us={pre_p99} plain_repeat_p50_us={plain_rp50} precheck_repeat_p50_us={pre_rp50} claims_skipped={} plain_stmts_per_msg={plain_stmts:.2} \
-         precheck_stmts_per_msg={pre_stmts:.2} errors={errors}",
+         precheck_stmts_per_msg={pre_stmts:.2}",
         c.confirmed
     );
     Ok(())

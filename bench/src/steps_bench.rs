@@ -89,7 +89,6 @@ const OPS: [(Op, &str, bool); 8] = [
 struct Tally {
     tps: Vec<f64>,
     calls: u64,
-    errors: u64,
     latencies_us: Vec<u32>,
     /// Store operations, by `OPS` index.
     ops: [u64; OPS.len()],
@@ -130,11 +129,12 @@ struct Slice<'a> {
     run: &'a str,
 }
 
-/// First calls for the slice's length, every call a fresh key.
-async fn slice(store: &Arc<dyn LeaseStore>, s: Slice<'_>) -> Measured {
+/// First calls for the slice's length, every call a fresh key; an error if
+/// any call failed.
+async fn slice(store: &Arc<dyn LeaseStore>, s: Slice<'_>) -> Result<Measured, BoxError> {
     let Slice { side, count, clients, length, run } = s;
     let (store, run) = (store.clone(), run.to_owned());
-    measure_calls(clients, length, true, move |n| {
+    let mut m = measure_calls(clients, length, true, move |n| {
         let (store, key) = (store.clone(), format!("S{run}-{n}"));
         async move {
             match side {
@@ -144,7 +144,13 @@ async fn slice(store: &Arc<dyn LeaseStore>, s: Slice<'_>) -> Measured {
             Ok(())
         }
     })
-    .await
+    .await;
+    let mode = match side {
+        Side::OneBody => "one body",
+        Side::Steps => "steps",
+    };
+    std::mem::take(&mut m.errors).check("steps", mode)?;
+    Ok(m)
 }
 
 pub async fn run(
@@ -168,7 +174,7 @@ pub async fn run(
     // Warm-up: connections open, scripts loaded, statements prepared.
     let warm = format!("{run}w");
     for side in SIDES {
-        slice(&store, Slice { side, count, clients, length: Duration::from_millis(300), run: &warm }).await;
+        slice(&store, Slice { side, count, clients, length: Duration::from_millis(300), run: &warm }).await?;
     }
     let mut tallies: [Tally; 2] = Default::default();
     let mut ratios = Vec::new();
@@ -179,13 +185,13 @@ pub async fn run(
             let s = (i + round) % SIDES.len();
             let (ops, scripts) = (counted(), script_calls());
             let tag = format!("{run}r{round}");
-            let m = slice(&store, Slice { side: SIDES[s], count, clients, length: per_slice, run: &tag }).await;
+            let m = slice(&store, Slice { side: SIDES[s], count, clients, length: per_slice, run: &tag }).await?;
             let t = &mut tallies[s];
             for (total, (after, before)) in t.ops.iter_mut().zip(counted().into_iter().zip(ops)) {
                 *total += after - before;
             }
             t.script_calls += script_calls() - scripts;
-            (t.calls, t.errors) = (t.calls + m.calls, t.errors + m.errors);
+            t.calls += m.calls;
             t.latencies_us.extend(m.latencies_us);
             t.tps.push(m.tps);
             tps[s] = m.tps;
@@ -221,7 +227,7 @@ pub async fn run(
             steps.per_call(steps.script_calls)
         ));
     }
-    println!("{line} errors={}", one.errors + steps.errors);
+    println!("{line}");
     if let Some(db) = sql {
         // Other benchmarks share this database: leave them no records.
         forget_records(&db).await?;

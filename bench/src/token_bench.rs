@@ -36,6 +36,7 @@ use idem::token::TokenStore;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 use crate::common::{AppError, BoxError};
+use crate::errors::Errors;
 
 /// The key prefix of the stores this benchmark uses.
 const PREFIX: &str = "idem-bench:";
@@ -90,7 +91,6 @@ async fn exclusive(store: &dyn LockStore, name: &str) -> Result<(), AppError> {
 /// What one call did.
 enum Step {
     Done,
-    Rejected,
     /// No token left for this slice: it ends here.
     Exhausted,
 }
@@ -100,8 +100,6 @@ struct Sample {
     calls: u64,
     elapsed: Duration,
     latencies_ns: Vec<u32>,
-    rejected: u64,
-    errors: u64,
 }
 
 impl Sample {
@@ -111,8 +109,14 @@ impl Sample {
 }
 
 /// `call(client)` from `clients` tasks for `length` (or until a call finds
-/// no token left).
-async fn measure<F, Fut>(clients: usize, length: Duration, call: F) -> Sample
+/// no token left); an error if any call failed (`scenario`, `mode`: what the
+/// calls measure).
+async fn measure<F, Fut>(
+    (scenario, mode): (&str, Rung),
+    clients: usize,
+    length: Duration,
+    call: F,
+) -> Result<Sample, BoxError>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Step, BoxError>> + Send,
@@ -125,7 +129,7 @@ where
     for client in 0..clients.max(1) {
         let (call, stop, exhausted) = (call.clone(), stop.clone(), exhausted.clone());
         tasks.push(tokio::spawn(async move {
-            let mut s = Sample::default();
+            let (mut s, mut errors) = (Sample::default(), Errors::default());
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 // The memory store's futures are ready at once: without a
@@ -139,20 +143,14 @@ where
                     Ok(Step::Done) => {
                         s.latencies_ns.push(t.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32);
                     }
-                    Ok(Step::Rejected) => s.rejected += 1,
                     Ok(Step::Exhausted) => {
                         stop.store(true, Ordering::Relaxed);
                         exhausted.notify_one();
                     }
-                    Err(e) => {
-                        s.errors += 1;
-                        if s.errors < 3 {
-                            eprintln!("token/lock bench: {e}");
-                        }
-                    }
+                    Err(e) => errors.add(e),
                 }
             }
-            s
+            (s, errors)
         }));
     }
     tokio::select! {
@@ -160,16 +158,16 @@ where
         () = exhausted.notified() => eprintln!("(a slice ran out of tokens after {:?})", started.elapsed()),
     }
     stop.store(true, Ordering::Relaxed);
-    let mut total = Sample::default();
+    let (mut total, mut errors) = (Sample::default(), Errors::default());
     for t in tasks {
-        let s = t.await.expect("bench task");
+        let (s, e) = t.await.expect("bench task");
         total.latencies_ns.extend(s.latencies_ns);
-        total.rejected += s.rejected;
-        total.errors += s.errors;
+        errors.absorb(e);
     }
+    errors.check(scenario, &format!("{mode:?}"))?;
     total.calls = total.latencies_ns.len() as u64;
     total.elapsed = started.elapsed();
-    total
+    Ok(total)
 }
 
 /// `median [min-max]` of a series, for the human-readable lines.
@@ -422,7 +420,7 @@ impl Bench {
         let next = Arc::new(AtomicUsize::new(0));
         let (store, list, counter) = (self.tokens.clone(), tokens.clone(), next.clone());
         let conn = self.redis.as_ref().map(|r| r.client.clone());
-        let sample = measure(clients, length, move |_| {
+        let sample = measure(("token", rung), clients, length, move |_| {
             let (store, tokens, conn) = (store.clone(), list.clone(), conn.clone());
             let i = counter.fetch_add(1, Ordering::Relaxed);
             async move {
@@ -441,10 +439,11 @@ impl Bench {
                         spent.is_some()
                     }
                 };
-                Ok(if spent { Step::Done } else { Step::Rejected })
+                // Each token is issued fresh and sent once.
+                if spent { Ok(Step::Done) } else { Err("a fresh token was refused".into()) }
             }
         })
-        .await;
+        .await?;
         let used = next.load(Ordering::Relaxed).min(tokens.len());
         self.discard(&tokens[used..]).await?;
         Ok(sample)
@@ -460,7 +459,7 @@ impl Bench {
         let store = self.locks.clone();
         let conn = self.redis.as_ref().map(|r| r.client.clone());
         let seq = Arc::new(AtomicU64::new(0));
-        Ok(measure(clients, length, move |client| {
+        measure(("lock", rung), clients, length, move |client| {
             let (store, names, conn) = (store.clone(), names.clone(), conn.clone());
             let n = seq.fetch_add(1, Ordering::Relaxed);
             async move {
@@ -486,10 +485,15 @@ impl Bench {
                         got == 1 && n == 1
                     }
                 };
-                Ok(if released { Step::Done } else { Step::Rejected })
+                // Each client locks a name of its own: nobody else holds it.
+                if released {
+                    Ok(Step::Done)
+                } else {
+                    Err("a lock of the client's own not granted or not released".into())
+                }
             }
         })
-        .await)
+        .await
     }
 
     /// `redis-benchmark` at `clients` connections: calls per second of
@@ -576,8 +580,6 @@ fn percentiles(mut ns: Vec<u32>) -> (f64, f64) {
 struct Series {
     values: std::collections::BTreeMap<&'static str, Vec<f64>>,
     latencies_ns: Vec<u32>,
-    rejected: u64,
-    errors: u64,
 }
 
 impl Series {
@@ -593,14 +595,7 @@ impl Series {
     fn guard(&mut self, s: Sample) -> f64 {
         let rate = s.rate();
         self.latencies_ns.extend(s.latencies_ns);
-        self.rejected += s.rejected;
-        self.errors += s.errors;
         rate
-    }
-    fn side(&mut self, s: &Sample) -> f64 {
-        self.rejected += s.rejected;
-        self.errors += s.errors;
-        s.rate()
     }
 }
 
@@ -640,11 +635,11 @@ pub async fn run_token(
         best = best.max(guard);
         t.push("guard", guard);
         let direct = b.tokens_slice(clients, per_slice, best, Rung::Store, &format!("{tag}d")).await?;
-        let direct = t.side(&direct);
+        let direct = direct.rate();
         t.push("store", direct);
         if redis {
             let client = b.tokens_slice(clients, per_slice, best, Rung::Client, &format!("{tag}c")).await?;
-            let client = t.side(&client);
+            let client = client.rate();
             t.push("client", client);
             let requests = ((raw_best * per_slice.as_secs_f64()) as u64).clamp(20_000, 5_000_000);
             let raw = b.redis_benchmark(clients, requests, false).await?;
@@ -677,7 +672,7 @@ pub async fn run_token(
         );
         line.push_str(&format!(" raw_getdel_per_s={:.0} ratio={:.3}", t.m("raw"), t.m("ratio")));
     }
-    line.push_str(&format!(" p50_us={p50:.1} p99_us={p99:.1} rejected={} errors={}", t.rejected, t.errors));
+    line.push_str(&format!(" p50_us={p50:.1} p99_us={p99:.1}"));
     line.push_str(&format!(" store_consume_per_s={:.0}", t.m("store")));
     if redis {
         line.push_str(&format!(
@@ -724,11 +719,11 @@ pub async fn run_lock(
             let guard = t.guard(guard);
             t.push("guard", guard);
             let direct = b.lock_slice(n, per_slice, Rung::Store).await?;
-            let direct = t.side(&direct);
+            let direct = direct.rate();
             t.push("store", direct);
             if redis {
                 let client = b.lock_slice(n, per_slice, Rung::Client).await?;
-                let client = t.side(&client);
+                let client = client.rate();
                 t.push("client", client);
                 let best = raw_best.get(&n).copied().unwrap_or(20_000.0);
                 let requests = ((best * per_slice.as_secs_f64()) as u64).clamp(20_000, 5_000_000);
@@ -765,7 +760,7 @@ pub async fn run_lock(
             );
             line.push_str(&format!(" round_trips_per_call={trips:.2} floor_per_s={:.0}", t.m("floor")));
         }
-        line.push_str(&format!(" p50_us={p50:.1} p99_us={p99:.1} errors={}", t.errors + t.rejected));
+        line.push_str(&format!(" p50_us={p50:.1} p99_us={p99:.1}"));
         line.push_str(&format!(" store_calls_per_s={:.0}", t.m("store")));
         if redis {
             line.push_str(&format!(

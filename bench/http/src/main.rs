@@ -63,6 +63,9 @@ struct Args {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Sends one request with the given key to one side.
+type Sender = Arc<dyn Fn(String) -> std::pin::Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
+
 const SIDES: [&str; 4] = ["plain", "idem_memory", "idem_redis", "peer_redis"];
 
 /// The handler every side serves: it reads the request's body (as a real
@@ -99,38 +102,49 @@ async fn sides(redis_url: &str, run: &str) -> Result<Vec<(&'static str, Router)>
     ])
 }
 
-/// One slice: `clients` tasks send requests for `length`; requests done
-/// and their latencies (ns).
+/// One slice: `clients` tasks send requests for `length`; the latencies
+/// (ns) of the requests done. An error naming `side` if any request failed:
+/// a rate measured beside failed requests compares different work, so it
+/// is no figure to print.
 async fn slice(
-    send: Arc<dyn Fn(String) -> std::pin::Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>,
+    side: &str,
+    send: Sender,
     keys: Arc<dyn Fn(u64) -> String + Send + Sync>,
     clients: usize,
     length: Duration,
-) -> (u64, Vec<u64>, u64) {
+) -> Result<Vec<u64>, String> {
     let next = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + length;
     let mut tasks = Vec::new();
     for _ in 0..clients.max(1) {
-        let (send, keys, next, errors) = (send.clone(), keys.clone(), next.clone(), errors.clone());
+        let (send, keys, next) = (send.clone(), keys.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
+            let (mut latencies, mut failed, mut first) = (Vec::new(), 0u64, None);
             while Instant::now() < deadline {
                 let key = keys(next.fetch_add(1, Ordering::Relaxed));
                 let start = Instant::now();
-                if send(key).await.is_err() {
-                    errors.fetch_add(1, Ordering::Relaxed);
+                match send(key).await {
+                    Ok(()) => latencies.push(start.elapsed().as_nanos() as u64),
+                    Err(e) => {
+                        failed += 1;
+                        first.get_or_insert_with(|| e.to_string());
+                    }
                 }
-                latencies.push(start.elapsed().as_nanos() as u64);
             }
-            latencies
+            (latencies, failed, first)
         }));
     }
-    let mut all = Vec::new();
+    let (mut all, mut failed, mut first) = (Vec::new(), 0, None);
     for t in tasks {
-        all.extend(t.await.expect("a client task"));
+        let (latencies, f, e) = t.await.expect("a client task");
+        all.extend(latencies);
+        failed += f;
+        first = first.or(e);
     }
-    (all.len() as u64, all, errors.load(Ordering::Relaxed))
+    match first {
+        None => Ok(all),
+        Some(e) => Err(format!("scenario http, side {side}: {failed} failed requests, the first: {e}")),
+    }
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -164,9 +178,7 @@ async fn main() -> Result<(), BoxError> {
         }
         routers.insert(*name, router.clone());
     }
-    let sender = |name: &'static str| -> Arc<
-        dyn Fn(String) -> std::pin::Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync,
-    > {
+    let sender = |name: &'static str| -> Sender {
         match args.transport {
             Transport::Inproc => {
                 let router = routers[name].clone();
@@ -225,19 +237,28 @@ async fn main() -> Result<(), BoxError> {
     };
     // Warm up every side once (connections, scripts loaded).
     for name in SIDES {
-        slice(sender(name), keys(format!("{run}-w-{name}")), args.clients, Duration::from_millis(200)).await;
+        let warm = slice(name, sender(name), keys(format!("{run}-w-{name}")), args.clients, Duration::from_millis(200));
+        if let Err(e) = warm.await {
+            forget(&args.redis_url, &run).await?;
+            return Err(e.into());
+        }
     }
     let mut rates: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut latencies: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    let mut errors = 0;
     for round in 0..args.rounds {
         let mut order = SIDES.to_vec();
         order.rotate_left(round % SIDES.len());
         for name in order {
-            let (n, lat, e) = slice(sender(name), keys(format!("{run}-{round}-{name}")), args.clients, length).await;
-            rates.entry(name).or_default().push(n as f64 / length.as_secs_f64());
+            let lat = match slice(name, sender(name), keys(format!("{run}-{round}-{name}")), args.clients, length).await
+            {
+                Ok(lat) => lat,
+                Err(e) => {
+                    forget(&args.redis_url, &run).await?;
+                    return Err(e.into());
+                }
+            };
+            rates.entry(name).or_default().push(lat.len() as f64 / length.as_secs_f64());
             latencies.entry(name).or_default().extend(lat);
-            errors += e;
         }
         eprintln!(
             "round {round}: {:?}",
@@ -279,21 +300,31 @@ async fn main() -> Result<(), BoxError> {
         per_round("idem_redis", "peer_redis")
     );
     line.push_str(&format!(
-        " added_us_memory={:.1} added_us_redis={:.1} added_us_peer={:.1} vs_peer={:.3} errors={errors}",
+        " added_us_memory={:.1} added_us_redis={:.1} added_us_peer={:.1} vs_peer={:.3}",
         added("idem_memory"),
         added("idem_redis"),
         added("peer_redis"),
         per_round("idem_redis", "peer_redis")
     ));
     println!("{line}");
-    // Leave the shared Redis as it was: this run's keys, found with SCAN
-    // (never KEYS, which blocks the server on a big keyspace), unlinked.
-    let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(args.redis_url.as_str())?).await?;
+    forget(&args.redis_url, &run).await
+}
+
+/// Leave the shared Redis as it was: this run's keys, found with SCAN
+/// (never KEYS, which blocks the server on a big keyspace), unlinked.
+async fn forget(redis_url: &str, run: &str) -> Result<(), BoxError> {
+    let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(redis_url)?).await?;
     for pattern in [format!("idem-bench-http-{run}:*"), format!("peer-bench-http-{run}*")] {
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<String>) =
-                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query_async(&mut conn).await?;
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
             if !keys.is_empty() {
                 let _: i64 = redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await?;
             }
