@@ -27,7 +27,9 @@ macro_rules! migrations {
             "\n",
             include_str!(concat!("../../../migrations/", $dir, "/0002_idem_records_archive.sql")),
             "\n",
-            include_str!(concat!("../../../migrations/", $dir, "/0003_idem_records_fillfactor.sql"))
+            include_str!(concat!("../../../migrations/", $dir, "/0003_idem_records_fillfactor.sql")),
+            "\n",
+            include_str!(concat!("../../../migrations/", $dir, "/0004_idem_outbox.sql"))
         );
 
         const MIGRATIONS: &'static [(i64, &'static str, &'static str)] = &[
@@ -42,6 +44,7 @@ macro_rules! migrations {
                 "idem_records_fillfactor",
                 include_str!(concat!("../../../migrations/", $dir, "/0003_idem_records_fillfactor.sql")),
             ),
+            (4, "idem_outbox", include_str!(concat!("../../../migrations/", $dir, "/0004_idem_outbox.sql"))),
         ];
     };
 }

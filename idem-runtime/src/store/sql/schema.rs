@@ -13,8 +13,11 @@ use crate::key::Key;
 use crate::record::DedupRecord;
 use crate::table::RecordTable;
 
-/// Create idem's record table if it does not exist yet: the record table of
-/// the installed [`Stores`](crate::Stores) (`idem_records` by default).
+/// Create idem's tables if they do not exist yet: the record table of the
+/// installed [`Stores`](crate::Stores) (`idem_records` by default), its
+/// archive, and the outbox beside it (`idem_outbox`, see
+/// [`RecordTable::outbox`]; created whether or not the feature `outbox` is
+/// on, so that every build of a service runs the same migrations).
 ///
 /// Idempotent and safe to run from several processes at once; call it at
 /// start-up. If you run your own migrations, apply the SQL in
