@@ -128,6 +128,16 @@ macro_rules! outbox_suite {
                 Some(ids)
             }
 
+            /// The attribute's way: `outbox = "outbox"` names the call's handle.
+            #[idem::idempotent(key = "trade_no", scope = "tests.outbox.attribute", outbox = "outbox")]
+            async fn grant(tx: &mut sqlx::Transaction<'_, Db>, trade_no: &str, fail: bool) -> Result<u32, AppError> {
+                outbox.publish(&mut *tx, "coupons", trade_no).await?;
+                if fail {
+                    return Err(AppError::Rule("declined".into()));
+                }
+                Ok(1)
+            }
+
             fn relay(pool: &Pool, broker: &InProcess, scope: &str) -> Relay<Db> {
                 Relay::new(pool.clone(), broker.clone())
                     .scope(scope)
@@ -169,6 +179,27 @@ macro_rules! outbox_suite {
                 let got = receive(&mut rx, 1, Duration::from_secs(5)).await;
                 assert_eq!(got.iter().map(|m| &m.id).collect::<Vec<_>>(), [&first[0]]);
                 nothing_more(&mut rx, Duration::from_millis(100)).await;
+            }
+
+            #[tokio::test]
+            async fn the_attributes_handle_publishes_once_per_call() {
+                let pool = pool!();
+                let trade_no = unique("T");
+                let id = MessageId::for_call("tests.outbox.attribute", &trade_no, 0);
+                let mut tx = pool.begin().await.unwrap();
+                assert!(matches!(grant(&mut tx, &trade_no, true).await, Err(AppError::Rule(_))));
+                tx.commit().await.unwrap(); // committed anyway: the failed body's message went
+                assert!(idem::outbox::find_message(&pool, &id).await.unwrap().is_none());
+                for _ in 0..3 {
+                    let mut tx = pool.begin().await.unwrap();
+                    assert_eq!(grant(&mut tx, &trade_no, false).await.unwrap(), 1);
+                    tx.commit().await.unwrap();
+                }
+                let (entry, message) = idem::outbox::find_message(&pool, &id).await.unwrap().unwrap();
+                assert_eq!((entry.state, message.payload), (MessageState::Pending, trade_no.clone().into_bytes()));
+                let query = MessageQuery { scope: Some("tests.outbox.attribute".into()), ..everything("") };
+                let mine = idem::outbox::list_messages(&pool, &query).await.unwrap();
+                assert_eq!(mine.iter().filter(|e| e.key == trade_no).count(), 1, "the repeats published nothing");
             }
 
             #[tokio::test]
