@@ -129,7 +129,7 @@ impl<DB: SqlBackend> Relay<DB> {
 
     /// Dead-letter a message once this many tries failed (at least 1).
     /// With the backoff, it bounds how long a broker may be down before
-    /// messages go dead (the defaults: about an hour and a quarter).
+    /// messages go dead (the defaults: about an hour).
     pub fn max_attempts(mut self, n: u32) -> Relay<DB> {
         self.max_attempts = n.max(1);
         self
