@@ -294,6 +294,38 @@ macro_rules! outbox_suite {
             }
 
             #[tokio::test]
+            async fn a_relay_gives_up_a_slow_publish_before_another_may_claim_it() {
+                let pool = pool!();
+                let scope = unique("outbox.slow");
+                let ids = call(&pool, &scope, "T-1", &[("coupons", b"grant")], End::Commit).await.unwrap();
+                let broker = InProcess::new();
+                let mut rx = broker.subscribe();
+                // Confirmations slower than the claim: each relay must stop
+                // waiting before its claim runs out and another takes it.
+                broker.latency(Duration::from_secs(3));
+                let lease = Duration::from_millis(500);
+                let relays: Vec<_> = (0..2).map(|_| relay(&pool, &broker, &scope).claim_lease(lease).start()).collect();
+                let tries = receive(&mut rx, 1, Duration::from_secs(10)).await;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                assert_eq!(broker.overlapping(), 0, "published by two relays at once");
+                let rows = idem::outbox::list_messages(&pool, &everything(&scope)).await.unwrap();
+                assert_eq!(rows[0].state, MessageState::Failing, "{rows:?}");
+                assert!(rows[0].last_error.as_deref().unwrap().contains("no confirmation"), "{rows:?}");
+                assert!(broker.delivered() >= 2, "tried again");
+                broker.latency(Duration::ZERO);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while idem::outbox::oldest_pending(&pool, Some(&scope)).await.unwrap().is_some() {
+                    assert!(Instant::now() < deadline, "sent once the broker is quick again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                for relay in relays {
+                    relay.stop().await;
+                }
+                assert_eq!(tries[0].id, ids[0]);
+                assert_eq!(broker.overlapping(), 0);
+            }
+
+            #[tokio::test]
             async fn four_relays_hand_over_10_000_messages_of_500_keys_in_order() {
                 let pool = pool!();
                 let scope = unique("outbox.fleet");
@@ -312,6 +344,8 @@ macro_rules! outbox_suite {
                 }
                 let broker = InProcess::new();
                 let mut rx = broker.subscribe();
+                // Some publishes fail: their keys' later messages must wait.
+                broker.fail_next(300);
                 let relays: Vec<_> = (0..4)
                     .map(|_| relay(&pool, &broker, &scope).batch_size(250).claim_lease(Duration::from_secs(30)).start())
                     .collect();

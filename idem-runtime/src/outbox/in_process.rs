@@ -21,8 +21,8 @@ use crate::store::sql::outbox::{Message, MessageId};
 ///
 /// Its knobs make it fail as a real broker does, for the relay's tests
 /// (and a demo's story): [`down_for`](Self::down_for),
-/// [`refuse`](Self::refuse), [`lose_confirms`](Self::lose_confirms),
-/// [`latency`](Self::latency); what happened is counted
+/// [`fail_next`](Self::fail_next), [`refuse`](Self::refuse),
+/// [`lose_confirms`](Self::lose_confirms), [`latency`](Self::latency); what happened is counted
 /// ([`delivered`](Self::delivered), [`overlapping`](Self::overlapping)).
 #[derive(Clone, Default)]
 pub struct InProcess {
@@ -34,6 +34,7 @@ struct Broker {
     subscribers: Mutex<Vec<UnboundedSender<Message>>>,
     refused: Mutex<Vec<(String, String)>>,
     down_until: Mutex<Option<Instant>>,
+    fail_next: AtomicU32,
     lose_confirms: AtomicU32,
     latency: Mutex<Duration>,
     in_flight: Mutex<HashSet<MessageId>>,
@@ -68,6 +69,12 @@ impl InProcess {
     /// Be reachable again at once.
     pub fn up(&self) {
         *lock(&self.broker.down_until) = None;
+    }
+
+    /// Fail the next `n` publishes as unavailable, delivering nothing (a
+    /// connection that dropped for a moment).
+    pub fn fail_next(&self, n: u32) {
+        self.broker.fail_next.store(n, Ordering::SeqCst);
     }
 
     /// Refuse every message to `topic`, saying `reason` (the relay
@@ -105,6 +112,9 @@ impl InProcess {
         if lock(&broker.down_until).is_some_and(|until| Instant::now() < until) {
             return Err(PublishError::unavailable("the in-process broker is down"));
         }
+        if take_one(&broker.fail_next) {
+            return Err(PublishError::unavailable("the in-process broker dropped the connection"));
+        }
         if let Some((_, reason)) = lock(&broker.refused).iter().find(|(topic, _)| *topic == message.topic) {
             return Err(PublishError::refused(reason));
         }
@@ -115,12 +125,16 @@ impl InProcess {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        let lost = broker.lose_confirms.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if lost.is_ok() {
+        if take_one(&broker.lose_confirms) {
             return Err(PublishError::unavailable("the in-process broker's confirmation was lost"));
         }
         Ok(())
     }
+}
+
+/// Count one down from `n`, if it is not 0 yet.
+fn take_one(n: &AtomicU32) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
 }
 
 /// A message between its delivery and its confirmation (or its publish
