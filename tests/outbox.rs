@@ -60,6 +60,7 @@ struct Consumer {
 }
 
 impl Consumer {
+    /// A delivery: its effect applied unless its id was seen.
     fn take(&mut self, m: &Message) {
         let seen = self.effects.contains_key(&m.id);
         *self.effects.entry(m.id.clone()).or_default() += usize::from(!seen);

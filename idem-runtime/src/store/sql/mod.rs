@@ -10,8 +10,8 @@
 //! - `record`: the dedup record's statements and steps (claim, read,
 //!   complete, take over, remove, fetch); `lease`: [`SqlStore`];
 //!   `schema`: migrations and purging; `admin`: the operator's functions;
-//!   `outbox`: the outbox table's statements, for the handle, the relay
-//!   and the operator (feature `outbox`);
+//!   `outbox`: the outbox table's statements, for the handle and the
+//!   relay, and `outbox_admin`, the operator's (feature `outbox`);
 //! - `texts`: what an `idem::Tx` needs of a database (its texts live in
 //!   the `Tx`'s module).
 //!
@@ -58,6 +58,8 @@ mod lease;
 mod mysql;
 #[cfg(feature = "outbox")]
 pub(crate) mod outbox;
+#[cfg(feature = "outbox")]
+pub(crate) mod outbox_admin;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod record;
@@ -209,6 +211,8 @@ pub struct Statements<DB: SqlBackend> {
     pub(crate) steps: steps::StepStatements,
     #[cfg(feature = "outbox")]
     pub(crate) outbox: outbox::OutboxStatements,
+    #[cfg(feature = "outbox")]
+    pub(crate) outbox_admin: outbox_admin::OutboxAdminStatements,
     /// The schema ([`SqlBackend::SCHEMA`]) for the table.
     pub(crate) schema: String,
     /// An `idem::Tx`'s texts, if the database has them.
@@ -225,6 +229,8 @@ impl<DB: SqlBackend> Statements<DB> {
             steps: steps::StepStatements::new::<DB>(table),
             #[cfg(feature = "outbox")]
             outbox: outbox::OutboxStatements::new::<DB>(table),
+            #[cfg(feature = "outbox")]
+            outbox_admin: outbox_admin::OutboxAdminStatements::new::<DB>(table),
             schema: crate::table::migration(DB::SCHEMA, table),
             #[cfg(feature = "tx")]
             tx: DB::texts(table),
