@@ -79,7 +79,7 @@ enum End {
 }
 
 macro_rules! outbox_suite {
-    (mod $m:ident; db = $db:ty; pool = $pool:expr;) => {
+    (mod $m:ident; db = $db:ty; placeholder = $ph:literal; pool = $pool:expr;) => {
         mod $m {
             use super::*;
 
@@ -93,6 +93,16 @@ macro_rules! outbox_suite {
                         None => return,
                     }
                 };
+            }
+
+            /// Delete what the test left in the shared outbox (pending rows
+            /// are never purged, and sent ones only after their retention).
+            async fn forget(pool: &Pool, scope: &str) {
+                sqlx::query(concat!("DELETE FROM idem_outbox WHERE scope = ", $ph))
+                    .bind(idem::key::stored_scope(scope).as_ref())
+                    .execute(pool)
+                    .await
+                    .unwrap();
             }
 
             /// A guarded call of `scope` and `key` whose body publishes
@@ -163,6 +173,7 @@ macro_rules! outbox_suite {
                 // Both keys run again: their records went too.
                 assert!(call(&pool, &scope, "T-1", &[("coupons", b"a")], End::Commit).await.is_some());
                 assert!(call(&pool, &scope, "T-2", &[("coupons", b"c")], End::Commit).await.is_some());
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -180,6 +191,7 @@ macro_rules! outbox_suite {
                 let got = receive(&mut rx, 1, Duration::from_secs(5)).await;
                 assert_eq!(got.iter().map(|m| &m.id).collect::<Vec<_>>(), [&first[0]]);
                 nothing_more(&mut rx, Duration::from_millis(100)).await;
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -201,6 +213,7 @@ macro_rules! outbox_suite {
                 let query = MessageQuery { scope: Some("tests.outbox.attribute".into()), ..everything("") };
                 let mine = idem::outbox::list_messages(&pool, &query).await.unwrap();
                 assert_eq!(mine.iter().filter(|e| e.key == trade_no).count(), 1, "the repeats published nothing");
+                forget(&pool, "tests.outbox.attribute").await;
             }
 
             #[tokio::test]
@@ -217,6 +230,7 @@ macro_rules! outbox_suite {
                 assert_ne!(retried[0], MessageId::for_call(&stored, "T-2", 0));
                 let rows = idem::outbox::list_messages(&pool, &everything(&scope)).await.unwrap();
                 assert_eq!(rows.iter().map(|e| &e.id).collect::<Vec<_>>(), [&retried[0], &retried[1]]);
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -235,6 +249,7 @@ macro_rules! outbox_suite {
                 nothing_more(&mut rx, Duration::from_millis(100)).await;
                 let rows = idem::outbox::list_messages(&pool, &everything(&scope)).await.unwrap();
                 assert_eq!(rows[0].state, MessageState::Sent);
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -258,6 +273,7 @@ macro_rules! outbox_suite {
                 let mut consumer = Consumer::default();
                 got.iter().for_each(|m| consumer.take(m));
                 assert_eq!(consumer.effects.values().sum::<usize>(), 1, "one effect");
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -292,6 +308,7 @@ macro_rules! outbox_suite {
                 first.iter().chain(&again).for_each(|m| consumer.take(m));
                 assert_eq!(consumer.effects.values().sum::<usize>(), 1, "one effect");
                 assert_eq!(broker.overlapping(), 0);
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -324,6 +341,7 @@ macro_rules! outbox_suite {
                 }
                 assert_eq!(tries[0].id, ids[0]);
                 assert_eq!(broker.overlapping(), 0);
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -370,6 +388,7 @@ macro_rules! outbox_suite {
                 assert!(order.values().all(|seen| *seen == (0..per_key).collect::<Vec<_>>()), "per-key order");
                 assert_eq!(broker.overlapping(), 0, "no message published by two relays at once");
                 eprintln!("10,000 messages: written in {written:?}, all delivered after {:?}", started.elapsed());
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -394,6 +413,7 @@ macro_rules! outbox_suite {
                 assert_eq!(got.iter().map(|m| m.id.clone()).collect::<HashSet<_>>(), ids);
                 let rows = idem::outbox::list_messages(&pool, &everything(&scope)).await.unwrap();
                 assert!(rows.iter().all(|e| e.state == MessageState::Sent && e.attempts > 1), "{rows:?}");
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -425,6 +445,7 @@ macro_rules! outbox_suite {
                 let (entry, message) = idem::outbox::find_message(&pool, &poison[0]).await.unwrap().unwrap();
                 assert_eq!((entry.state, entry.attempts), (MessageState::Pending, 0));
                 assert_eq!(message.payload, b"p");
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -457,6 +478,7 @@ macro_rules! outbox_suite {
                 assert_eq!(got[3].headers, [("trace-id".into(), "abc".into()), ("x-ünï".into(), "välue".into())]);
                 let (_, found) = idem::outbox::find_message(&pool, &got[0].id).await.unwrap().unwrap();
                 assert_eq!(found.payload, binary);
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -494,6 +516,7 @@ macro_rules! outbox_suite {
                 // Their ordinals are 0 and 1: a refused message takes none.
                 let stored = idem::key::stored_scope(&scope);
                 assert_eq!(rows[1].id, MessageId::for_call(&stored, "T-1", 1));
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -514,6 +537,7 @@ macro_rules! outbox_suite {
                 let rows = idem::outbox::list_messages(&pool, &everything(&scope)).await.unwrap();
                 assert_eq!(rows.len(), 1);
                 assert_eq!(rows[0].payload_len, 5);
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -552,6 +576,7 @@ macro_rules! outbox_suite {
                 let purged = idem::outbox::purge_sent(&pool, options).await.unwrap();
                 assert_eq!((purged.deleted, purged.batches), (2, 2));
                 assert_eq!(idem::outbox::list_messages(&pool, &everything(&scope)).await.unwrap(), []);
+                forget(&pool, &scope).await;
             }
 
             #[tokio::test]
@@ -589,6 +614,7 @@ macro_rules! outbox_suite {
                 let rows = idem::outbox::list_messages(&pool, &everything(&scope)).await.unwrap();
                 assert_eq!(rows.iter().map(|e| &e.id).collect::<Vec<_>>(), [&published[1]], "the failed step's went");
                 assert_eq!(rows[0].key, "T-1");
+                forget(&pool, &scope).await;
             }
         }
     };
@@ -597,18 +623,21 @@ macro_rules! outbox_suite {
 outbox_suite! {
     mod sqlite;
     db = sqlx::Sqlite;
+    placeholder = "?";
     pool = common::sqlite();
 }
 
 outbox_suite! {
     mod postgres;
     db = sqlx::Postgres;
+    placeholder = "$1";
     pool = common::postgres();
 }
 
 outbox_suite! {
     mod mysql;
     db = sqlx::MySql;
+    placeholder = "?";
     pool = common::mysql();
 }
 
@@ -636,4 +665,5 @@ async fn a_commit_wakes_the_postgres_relay() {
     relay.stop().await;
     assert_eq!(got.len(), 1);
     assert!(waited < Duration::from_secs(3), "woken by the commit, not the 60 s poll: {waited:?}");
+    sqlx::query("DELETE FROM idem_outbox WHERE scope = $1").bind(&scope).execute(&pool).await.unwrap();
 }
