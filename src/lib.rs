@@ -191,6 +191,19 @@ pub mod sql {
     };
 }
 
+/// The transactional outbox: messages a guarded body hands to other
+/// services, written in its transaction and relayed after the commit
+/// (feature `outbox`).
+#[cfg(feature = "outbox")]
+pub mod outbox {
+    #![doc = include_str!("../docs/outbox.md")]
+    pub use idem_runtime::outbox::{
+        DEFAULT_MAX_PAYLOAD, Entry, InProcess, MAX_TOPIC, Message, MessageId, MessageQuery, MessageState, Outbox,
+        PublishError, Publisher, Relay, RelayHandle, RelayReport, find_message, list_messages, oldest_pending,
+        purge_sent, resend, resend_all,
+    };
+}
+
 /// Key parts, the stored form of scopes and keys, and fingerprints.
 pub mod key {
     #![doc = include_str!("../docs/key.md")]

@@ -40,7 +40,7 @@ async fn postgres_record_table_is_at_fillfactor_90_after_an_upgrade() {
     assert_eq!(sqlx::query_scalar::<_, i64>(VERSIONS).fetch_all(&own).await.unwrap(), [1, 2]);
     assert_eq!(pg_table_options(&own, "idem_records").await, Vec::<String>::new(), "before 0003");
     idem::sql::migrator::<sqlx::Postgres>().run(&own).await.unwrap();
-    assert_eq!(sqlx::query_scalar::<_, i64>(VERSIONS).fetch_all(&own).await.unwrap(), [1, 2, 3]);
+    assert_eq!(sqlx::query_scalar::<_, i64>(VERSIONS).fetch_all(&own).await.unwrap(), [1, 2, 3, 4]);
     assert_eq!(pg_table_options(&own, "idem_records").await, ["fillfactor=90"]);
     // idem::migrate sets it on a table made before 0003 too.
     sqlx::raw_sql("ALTER TABLE idem_records RESET (fillfactor)").execute(&own).await.unwrap();
@@ -59,7 +59,7 @@ async fn mysql_takes_0003_as_a_no_op() {
     let own = sqlx::mysql::MySqlPoolOptions::new().max_connections(2).connect_with(opts).await.unwrap();
     before_0003::<sqlx::MySql>().run(&own).await.unwrap();
     idem::sql::migrator::<sqlx::MySql>().run(&own).await.unwrap();
-    assert_eq!(sqlx::query_scalar::<_, i64>(VERSIONS).fetch_all(&own).await.unwrap(), [1, 2, 3]);
+    assert_eq!(sqlx::query_scalar::<_, i64>(VERSIONS).fetch_all(&own).await.unwrap(), [1, 2, 3, 4]);
     idem::migrate(&own).await.unwrap();
     own.close().await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}"))).execute(&pool).await.unwrap();
@@ -72,7 +72,7 @@ async fn sqlite_takes_0003_as_a_no_op() {
     let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
     before_0003::<sqlx::Sqlite>().run(&pool).await.unwrap();
     idem::sql::migrator::<sqlx::Sqlite>().run(&pool).await.unwrap();
-    assert_eq!(sqlx::query_scalar::<_, i64>(VERSIONS).fetch_all(&pool).await.unwrap(), [1, 2, 3]);
+    assert_eq!(sqlx::query_scalar::<_, i64>(VERSIONS).fetch_all(&pool).await.unwrap(), [1, 2, 3, 4]);
     idem::migrate(&pool).await.unwrap();
     pool.close().await;
     let _ = std::fs::remove_file(&path);

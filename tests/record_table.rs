@@ -119,12 +119,21 @@ async fn migrator_creates_the_named_table_and_keeps_its_own_history() {
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(tables, ["idem_custom_records", "idem_custom_records_archive", "idem_custom_records_migrations"]);
+    assert_eq!(
+        tables,
+        [
+            "idem_custom_records",
+            "idem_custom_records_archive",
+            "idem_custom_records_migrations",
+            "idem_custom_records_outbox",
+            "sqlite_sequence"
+        ]
+    );
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_custom_records_migrations ORDER BY version")
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(versions, [1, 2, 3]);
+    assert_eq!(versions, [1, 2, 3, 4]);
     let _ = std::fs::remove_file(&path);
     // A database set up by idem::migrate before takes the migrator's
     // migrations (all IF NOT EXISTS) without a complaint.

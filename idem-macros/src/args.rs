@@ -37,6 +37,9 @@ pub struct RawArgs {
     pub claim: Option<SpannedValue<String>>,
     /// `lease`: the name the body gives its step log (`steps = "steps"`).
     pub steps: Option<SpannedValue<String>>,
+    /// Strategies in a transaction: the name the body gives the call's
+    /// outbox handle (`outbox = "outbox"`).
+    pub outbox: Option<SpannedValue<String>>,
     /// `crate = "path"`: where the `idem` crate is, for a crate that
     /// re-exports it under another name (default `::idem`).
     #[darling(rename = "crate")]
@@ -67,6 +70,7 @@ pub const ARGUMENTS: &[Argument] = &[
     arg("transition", "a status change, as a string", "`transition = \"OrderStatus::WaitPay -> OrderStatus::Paid\"`"),
     arg("lease", "a duration", "`lease = \"30s\"`"),
     arg("steps", "the name the body gives its step log", "`steps = \"steps\"`"),
+    arg("outbox", "the name the body gives its outbox handle", "`outbox = \"outbox\"`"),
     arg("store", "an expression naming a store", "`store = \"self.redis\"`"),
     arg("ttl", "a duration", "`ttl = \"30s\"`"),
     arg("wait", "a duration", "`wait = \"2s\"`"),

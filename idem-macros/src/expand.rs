@@ -224,7 +224,7 @@ impl Expansion<'_> {
         let claim = self.claim_in_tx(&conn);
         let ret = &plan.ret;
         let finish = quote_spanned!(self.ret_span()=> __idem_ticket.finish(#conn, __idem_result).await);
-        let body = reborrowed(block, tx);
+        let body = self.with_locals(block, tx);
         let transition = plan.transition.as_ref().map(|t| self.transition(t));
         if plan.strategy.is_lock() {
             // The lock is taken first and held (renewed) while the claim,
@@ -306,22 +306,35 @@ impl Expansion<'_> {
     }
 }
 
-/// The body with a reborrow of the transaction in front of its statements,
-/// so the body may move its handle and the record can still be completed
-/// after it. The reborrow goes inside the user's own braces (which keep
-/// their spans): nesting the block in another one would make a one-line
-/// body `{ Ok(1) }` a braced tail expression, which `unused_braces` warns
-/// about at the user's code.
-fn reborrowed(block: &syn::Block, tx: &Ident) -> syn::Block {
-    let mut body = block.clone();
-    body.stmts.insert(
-        0,
-        syn::parse_quote! {
-            #[allow(unused_variables)]
-            let #tx = &mut *#tx;
-        },
-    );
-    body
+impl Expansion<'_> {
+    /// The body with its locals in front of its statements: a reborrow of
+    /// the transaction, so the body may move its handle and the record can
+    /// still be completed after it, and with `outbox = "name"` the call's
+    /// outbox handle (taken from the ticket, at the argument's span, where
+    /// a build without the feature is told so). They go inside the user's
+    /// own braces (which keep their spans): nesting the block in another
+    /// one would make a one-line body `{ Ok(1) }` a braced tail
+    /// expression, which `unused_braces` warns about at the user's code.
+    fn with_locals(&self, block: &syn::Block, tx: &Ident) -> syn::Block {
+        let mut body = block.clone();
+        if let Some(outbox) = &self.plan.outbox {
+            let krate = self.krate_at(outbox.span());
+            body.stmts.insert(
+                0,
+                syn::parse_quote_spanned! {outbox.span()=>
+                    let #outbox = #krate::__private::outbox(&__idem_ticket);
+                },
+            );
+        }
+        body.stmts.insert(
+            0,
+            syn::parse_quote! {
+                #[allow(unused_variables)]
+                let #tx = &mut *#tx;
+            },
+        );
+        body
+    }
 }
 
 /// The `#[idem(token)]` parameter, read at its span: a type that cannot

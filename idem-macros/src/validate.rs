@@ -15,7 +15,7 @@ use crate::args::{KeyArg, RawArgs};
 use crate::errors::{Errors, did_you_mean, listed};
 use crate::signature::{self, Marks};
 pub use crate::strategy::Strategy;
-use crate::strategy::{Claim, Precheck, Record, SOURCES, STRATEGIES, Spec, Use};
+use crate::strategy::{Claim, Precheck, Record, SOURCES, STRATEGIES, Spec, Tx, Use};
 pub use crate::values::TransitionArg;
 use crate::values::{self, DurationRule, LEASE, LOCK_TTL, MARKER_TTL, RETENTION, WAIT};
 
@@ -50,6 +50,8 @@ pub struct Plan {
     pub wait_ms: Option<u64>,
     /// `lease` with `steps = "name"`: the step log's binding in the body.
     pub steps: Option<Ident>,
+    /// `outbox = "name"`: the outbox handle's binding in the body.
+    pub outbox: Option<Ident>,
     pub ret: Type,
     /// Where the `idem` crate is (`crate = "..."`, default `::idem`).
     pub krate: syn::Path,
@@ -106,6 +108,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
     check_method_scope(&input, errors);
     let claim = check_claim(&input, errors);
     let steps = spec.and_then(|spec| check_steps(&input, spec, errors));
+    let outbox = spec.and_then(|spec| check_outbox(&input, spec, errors));
     let (Some(spec), Some(checked), Some(ret), true) = (spec, checked, ret, errors.is_empty()) else { return None };
     let precheck = input.precheck();
     Some(Plan {
@@ -126,6 +129,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
         ttl_ms: checked.ttl_ms,
         wait_ms: checked.wait_ms,
         steps,
+        outbox,
         ret,
         krate: raw.krate.unwrap_or_else(|| syn::parse_quote!(::idem)),
     })
@@ -324,11 +328,8 @@ fn check_steps(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<Ident>
         errors.at(name.span(), what, help);
         return None;
     }
-    let Ok(mut ident) = syn::parse_str::<Ident>(name.as_str()) else {
-        errors.at(name.span(), "`steps` takes the name the body gives its step log", "e.g. `steps = \"steps\"`");
-        return None;
-    };
-    ident.set_span(name.span());
+    let ident =
+        bound_name(name, "`steps` takes the name the body gives its step log", "e.g. `steps = \"steps\"`", errors)?;
     let mut seen: Vec<String> = Vec::new();
     for (step, span) in step_names(input.func.block.to_token_stream(), &ident) {
         if seen.contains(&step) {
@@ -339,6 +340,35 @@ fn check_steps(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<Ident>
         seen.push(step);
     }
     Some(ident)
+}
+
+/// A name the body binds (`steps`, `outbox`), at its argument's span.
+fn bound_name(name: &SpannedValue<String>, what: &str, help: &str, errors: &mut Errors) -> Option<Ident> {
+    let Ok(mut ident) = syn::parse_str::<Ident>(name.as_str()) else {
+        errors.at(name.span(), what, help);
+        return None;
+    };
+    ident.set_span(name.span());
+    Some(ident)
+}
+
+/// `outbox = "name"`: on a strategy that writes in the caller's
+/// transaction (the messages go in it), and a name the body can bind.
+fn check_outbox(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<Ident> {
+    let name = input.raw.outbox.as_ref()?;
+    if let Tx::Outside { instead, .. } = spec.tx {
+        let what = format!("`outbox` writes messages in the guarded transaction, and `{}` holds none", spec.name);
+        let mut help = format!("use a strategy that writes in your transaction ({instead})");
+        if spec.strategy == Strategy::Lease {
+            help.push_str(
+                "; in a `lease` body, publish in a recorded step's transaction: `Outbox::for_step(&key)` inside \
+                 `steps.run_tx(...)`",
+            );
+        }
+        errors.at(name.span(), what, help);
+        return None;
+    }
+    bound_name(name, "`outbox` takes the name the body gives its outbox handle", "e.g. `outbox = \"outbox\"`", errors)
 }
 
 /// The literal names of `steps.run("name", ...)` and `steps.run_tx("name", ...)` calls in `tokens`, in order.

@@ -35,6 +35,35 @@ pub fn lease_store<S: crate::lease::LeaseStore>(store: &S) -> &dyn crate::lease:
 }
 pub use std::time::Duration;
 
+/// A ticket whose call's outbox handle `outbox = "..."` binds: a
+/// transaction's ticket, with the feature `outbox`.
+#[cfg(feature = "sql")]
+#[diagnostic::on_unimplemented(
+    message = "`outbox = \"...\"` needs idem's cargo feature `outbox`",
+    label = "the outbox handle of this call",
+    note = "add the feature to idem-guard in Cargo.toml: `features = [\"outbox\"]`"
+)]
+pub trait OutboxTicket {
+    /// The handle.
+    type Handle;
+    /// The call's handle.
+    fn outbox_handle(&self) -> Self::Handle;
+}
+
+#[cfg(feature = "outbox")]
+impl<DB: crate::store::sql::SqlBackend> OutboxTicket for crate::dedup::ticket::Ticket<DB> {
+    type Handle = crate::outbox::Outbox;
+    fn outbox_handle(&self) -> crate::outbox::Outbox {
+        self.outbox()
+    }
+}
+
+/// `outbox = "name"`: the call's outbox handle.
+#[cfg(feature = "sql")]
+pub fn outbox<T: OutboxTicket>(ticket: &T) -> T::Handle {
+    ticket.outbox_handle()
+}
+
 /// Turn a claim into the function's own result: a replay is `Ok`, a guard
 /// failure converts into the function's error type.
 pub fn settle<T, R, E: GuardError>(claim: Result<Claim<T, R>, Error>) -> Result<T, E> {

@@ -378,6 +378,37 @@ pub enum Error {
         reason: String,
     },
 
+    /// An outbox message (feature `outbox`) is larger than the handle
+    /// takes: its payload and headers together. Nothing was written; the
+    /// body decides what to do (a retry would fail the same way).
+    #[error(
+        "the outbox message to `{topic}` is {len} bytes, over the limit of {limit}: publish a reference to the \
+         data (a row id, an object's key) instead of the data, or raise the limit with `Outbox::max_payload` if \
+         your broker takes it"
+    )]
+    #[cfg(feature = "outbox")]
+    MessageTooLarge {
+        /// The message's topic.
+        topic: String,
+        /// Its payload's and headers' bytes.
+        len: usize,
+        /// The handle's limit.
+        limit: usize,
+    },
+
+    /// An outbox message (feature `outbox`) that cannot be published as
+    /// given: its topic is empty, longer than 255 bytes or holds a control
+    /// character, a header's name is empty or either holds a control
+    /// character, or its value does not serialize. Nothing was written.
+    #[error("the outbox message to `{topic}` cannot be published: {reason}")]
+    #[cfg(feature = "outbox")]
+    InvalidMessage {
+        /// The message's topic, escaped for printing.
+        topic: String,
+        /// What is wrong, and what to give instead.
+        reason: String,
+    },
+
     /// A lease store other than a SQL database (Redis) failed: unreachable,
     /// timed out, or answered something unexpected. Never a duplicate.
     #[error("{store} store error: {source}")]

@@ -28,6 +28,9 @@
 //!   record table of SQL records with its statements;
 //! - `batch`: a broker's batch, each message under its own dedup guard
 //!   (feature `sql`);
+//! - [`outbox`]: messages a guarded body publishes in its transaction, and
+//!   the relay that hands them to a broker after the commit (feature
+//!   `outbox`); its table's SQL is `store/sql/outbox.rs`'s;
 //! - `http`: the `Idempotency-Key` layer (feature `http`); `grpc`: the
 //!   same for tonic services (feature `grpc`); `door`: what the two share
 //!   (settings, key and tenant, fingerprint, a response as kept, the
@@ -73,6 +76,8 @@ pub mod key;
 pub mod lease;
 pub mod lock;
 mod machine;
+#[cfg(feature = "outbox")]
+pub mod outbox;
 pub mod precheck;
 #[cfg(any(feature = "sql", feature = "redis"))]
 mod record;

@@ -1,5 +1,6 @@
 //! The record table: its name ([`RecordTable`]: `idem_records` unless the
-//! application names another) and what is built for it ([`RecordSql`]:
+//! application names another, with the outbox beside it) and what is built
+//! for it ([`RecordSql`]:
 //! each database's statements, built on first use). The installed
 //! [`Stores`](crate::Stores) hold one, and every SQL step of idem takes its
 //! statements from there.
@@ -12,11 +13,15 @@ use crate::error::Error;
 /// The default record table.
 const DEFAULT: &str = "idem_records";
 
+/// The outbox beside the default record table.
+const DEFAULT_OUTBOX: &str = "idem_outbox";
+
 /// A record table's name: `name` or `schema.name`, each part an unquoted
 /// SQL identifier (ASCII letters, digits and `_`, not starting with a
 /// digit, at most 48 bytes so that `<name>_archive` and
 /// `<name>_expires_at` fit every database's limit). The archive table is
-/// `<table>_archive`, beside it.
+/// `<table>_archive`, beside it, and the outbox (feature `outbox`) is
+/// `idem_outbox` beside `idem_records`, `<table>_outbox` beside another.
 ///
 /// A process keeps its records in one table, the one of the installed
 /// [`Stores`](crate::Stores) ([`StoresBuilder::record_table`](crate::StoresBuilder::record_table)).
@@ -27,6 +32,9 @@ pub struct RecordTable {
     /// `name` or `schema.name`, and its archive, as written into SQL.
     qualified: String,
     archive: String,
+    /// The outbox's own name, and as written into SQL.
+    outbox_name: String,
+    outbox: String,
 }
 
 impl RecordTable {
@@ -51,14 +59,18 @@ impl RecordTable {
     }
 
     fn of(schema: Option<&str>, name: &str) -> RecordTable {
-        let qualified = match schema {
+        let in_schema = |name: &str| match schema {
             Some(schema) => format!("{schema}.{name}"),
             None => name.to_owned(),
         };
+        let qualified = in_schema(name);
+        let outbox_name = if name == DEFAULT { DEFAULT_OUTBOX.to_owned() } else { format!("{name}_outbox") };
         RecordTable {
             schema: schema.map(str::to_owned),
             name: name.to_owned(),
             archive: format!("{qualified}_archive"),
+            outbox: in_schema(&outbox_name),
+            outbox_name,
             qualified,
         }
     }
@@ -83,6 +95,14 @@ impl RecordTable {
         &self.archive
     }
 
+    /// The outbox table, qualified as the table is: `idem_outbox` beside
+    /// `idem_records` (in its schema, if it names one), `<table>_outbox`
+    /// beside a table named otherwise, so that two services with record
+    /// tables of their own keep their messages apart.
+    pub fn outbox(&self) -> &str {
+        &self.outbox
+    }
+
     /// `idem_records`, no schema.
     pub(crate) fn is_default(&self) -> bool {
         self.schema.is_none() && self.name == DEFAULT
@@ -102,16 +122,23 @@ impl std::fmt::Display for RecordTable {
 }
 
 /// A migration's text (written for `idem_records`) for `table`: every
-/// `idem_records` (and so `idem_records_archive`) names `table`, and the
-/// index is named after the table alone (an index takes no schema of its
-/// own).
+/// `idem_records` (and so `idem_records_archive`) names `table`, every
+/// `idem_outbox` its outbox, and the indexes are named after their table
+/// alone (an index takes no schema of its own): `idem_records_expires_at`,
+/// and the outbox's, each `idem_outbox_` and a suffix.
 pub(crate) fn migration(text: &str, table: &RecordTable) -> String {
     if table.is_default() {
         return text.to_owned();
     }
     const INDEX: &str = "idem_records_expires_at";
+    let outbox_index = format!("{}_", table.outbox_name);
     text.split(INDEX)
-        .map(|part| part.replace(DEFAULT, table.qualified()))
+        .map(|part| {
+            part.split(&format!("{DEFAULT_OUTBOX}_"))
+                .map(|part| part.replace(DEFAULT, table.qualified()).replace(DEFAULT_OUTBOX, table.outbox()))
+                .collect::<Vec<_>>()
+                .join(&outbox_index)
+        })
         .collect::<Vec<_>>()
         .join(&format!("{}_expires_at", table.name))
 }
@@ -175,6 +202,9 @@ mod tests {
     fn names_are_checked() {
         assert!(RecordTable::new("idem_records").is_ok());
         assert_eq!(RecordTable::new("billing.records").unwrap().archive(), "billing.records_archive");
+        assert_eq!(RecordTable::new("billing.records").unwrap().outbox(), "billing.records_outbox");
+        assert_eq!(RecordTable::new("billing.idem_records").unwrap().outbox(), "billing.idem_outbox");
+        assert_eq!(RecordTable::default().outbox(), "idem_outbox");
         for bad in ["", ".x", "x.", "a.b.c", "1abc", "drop table; --", "name\"", "ä", &"x".repeat(49)] {
             assert!(RecordTable::new(bad).is_err(), "{bad:?}");
         }
@@ -191,6 +221,13 @@ mod tests {
             "CREATE TABLE IF NOT EXISTS billing.records (x INT);\n\
              CREATE INDEX IF NOT EXISTS records_expires_at ON billing.records (expires_at);\n\
              CREATE TABLE IF NOT EXISTS billing.records_archive (x INT);"
+        );
+        let text = "CREATE TABLE IF NOT EXISTS idem_outbox (x INT);\n\
+                    CREATE INDEX IF NOT EXISTS idem_outbox_pending ON idem_outbox (x) WHERE y = 'idem_outbox';";
+        assert_eq!(
+            migration(text, &table),
+            "CREATE TABLE IF NOT EXISTS billing.records_outbox (x INT);\n\
+             CREATE INDEX IF NOT EXISTS records_outbox_pending ON billing.records_outbox (x) WHERE y = 'billing.records_outbox';"
         );
     }
 

@@ -30,13 +30,24 @@ pub struct Ticket<DB: SqlBackend> {
     pub(crate) record: bool,
     /// The state change this call made, undone if the body fails.
     pub(crate) moved: Option<Moved>,
+    /// What the body published through the call's outbox handle, removed
+    /// if it fails (feature `outbox`).
+    #[cfg(feature = "outbox")]
+    pub(crate) published: std::sync::OnceLock<std::sync::Arc<crate::store::sql::outbox::Published>>,
     pub(crate) db: PhantomData<fn() -> DB>,
 }
 
 impl<DB: SqlBackend> Ticket<DB> {
     pub(crate) fn new(prepared: Prepared, record: bool, moved: Option<Moved>) -> Ticket<DB> {
         prepared.claimed();
-        Ticket { prepared, record, moved, db: PhantomData }
+        Ticket {
+            prepared,
+            record,
+            moved,
+            #[cfg(feature = "outbox")]
+            published: Default::default(),
+            db: PhantomData,
+        }
     }
 
     /// The body runs on `tx` (on an `idem::Tx`, `&mut **tx` is allowed
@@ -88,15 +99,15 @@ async fn complete<T: Replayable, E, C: TxContext + ?Sized>(
     tx: &mut C,
     result: Result<T, E>,
 ) -> Result<Result<T, E>, Error> {
-    let Ticket { prepared: p, record, moved, .. } = ticket;
     let value = match result {
         Ok(value) => value,
-        Err(e) if p.claim_after => return failed_after::<T, E, C>(tx, &p, e).await,
+        Err(e) if ticket.prepared.claim_after => return failed_after::<T, E, C>(tx, &ticket.prepared, e).await,
         Err(e) => {
-            undo::<C::Db>(tx.guard_connection(), &p, record, moved.as_ref()).await;
+            undo::<C::Db>(tx.guard_connection(), &ticket).await;
             return Ok(Err(e));
         }
     };
+    let Ticket { prepared: p, record, .. } = ticket;
     if !record {
         // `state`: the transition is the whole guard; nothing to store.
         p.report(Outcome::Executed);
@@ -203,14 +214,19 @@ fn vanished(p: &Prepared) -> Error {
     p.in_progress(Some(std::time::Duration::ZERO))
 }
 
-/// The body failed: remove the record and
-/// undo the transition, so nothing of this call survives even if the caller
-/// commits anyway.
-async fn undo<DB: SqlBackend>(conn: &mut DB::Connection, p: &Prepared, record: bool, moved: Option<&Moved>) {
-    if let Some(moved) = moved {
+/// The body failed: remove the record and the messages it published, and
+/// undo the transition, so nothing of this call survives even if the
+/// caller commits anyway.
+async fn undo<DB: SqlBackend>(conn: &mut DB::Connection, ticket: &Ticket<DB>) {
+    let p = &ticket.prepared;
+    if let Some(moved) = &ticket.moved {
         revert::<DB>(conn, p, moved).await;
     }
-    if record {
+    #[cfg(feature = "outbox")]
+    if let Some(published) = ticket.published.get() {
+        crate::store::sql::outbox::discard::<DB>(conn, published).await;
+    }
+    if ticket.record {
         discard::<DB>(conn, p).await;
     }
 }

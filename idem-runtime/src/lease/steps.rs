@@ -31,8 +31,28 @@ const MAX_NAME: usize = 128;
 /// key and step name), to give the outside system as its own idempotency
 /// key, so that a step re-sent after its worker died mid-step is
 /// deduplicated there.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StepKey(String);
+///
+/// Equal keys name one step (whatever else they carry).
+#[derive(Clone, Debug)]
+pub struct StepKey {
+    key: String,
+    /// The call and this attempt of the step, for the messages it
+    /// publishes (`Outbox::for_step`).
+    #[cfg(feature = "outbox")]
+    pub(crate) call: std::sync::Arc<StepCall>,
+}
+
+/// The call a step belongs to (scope and key as stored, its record's
+/// retention), and the ordinal of the next message this attempt of the
+/// step publishes: the key's clones share it, a new attempt starts at 0.
+#[cfg(feature = "outbox")]
+#[derive(Debug)]
+pub(crate) struct StepCall {
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) retention: std::time::Duration,
+    pub(crate) next_message: std::sync::atomic::AtomicU32,
+}
 
 impl StepKey {
     /// The key of the step `name` of the call of `scope` and `key`, both
@@ -40,18 +60,46 @@ impl StepKey {
     /// [`Key::as_str`](crate::Key::as_str)): what [`Steps::key`] gives
     /// inside the call, for a check from outside it.
     pub fn for_step(scope: &str, key: &str, name: &str) -> StepKey {
-        StepKey(crate::key::step_key(scope, key, name))
+        StepKey::of(scope, key, name, crate::guard::DEFAULT_RETENTION)
+    }
+
+    #[cfg_attr(not(feature = "outbox"), allow(unused_variables))]
+    fn of(scope: &str, key: &str, name: &str, retention: std::time::Duration) -> StepKey {
+        StepKey {
+            key: crate::key::step_key(scope, key, name),
+            #[cfg(feature = "outbox")]
+            call: std::sync::Arc::new(StepCall {
+                scope: scope.to_owned(),
+                key: key.to_owned(),
+                retention,
+                next_message: Default::default(),
+            }),
+        }
     }
 
     /// `idem-step-` and 32 hex digits: fits any API's idempotency-key field.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.key
+    }
+}
+
+impl PartialEq for StepKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for StepKey {}
+
+impl std::hash::Hash for StepKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key.hash(state)
     }
 }
 
 impl std::fmt::Display for StepKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.key)
     }
 }
 
@@ -255,7 +303,7 @@ impl<'s> Steps<'s> {
 
     /// The stable key of the step `name` of this call.
     pub fn key(&self, name: &str) -> StepKey {
-        StepKey::for_step(&self.0.held.scope, &self.0.held.key, name)
+        StepKey::of(&self.0.held.scope, &self.0.held.key, name, self.0.held.retention)
     }
 
     fn error(&self, step: &str, reason: impl Into<String>) -> Error {

@@ -50,6 +50,9 @@ pub trait Driver: sqlx::Database {
     fn bind_int(query: Query<Self>, value: i64) -> Query<Self>;
     fn bind_str(query: Query<Self>, value: Option<&str>) -> Query<Self>;
     fn bind_bytes(query: Query<Self>, value: Option<&[u8]>) -> Query<Self>;
+    /// `query`, not kept prepared for the session after it ran: a text
+    /// written at run time, which another run would not send again.
+    fn once(query: Query<Self>) -> Query<Self>;
     fn int(row: &Self::Row, i: usize) -> Result<i64, sqlx::Error>;
     fn opt_int(row: &Self::Row, i: usize) -> Result<Option<i64>, sqlx::Error>;
     fn opt_string(row: &Self::Row, i: usize) -> Result<Option<String>, sqlx::Error>;
@@ -67,6 +70,7 @@ where
     for<'a> String: sqlx::Decode<'a, DB> + sqlx::Type<DB>,
     for<'a> Vec<u8>: sqlx::Decode<'a, DB> + sqlx::Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
+    DB: sqlx::database::HasStatementCache,
 {
     fn execute(
         conn: &mut Self::Connection,
@@ -117,6 +121,10 @@ where
 
     fn bind_bytes(query: Query<Self>, value: Option<&[u8]>) -> Query<Self> {
         query.bind(value)
+    }
+
+    fn once(query: Query<Self>) -> Query<Self> {
+        query.persistent(false)
     }
 
     fn int(row: &Self::Row, i: usize) -> Result<i64, sqlx::Error> {
@@ -311,6 +319,9 @@ pub(crate) enum Arg<'a> {
     Int(i64),
     /// A duration, as the dialect binds one.
     Span(Duration),
+    /// Bytes kept as they are (an outbox message's payload).
+    #[cfg(feature = "outbox")]
+    Bytes(&'a [u8]),
 }
 
 /// One of idem's text values.
@@ -327,6 +338,8 @@ impl Arg<'_> {
             Arg::Str(value) => D::bind_str(query, Some(value)),
             Arg::Int(value) => D::bind_int(query, value),
             Arg::Span(span) => D::bind_span(query, span),
+            #[cfg(feature = "outbox")]
+            Arg::Bytes(bytes) => D::bind_bytes(query, Some(bytes)),
         }
     }
 }

@@ -10,6 +10,8 @@
 //! - `record`: the dedup record's statements and steps (claim, read,
 //!   complete, take over, remove, fetch); `lease`: [`SqlStore`];
 //!   `schema`: migrations and purging; `admin`: the operator's functions;
+//!   `outbox`: the outbox table's statements, for the handle and the
+//!   relay, and `outbox_admin`, the operator's (feature `outbox`);
 //! - `texts`: what an `idem::Tx` needs of a database (its texts live in
 //!   the `Tx`'s module).
 //!
@@ -27,7 +29,9 @@ macro_rules! migrations {
             "\n",
             include_str!(concat!("../../../migrations/", $dir, "/0002_idem_records_archive.sql")),
             "\n",
-            include_str!(concat!("../../../migrations/", $dir, "/0003_idem_records_fillfactor.sql"))
+            include_str!(concat!("../../../migrations/", $dir, "/0003_idem_records_fillfactor.sql")),
+            "\n",
+            include_str!(concat!("../../../migrations/", $dir, "/0004_idem_outbox.sql"))
         );
 
         const MIGRATIONS: &'static [(i64, &'static str, &'static str)] = &[
@@ -42,6 +46,7 @@ macro_rules! migrations {
                 "idem_records_fillfactor",
                 include_str!(concat!("../../../migrations/", $dir, "/0003_idem_records_fillfactor.sql")),
             ),
+            (4, "idem_outbox", include_str!(concat!("../../../migrations/", $dir, "/0004_idem_outbox.sql"))),
         ];
     };
 }
@@ -51,6 +56,10 @@ pub(crate) mod dialect;
 mod lease;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(feature = "outbox")]
+pub(crate) mod outbox;
+#[cfg(feature = "outbox")]
+pub(crate) mod outbox_admin;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod record;
@@ -134,7 +143,7 @@ pub enum ReadMode {
     note = "supported databases: sqlx::Postgres, sqlx::MySql (MySQL and MariaDB) and sqlx::Sqlite, each behind the idem feature of the same name"
 )]
 pub trait SqlBackend:
-    sqlx::Database + dialect::Dialect + lease::LeaseClaimSql + schema::PurgeSql + texts::TxSql
+    sqlx::Database + dialect::Dialect + lease::LeaseClaimSql + schema::PurgeSql + texts::TxSql + OutboxSql
 {
     /// The schema, as shipped in `idem-runtime/migrations/<NAME>/`.
     const SCHEMA: &'static str;
@@ -174,6 +183,17 @@ pub trait SqlBackend:
     }
 }
 
+#[cfg(feature = "outbox")]
+use outbox::OutboxSql;
+
+/// Without the `outbox` feature: nothing.
+#[cfg(not(feature = "outbox"))]
+#[doc(hidden)]
+pub trait OutboxSql {}
+
+#[cfg(not(feature = "outbox"))]
+impl<T> OutboxSql for T {}
+
 mod sealed {
     /// Implemented by the backends of this crate only: the statements are
     /// idem's, bound to its schema.
@@ -189,6 +209,10 @@ pub struct Statements<DB: SqlBackend> {
     pub(crate) lease: lease::LeaseStatements<DB>,
     pub(crate) admin: admin::AdminStatements,
     pub(crate) steps: steps::StepStatements,
+    #[cfg(feature = "outbox")]
+    pub(crate) outbox: outbox::OutboxStatements,
+    #[cfg(feature = "outbox")]
+    pub(crate) outbox_admin: outbox_admin::OutboxAdminStatements,
     /// The schema ([`SqlBackend::SCHEMA`]) for the table.
     pub(crate) schema: String,
     /// An `idem::Tx`'s texts, if the database has them.
@@ -203,6 +227,10 @@ impl<DB: SqlBackend> Statements<DB> {
             lease: lease::LeaseStatements::new(table),
             admin: admin::AdminStatements::new::<DB>(table),
             steps: steps::StepStatements::new::<DB>(table),
+            #[cfg(feature = "outbox")]
+            outbox: outbox::OutboxStatements::new::<DB>(table),
+            #[cfg(feature = "outbox")]
+            outbox_admin: outbox_admin::OutboxAdminStatements::new::<DB>(table),
             schema: crate::table::migration(DB::SCHEMA, table),
             #[cfg(feature = "tx")]
             tx: DB::texts(table),

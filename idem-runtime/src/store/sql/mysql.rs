@@ -234,3 +234,101 @@ fn lease_take_over_sql(t: &RecordTable) -> String {
                AND (fingerprint IS NULL OR $3 IS NULL OR fingerprint = $3)))"
     )
 }
+
+/// The candidates are chosen by a plain read, then locked by a `SELECT ...
+/// FOR UPDATE SKIP LOCKED` of those rows alone, which checks each again
+/// (it reads the latest version), then claimed by an `UPDATE`, in one
+/// short transaction at READ COMMITTED. A locking read that chose them
+/// itself would lock every row its index scan passed on the way, other
+/// relays' candidates and other scopes' rows included, and a claim meeting
+/// those locks would skip a row it should take; at READ COMMITTED a
+/// locking read takes no gap locks either, which would hold up the inserts
+/// of publishing transactions. (The `UPDATE` cannot choose the rows
+/// itself: MySQL updates no table a subquery of the statement reads.)
+#[cfg(feature = "outbox")]
+impl super::outbox::OutboxSql for MySql {
+    type BatchClaim = OutboxClaim;
+
+    /// No `RETURNING` on MySQL's `INSERT`: the row's `seq` is its
+    /// `AUTO_INCREMENT` value.
+    fn insert_sql(insert: &str, _: &str) -> String {
+        insert.to_owned()
+    }
+
+    fn insert(
+        conn: &mut MySqlConnection,
+        query: Query<Self>,
+    ) -> crate::future::BoxFuture<'_, Result<i64, sqlx::Error>> {
+        Box::pin(async move {
+            let done = Self::execute(conn, query).await?;
+            Ok(i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX))
+        })
+    }
+
+    fn claim_statements(o: &str, scopes: usize) -> OutboxClaim {
+        use super::outbox::{candidates_sql, claimable, message_columns};
+        OutboxClaim {
+            choose: Stmt::new::<Self>(&candidates_sql::<Self>(o, "c.seq", scopes)),
+            lock: format!(
+                "SELECT {} FROM {o} c WHERE {} AND c.seq IN ",
+                message_columns::<Self>("c.", "c.attempts + 1"),
+                claimable::<Self>(o, 0),
+            ),
+            claim: format!(
+                "UPDATE {o} SET claimed_by = CONVERT($1 USING utf8mb4), \
+                 claim_until = UTC_TIMESTAMP(6) + INTERVAL $2 MICROSECOND, attempts = attempts + 1 WHERE seq IN "
+            ),
+        }
+    }
+
+    fn purge_sql(o: &str, condition: &str) -> String {
+        format!("DELETE FROM {o} WHERE {condition} ORDER BY seq LIMIT $1")
+    }
+}
+
+/// MySQL's outbox claim: the choice, then the locking read and the
+/// claim's `UPDATE`, each before its list of rows.
+#[cfg(feature = "outbox")]
+#[doc(hidden)]
+pub struct OutboxClaim {
+    choose: Stmt,
+    lock: String,
+    claim: String,
+}
+
+#[cfg(feature = "outbox")]
+impl super::outbox::ClaimBatch<MySql> for OutboxClaim {
+    fn claim<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        request: &'a super::outbox::BatchRequest<'a>,
+    ) -> crate::future::BoxFuture<'a, Result<Vec<sqlx::mysql::MySqlRow>, sqlx::Error>> {
+        Box::pin(async move {
+            use sqlx::Connection as _;
+            let args = request.args();
+            MySql::execute_text(conn, sqlx::SqlStr::from_static("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"))
+                .await?;
+            let mut tx = conn.begin().await?;
+            let chosen = MySql::fetch_all(&mut tx, self.choose.query::<MySql>(&args)).await?;
+            let mut rows = Vec::new();
+            if !chosen.is_empty() {
+                let list = seq_list(&chosen)?;
+                let lock = Stmt::new::<MySql>(&format!("{}({list}) FOR UPDATE SKIP LOCKED", self.lock));
+                rows = MySql::fetch_all(&mut tx, MySql::once(lock.query::<MySql>(&[]))).await?;
+            }
+            if !rows.is_empty() {
+                let update = Stmt::new::<MySql>(&format!("{}({})", self.claim, seq_list(&rows)?));
+                MySql::execute(&mut tx, MySql::once(update.query::<MySql>(&args[..2]))).await?;
+            }
+            tx.commit().await?;
+            Ok(rows)
+        })
+    }
+}
+
+/// The `seq`s (first column) of `rows`, as a list SQL takes.
+#[cfg(feature = "outbox")]
+fn seq_list(rows: &[sqlx::mysql::MySqlRow]) -> Result<String, sqlx::Error> {
+    let seqs = rows.iter().map(|row| MySql::int(row, 0).map(|seq| seq.to_string())).collect::<Result<Vec<_>, _>>()?;
+    Ok(seqs.join(", "))
+}

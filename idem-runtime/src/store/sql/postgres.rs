@@ -172,3 +172,72 @@ FROM {t} WHERE scope = $1 AND idem_key = $2 AND expires_at > clock_timestamp()
         left = Postgres::ms_until("lease_until"),
     )
 }
+
+#[cfg(feature = "outbox")]
+impl super::outbox::OutboxSql for Postgres {
+    type BatchClaim = Stmt;
+
+    /// The insert wakes the relays listening on the outbox's channel (its
+    /// name), on commit only: a rollback sends nothing. PostgreSQL folds a
+    /// transaction's equal notifications into one.
+    fn insert_sql(insert: &str, outbox: &str) -> String {
+        format!("WITH m AS ({insert} RETURNING seq) SELECT m.seq FROM m, (SELECT pg_notify('{outbox}', '')) AS n")
+    }
+
+    /// The candidates are locked as they are chosen, skipping those another
+    /// relay's claim holds (it is taking them); a row whose claim committed
+    /// meanwhile is checked again once locked, and left out.
+    fn claim_statements(o: &str, scopes: usize) -> Stmt {
+        use super::outbox::{candidates_sql, message_columns};
+        let candidates = candidates_sql::<Self>(o, "c.seq", scopes);
+        Stmt::new::<Self>(&format!(
+            "WITH c AS MATERIALIZED ({candidates} FOR UPDATE OF c SKIP LOCKED) \
+             UPDATE {o} AS m SET claimed_by = $1, claim_until = clock_timestamp() + $2::interval, \
+             attempts = m.attempts + 1 FROM c WHERE m.seq = c.seq RETURNING {}",
+            message_columns::<Self>("m.", "m.attempts")
+        ))
+    }
+
+    /// SKIP LOCKED: a purge never waits behind a relay's claim.
+    fn purge_sql(o: &str, condition: &str) -> String {
+        format!("DELETE FROM {o} WHERE seq IN (SELECT seq FROM {o} WHERE {condition} LIMIT $1 FOR UPDATE SKIP LOCKED)")
+    }
+
+    /// `LISTEN` on the outbox's channel, on a connection of the pool held
+    /// for it; a connection lost and found again, or a notification,
+    /// wakes the relay (which then finds whatever committed meanwhile).
+    fn wake_on_commit(
+        pool: &sqlx::PgPool,
+        outbox: &str,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let (pool, channel) = (pool.clone(), outbox.to_owned());
+        Some(tokio::spawn(async move {
+            loop {
+                match listen(&pool, &channel, &wake).await {
+                    Err(sqlx::Error::PoolClosed) => return,
+                    Err(e) => tracing::warn!(target: "idem", error = %e, channel,
+                        "outbox relay: LISTEN failed; polling until it is back"),
+                    Ok(()) => {}
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }))
+    }
+}
+
+/// Listen on `channel` until the connection fails for good, waking `wake`
+/// once listening (a message may have committed before) and on each
+/// notification.
+#[cfg(feature = "outbox")]
+async fn listen(pool: &sqlx::PgPool, channel: &str, wake: &tokio::sync::Notify) -> Result<(), sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    wake.notify_one();
+    loop {
+        // `None`: the connection was lost and is back; what committed in
+        // between was not heard.
+        listener.try_recv().await?;
+        wake.notify_one();
+    }
+}

@@ -9,12 +9,16 @@ use std::time::{Duration, Instant};
 use super::dialect::{Arg, Dialect};
 use super::{RECORD_TABLE, SqlBackend, classify, statements};
 use crate::error::Error;
+use crate::future::BoxFuture;
 use crate::key::Key;
 use crate::record::DedupRecord;
 use crate::table::RecordTable;
 
-/// Create idem's record table if it does not exist yet: the record table of
-/// the installed [`Stores`](crate::Stores) (`idem_records` by default).
+/// Create idem's tables if they do not exist yet: the record table of the
+/// installed [`Stores`](crate::Stores) (`idem_records` by default), its
+/// archive, and the outbox beside it (`idem_outbox`, see
+/// [`RecordTable::outbox`]; created whether or not the feature `outbox` is
+/// on, so that every build of a service runs the same migrations).
 ///
 /// Idempotent and safe to run from several processes at once; call it at
 /// start-up. If you run your own migrations, apply the SQL in
@@ -154,6 +158,29 @@ pub struct PurgeReport {
 pub async fn purge_expired<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: PurgeOptions) -> Result<PurgeReport, Error> {
     let scope = options.scope.as_deref().map(crate::key::stored_scope);
     let purge = PurgeBatch::new(&statements::<DB>().table, scope.as_deref(), &options)?;
+    in_batches::<DB>(pool, &options, &purge).await
+}
+
+/// One batch of a purge, run by [`in_batches`].
+pub(crate) trait Batch<DB: SqlBackend>: Sync {
+    /// Delete at most a batch of rows: how many went.
+    fn run<'c>(&'c self, conn: &'c mut DB::Connection) -> BoxFuture<'c, Result<u64, Error>>;
+}
+
+impl<DB: SqlBackend> Batch<DB> for PurgeBatch<'_> {
+    fn run<'c>(&'c self, conn: &'c mut DB::Connection) -> BoxFuture<'c, Result<u64, Error>> {
+        Box::pin(batch::<DB>(conn, self))
+    }
+}
+
+/// Run `batch` (which deletes at most `options.batch_size` rows: how many)
+/// until it deletes fewer, or `options.max_batches` ran, pausing between
+/// batches as `options` say, on one connection of `pool`.
+pub(crate) async fn in_batches<DB: SqlBackend>(
+    pool: &sqlx::Pool<DB>,
+    options: &PurgeOptions,
+    batch: &impl Batch<DB>,
+) -> Result<PurgeReport, Error> {
     let mut report = PurgeReport::default();
     let mut conn = pool.acquire().await?;
     loop {
@@ -161,13 +188,13 @@ pub async fn purge_expired<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: Purge
             break;
         }
         let started = Instant::now();
-        let n = batch::<DB>(&mut conn, &purge).await?;
+        let n = batch.run(&mut conn).await?;
         if n == 0 {
             break;
         }
         report.deleted += n;
         report.batches += 1;
-        if n < u64::from(purge.batch) {
+        if n < u64::from(options.batch_size.max(1)) {
             break;
         }
         let pause = options.pause.saturating_add(started.elapsed().saturating_mul(options.pause_factor));

@@ -163,3 +163,24 @@ fn lease_claim_sql(t: &RecordTable) -> String {
          OR {t}.fingerprint = excluded.fingerprint)) RETURNING fence"
     )
 }
+
+/// One statement: with one writer at a time, nothing comes between the
+/// choice and the claim, and no lock outlives it.
+#[cfg(feature = "outbox")]
+impl super::outbox::OutboxSql for Sqlite {
+    type BatchClaim = Stmt;
+
+    fn claim_statements(o: &str, scopes: usize) -> Stmt {
+        use super::outbox::{candidates_sql, message_columns};
+        let candidates = candidates_sql::<Self>(o, "c.seq", scopes);
+        Stmt::new::<Self>(&format!(
+            "UPDATE {o} SET claimed_by = $1, claim_until = {NOW_MS} + $2, attempts = attempts + 1 \
+             WHERE seq IN ({candidates}) RETURNING {}",
+            message_columns::<Self>("", "attempts")
+        ))
+    }
+
+    fn purge_sql(o: &str, condition: &str) -> String {
+        format!("DELETE FROM {o} WHERE seq IN (SELECT seq FROM {o} WHERE {condition} LIMIT $1)")
+    }
+}

@@ -1,0 +1,31 @@
+//! The transactional outbox (feature `outbox`): the user-facing
+//! documentation is the `idem` crate's `outbox` module; this is the runtime
+//! behind it.
+//!
+//! - `publish`: [`Outbox`], the handle a guarded body publishes through
+//!   (from a call's ticket, or a step's key), into the outbox table in the
+//!   body's transaction;
+//! - `publisher`: [`Publisher`], what the relay hands messages to, and
+//!   [`PublishError`];
+//! - `in_process`: [`InProcess`], a broker inside the process;
+//! - `relay`: [`Relay`], which claims, publishes and marks.
+//!
+//! The table's statements and the operator's functions
+//! ([`list_messages`], [`find_message`], [`resend`], [`resend_all`],
+//! [`oldest_pending`], [`purge_sent`]) are `store/sql`'s (`outbox.rs`,
+//! `outbox_admin.rs`), with the message's types.
+
+mod in_process;
+mod publish;
+mod publisher;
+mod relay;
+
+pub use in_process::InProcess;
+pub use publish::{DEFAULT_MAX_PAYLOAD, MAX_TOPIC, Outbox};
+pub use publisher::{PublishError, Publisher};
+pub use relay::{Relay, RelayHandle, RelayReport};
+
+pub use crate::store::sql::outbox::{Message, MessageId};
+pub use crate::store::sql::outbox_admin::{
+    Entry, MessageQuery, MessageState, find_message, list_messages, oldest_pending, purge_sent, resend, resend_all,
+};
