@@ -197,6 +197,7 @@ pub mod sql {
 #[cfg(feature = "outbox")]
 pub mod outbox {
     #![doc = include_str!("../docs/outbox.md")]
+    #![doc = links!()]
     pub use idem_runtime::outbox::{
         DEFAULT_MAX_PAYLOAD, Entry, InProcess, MAX_TOPIC, Message, MessageId, MessageQuery, MessageState, Outbox,
         PublishError, Publisher, Relay, RelayHandle, RelayReport, find_message, list_messages, oldest_pending,

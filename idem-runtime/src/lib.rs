@@ -28,7 +28,7 @@
 //!   record table of SQL records with its statements;
 //! - `batch`: a broker's batch, each message under its own dedup guard
 //!   (feature `sql`);
-//! - [`outbox`]: messages a guarded body publishes in its transaction, and
+//! - `outbox`: messages a guarded body publishes in its transaction, and
 //!   the relay that hands them to a broker after the commit (feature
 //!   `outbox`); its table's SQL is `store/sql/outbox.rs`'s;
 //! - `http`: the `Idempotency-Key` layer (feature `http`); `grpc`: the
