@@ -19,8 +19,7 @@ pub(crate) enum Renewal<R> {
     /// handle that outlives the call ([`LeaseStore::shared`](crate::lease::LeaseStore::shared)).
     Detached(DetachedRenew),
     /// Polled with the body, in its task: a body that blocks its thread
-    /// stops it (a store of the user's own that gives no shared handle, and
-    /// locks).
+    /// stops it (a store of the user's own that gives no shared handle).
     InTask(R),
 }
 
