@@ -391,6 +391,12 @@ fn decode(id: &RecordId, value: Vec<u8>, pttl: i64, now_ms: i64) -> Option<Recor
         return None;
     }
     record.created_at_ms = claimed_at_ms(record.fence, now_ms);
+    // The update time is reckoned from a TTL Redis truncates to the
+    // millisecond, the claim time from its clock in microseconds: a lease
+    // granted at the claim can read as a millisecond before it.
+    if let (Some(created), Some(updated)) = (record.created_at_ms, record.updated_at_ms) {
+        record.updated_at_ms = Some(updated.max(created));
+    }
     Some(record)
 }
 
@@ -462,6 +468,11 @@ mod tests {
         let done = format!("D{}1700000000123456:2000:o|7", "a".repeat(64));
         let r = decode(&id, done.into_bytes(), 1500, now_ms).unwrap();
         assert_eq!((r.created_at_ms, r.updated_at_ms), (Some(1_700_000_000_123), None));
+        // A TTL truncated to the millisecond puts the grant a millisecond
+        // before the claim; a record is never updated before it was made.
+        let fresh = format!("P1700000005123456.3000:o|1000:2000:{}", ".".repeat(64));
+        let r = decode(&id, fresh.into_bytes(), 2999, now_ms).unwrap();
+        assert_eq!((r.created_at_ms, r.updated_at_ms), (Some(now_ms), Some(now_ms)));
         // A fence that is no clock reading gives no time.
         let small = format!("P17.3000:o|1000:2000:{}", ".".repeat(64));
         assert_eq!(decode(&id, small.into_bytes(), 1500, now_ms).unwrap().created_at_ms, None);
