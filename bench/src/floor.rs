@@ -12,6 +12,10 @@
 //! on MariaDB `mariadb-slap` or `mysqlslap` (`bench/slap/`: the same
 //! statements, prepared once per connection by a compound statement, and
 //! executed as `EXECUTE ... USING`).
+//!
+//! `--scenario outbox` runs the same clients with another pair of scripts
+//! ([`Pair::Outbox`]): the dedup guard with one outbox message
+//! (`outbox.sql`) against the guard alone (`guard.sql`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,12 +30,54 @@ const PG_UNGUARDED: &str = include_str!("../pgbench/unguarded.sql");
 const SLAP_ONE_WRITE: &str = include_str!("../slap/one_write.sql");
 const SLAP_UNGUARDED: &str = include_str!("../slap/unguarded.sql");
 const SLAP_PREPARE: &str = include_str!("../slap/prepare.sql");
+const PG_GUARD: &str = include_str!("../pgbench/guard.sql");
+const PG_OUTBOX: &str = include_str!("../pgbench/outbox.sql");
+const SLAP_GUARD: &str = include_str!("../slap/guard.sql");
+const SLAP_OUTBOX: &str = include_str!("../slap/outbox.sql");
+const SLAP_PREPARE_OUTBOX: &str = include_str!("../slap/prepare_outbox.sql");
 
 /// Which of the two scripts a slice runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Script {
+    /// The guard's statements (`one_write.sql`, `outbox.sql`).
+    Guarded,
+    /// What it is compared with (`unguarded.sql`, `guard.sql`).
+    Control,
+}
+
+/// The two scripts a floor runs: the measured mode's statements, and its
+/// control's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pair {
+    /// `one_write.sql` against `unguarded.sql` (`--scenario dedup`).
     OneWrite,
-    Unguarded,
+    /// `outbox.sql` against `guard.sql` (`--scenario outbox`).
+    Outbox,
+}
+
+impl Pair {
+    /// The scripts' names in the report: (guarded, control).
+    pub(crate) fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Pair::OneWrite => ("one_write", "unguarded"),
+            Pair::Outbox => ("outbox", "guard"),
+        }
+    }
+
+    fn pgbench(self) -> (&'static str, &'static str) {
+        match self {
+            Pair::OneWrite => (PG_ONE_WRITE, PG_UNGUARDED),
+            Pair::Outbox => (PG_OUTBOX, PG_GUARD),
+        }
+    }
+
+    /// The scripts, and the statements they execute, prepared at connect.
+    fn slap(self) -> ((&'static str, &'static str), &'static str) {
+        match self {
+            Pair::OneWrite => ((SLAP_ONE_WRITE, SLAP_UNGUARDED), SLAP_PREPARE),
+            Pair::Outbox => ((SLAP_OUTBOX, SLAP_GUARD), SLAP_PREPARE_OUTBOX),
+        }
+    }
 }
 
 /// pgbench's threads (`-j`): the two cores of the machine the figures come from.
@@ -39,7 +85,7 @@ const THREADS: usize = 2;
 
 /// The control beside the `one_write` mode.
 pub(crate) enum FloorControl {
-    /// Not `--scenario dedup` on PostgreSQL or MySQL/MariaDB.
+    /// Not `--scenario dedup` or `outbox` on PostgreSQL or MySQL/MariaDB.
     NotHere,
     /// `dedup`, but no floor (`vs_floor=na floor=<why>`): no C client on
     /// `PATH`, a URL the client would read otherwise than sqlx, or the client
@@ -59,7 +105,7 @@ enum Client {
 
 impl FloorControl {
     /// The control for loadgen's PostgreSQL `url`.
-    pub(crate) fn pgbench(url: &str, clients: usize) -> Result<FloorControl, BoxError> {
+    pub(crate) fn pgbench(url: &str, clients: usize, pair: Pair) -> Result<FloorControl, BoxError> {
         let Some(program) = find(&["pgbench"]) else {
             return Ok(FloorControl::Na("no_pgbench_on_path"));
         };
@@ -73,11 +119,11 @@ impl FloorControl {
             return Ok(FloorControl::Na("url_not_libpq"));
         }
         let client = Client::Pgbench { url: url.to_owned() };
-        Ok(FloorControl::Client(Floor::new(program, client, clients, (PG_ONE_WRITE, PG_UNGUARDED))?))
+        Ok(FloorControl::Client(Floor::new(program, client, clients, pair, pair.pgbench())?))
     }
 
     /// The control for loadgen's MySQL/MariaDB `url`.
-    pub(crate) fn slap(url: &str, clients: usize) -> Result<FloorControl, BoxError> {
+    pub(crate) fn slap(url: &str, clients: usize, pair: Pair) -> Result<FloorControl, BoxError> {
         let Some(program) = find(&["mariadb-slap", "mysqlslap"]) else {
             return Ok(FloorControl::Na("no_mariadb_slap_on_path"));
         };
@@ -88,7 +134,8 @@ impl FloorControl {
             None => args.extend([format!("--host={}", options.get_host()), format!("--port={}", options.get_port())]),
         }
         args.push(format!("--create-schema={}", options.get_database().unwrap_or("test")));
-        args.push(format!("--init-command=BEGIN NOT ATOMIC {} END", statements(SLAP_PREPARE).join(" ")));
+        let (scripts, prepare) = pair.slap();
+        args.push(format!("--init-command=BEGIN NOT ATOMIC {} END", statements(prepare).join(" ")));
         // The password as the URL has it; sqlx's options keep it to
         // themselves. One that is percent-encoded is refused, not guessed.
         let userinfo = url.split_once("://").and_then(|(_, rest)| rest.split('/').next()?.rsplit_once('@'));
@@ -98,8 +145,7 @@ impl FloorControl {
             return Ok(FloorControl::Na("url_password_encoded"));
         }
         let client = Client::Slap { args, password };
-        let scripts = (SLAP_ONE_WRITE, SLAP_UNGUARDED);
-        Ok(FloorControl::Client(Floor::new(program, client, clients, scripts)?))
+        Ok(FloorControl::Client(Floor::new(program, client, clients, pair, scripts)?))
     }
 }
 
@@ -107,13 +153,15 @@ impl FloorControl {
 pub(crate) struct Floor {
     program: PathBuf,
     client: Client,
-    one_write: ScriptFile,
-    unguarded: ScriptFile,
+    pub(crate) pair: Pair,
+    guarded: ScriptFile,
+    control: ScriptFile,
     clients: usize,
-    /// Throughput of each measured `one_write` slice, in run order (one per round).
+    /// Throughput of each measured slice of the guarded script
+    /// (`one_write`, `outbox`), in run order (one per round).
     pub(crate) slice_tps: Vec<f64>,
-    /// The same of `unguarded`.
-    pub(crate) unguarded_tps: Vec<f64>,
+    /// The same of the control script (`unguarded`, `guard`).
+    pub(crate) control_tps: Vec<f64>,
 }
 
 /// A script in its temporary file.
@@ -149,7 +197,8 @@ impl Floor {
         program: PathBuf,
         client: Client,
         clients: usize,
-        (one_write, unguarded): (&str, &str),
+        pair: Pair,
+        (guarded, control): (&str, &str),
     ) -> Result<Floor, BoxError> {
         let slap = matches!(client, Client::Slap { .. });
         let file = |name: &str, text: &str| -> Result<ScriptFile, BoxError> {
@@ -159,14 +208,16 @@ impl Floor {
             std::fs::write(&path, text)?;
             Ok(ScriptFile { path, statements, tps: 0.0 })
         };
+        let (guarded_name, control_name) = pair.names();
         Ok(Floor {
             program,
             client,
-            one_write: file("one_write", one_write)?,
-            unguarded: file("unguarded", unguarded)?,
+            pair,
+            guarded: file(guarded_name, guarded)?,
+            control: file(control_name, control)?,
             clients,
             slice_tps: Vec::new(),
-            unguarded_tps: Vec::new(),
+            control_tps: Vec::new(),
         })
     }
 
@@ -199,8 +250,8 @@ impl Floor {
     pub(crate) async fn slice(&mut self, script: Script, length: Duration, prefix: &str) -> Result<f64, BoxError> {
         let clients = self.clients;
         let file = match script {
-            Script::OneWrite => &mut self.one_write,
-            Script::Unguarded => &mut self.unguarded,
+            Script::Guarded => &mut self.guarded,
+            Script::Control => &mut self.control,
         };
         let mut command = Command::new(&self.program);
         let transactions = match &self.client {
@@ -262,7 +313,7 @@ impl Floor {
 
 impl Drop for Floor {
     fn drop(&mut self) {
-        std::fs::remove_file(&self.one_write.path).ok();
-        std::fs::remove_file(&self.unguarded.path).ok();
+        std::fs::remove_file(&self.guarded.path).ok();
+        std::fs::remove_file(&self.control.path).ok();
     }
 }

@@ -34,6 +34,16 @@
 //! - `handwritten`: the same by hand: the compare-and-set with its row count
 //!   checked (and for `dedup+state` the claim INSERT and the response UPDATE).
 //!
+//! Scenario `outbox`: the `dedup` scenario's `unguarded` and `guarded`
+//! modes, and `outbox`: `guarded` whose body also publishes one message
+//! through the outbox (`outbox = "outbox"`, one row written in the same
+//! transaction; no relay runs, so the figure is the write's cost alone).
+//! `outbox_ratio` is `outbox` against `guarded`; beside them pgbench or the
+//! slap sends the same statements (`outbox.sql` against `guard.sql`,
+//! `floor_ratio`: what the server charges the message's insert).
+//! `--scenario relay` and `--scenario outbox-latency` measure the relay:
+//! see `outbox_bench`.
+//!
 //! Scenarios `lease`, `token` and `lock` measure a guard with an empty body
 //! on its own store (memory by default, or `--redis-url`): see
 //! `lease_bench` and `token_bench`. Scenario `steps` measures a lease body
@@ -78,6 +88,7 @@ mod errors;
 mod floor;
 mod lease_bench;
 mod mq_bench;
+mod outbox_bench;
 mod rtt_proxy;
 mod steps_bench;
 mod token_bench;
@@ -90,7 +101,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use common::{AppError, BoxError, OrderStatus, Shop, Store};
 use errors::Errors;
-use floor::{Floor, FloorControl, Script};
+use floor::{Floor, FloorControl, Pair, Script};
 use idem::idempotent;
 use sqlx::{MySql, Postgres, Sqlite, Transaction};
 
@@ -115,6 +126,16 @@ enum Scenario {
     /// What a duplicate waiting for the first call adds after it completes
     /// (memory; --database-url; --redis-url with and without notices).
     Wait,
+    /// A dedup guard whose body publishes one outbox message, against the
+    /// same guard without it.
+    Outbox,
+    /// The relay's throughput against the broker's own confirmed publishing
+    /// (--amqp-url or --nats-url; in-process by default).
+    Relay,
+    /// From a publishing transaction's commit to the broker, with the relay
+    /// woken on commit (PostgreSQL `LISTEN`) and polling.
+    #[value(name = "outbox-latency")]
+    OutboxLatency,
 }
 
 impl Scenario {
@@ -129,6 +150,9 @@ impl Scenario {
             Scenario::Lock => "lock",
             Scenario::Mq => "mq",
             Scenario::Wait => "wait",
+            Scenario::Outbox => "outbox",
+            Scenario::Relay => "relay",
+            Scenario::OutboxLatency => "outbox-latency",
         }
     }
 
@@ -138,7 +162,15 @@ impl Scenario {
                 &[Mode::Unguarded, Mode::Guarded, Mode::GuardedAfter, Mode::Handwritten, Mode::ZeroRt, Mode::OneWrite]
             }
             Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
-            Scenario::Lease | Scenario::Steps | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait => &[],
+            Scenario::Outbox => &[Mode::Unguarded, Mode::Guarded, Mode::Outbox],
+            Scenario::Lease
+            | Scenario::Steps
+            | Scenario::Token
+            | Scenario::Lock
+            | Scenario::Mq
+            | Scenario::Wait
+            | Scenario::Relay
+            | Scenario::OutboxLatency => &[],
         }
     }
 }
@@ -217,6 +249,18 @@ struct Args {
     /// `migrate` would create it again).
     #[arg(long)]
     skip_migrate: bool,
+    /// `relay`: messages relayed per side and round.
+    #[arg(long, default_value_t = 20_000)]
+    messages: usize,
+    /// `relay`: the messages' keys (a key's messages go out in order, one a round).
+    #[arg(long, default_value_t = 1_000)]
+    keys: usize,
+    /// `relay`: relay to this RabbitMQ, beside publishing to it directly.
+    #[arg(long)]
+    amqp_url: Option<String>,
+    /// `relay`: relay to this NATS JetStream, beside publishing to it directly.
+    #[arg(long)]
+    nats_url: Option<String>,
 }
 
 /// `--added-rtt-us`: what was asked, and what a ping gained through the proxy.
@@ -237,6 +281,8 @@ enum Mode {
     /// `guarded` on an `idem::Tx` with `claim = "commit"` (the record with
     /// its response in the text of COMMIT).
     OneWrite,
+    /// `guarded`, publishing one message through the outbox.
+    Outbox,
 }
 
 /// The business change, shared by the modes.
@@ -270,6 +316,24 @@ where
     DB::Connection: Send,
 {
     Ok(business::<DB>(&mut **tx, trade_no, user_id).await?)
+}
+
+/// `guarded`, and one message for another service, in the same transaction.
+#[idempotent(key = "trade_no", scope = "loadgen.outbox", retention = "1h", outbox = "outbox")]
+async fn guarded_outbox<DB: Shop>(tx: &mut Transaction<'_, DB>, trade_no: &str, user_id: i64) -> Result<i64, AppError>
+where
+    DB::Connection: Send,
+{
+    let coupon = business::<DB>(tx, trade_no, user_id).await?;
+    outbox.publish_json(tx, "coupons.granted", &CouponGranted { trade_no, coupon }).await?;
+    Ok(coupon)
+}
+
+/// The message `guarded_outbox` publishes.
+#[derive(serde::Serialize)]
+struct CouponGranted<'a> {
+    trade_no: &'a str,
+    coupon: i64,
 }
 
 #[idempotent(key = "trade_no", scope = "loadgen.dedup_after", retention = "1h", claim = "after")]
@@ -352,15 +416,19 @@ fn set_status_sql(from: Option<i64>, (a, b): (&str, &str)) -> sqlx::AssertSqlSaf
     })
 }
 
+/// The messages of `--scenario outbox` (its mode's, pgbench's, the slap's).
+const OUTBOX_RESET: &str = "DELETE FROM idem_outbox WHERE scope IN ('loadgen.outbox', 'pgbench.outbox', 'slap.outbox')";
+
 const RESET: &str = "DELETE FROM idem_records WHERE scope IN \
                        ('loadgen.dedup', 'loadgen.dedup_after', 'loadgen.dedup_zero_rt', 'loadgen.dedup_one_write', \
-                        'loadgen.dedup_state', 'loadgen.hand'); \
+                        'loadgen.dedup_state', 'loadgen.hand', 'loadgen.outbox'); \
                      DELETE FROM shop_coupons WHERE trade_no LIKE 'L%'; \
                      DELETE FROM shop_orders WHERE trade_no LIKE 'L%'";
 
 impl Handwritten for Postgres {
     async fn reset(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
+        sqlx::raw_sql(OUTBOX_RESET).execute(pool).await?;
         // pgbench's rows too (the `vs_floor` slices', bench/pgbench/run.sh's),
         // as bench/pgbench/setup.sql removes them: both clients start from
         // the same tables.
@@ -428,6 +496,7 @@ impl Handwritten for Postgres {
 impl Handwritten for MySql {
     async fn reset(pool: &sqlx::MySqlPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
+        sqlx::raw_sql(OUTBOX_RESET).execute(pool).await?;
         // The slap's rows too (the `vs_floor` slices'): both clients start
         // from the same tables.
         sqlx::raw_sql("DELETE FROM idem_records WHERE scope LIKE 'slap.%'; DELETE FROM shop_coupons WHERE trade_no REGEXP '^S[0-9]+$'")
@@ -477,6 +546,7 @@ impl Handwritten for MySql {
 impl Handwritten for Sqlite {
     async fn reset(pool: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
+        sqlx::raw_sql(OUTBOX_RESET).execute(pool).await?;
         Ok(())
     }
     async fn hand_claim(conn: &mut sqlx::SqliteConnection, key: &str) -> Result<bool, sqlx::Error> {
@@ -537,11 +607,14 @@ where
     let mut tx = pool.begin().await?;
     let paid = OrderStatus::Paid.code();
     match (scenario, mode) {
-        (Scenario::Dedup, Mode::Unguarded) => {
+        (Scenario::Dedup | Scenario::Outbox, Mode::Unguarded) => {
             business::<DB>(&mut tx, trade_no, user_id).await?;
         }
-        (Scenario::Dedup, Mode::Guarded) => {
+        (Scenario::Dedup | Scenario::Outbox, Mode::Guarded) => {
             guarded(&mut tx, trade_no, user_id).await?;
+        }
+        (_, Mode::Outbox) => {
+            guarded_outbox(&mut tx, trade_no, user_id).await?;
         }
         (_, Mode::GuardedAfter) => {
             guarded_after(&mut tx, trade_no, user_id).await?;
@@ -568,15 +641,15 @@ where
             guarded_dedup_state(&mut tx, trade_no, user_id).await?;
         }
         (_, Mode::ZeroRt | Mode::OneWrite) => unreachable!("an idem::Tx, above"),
-        (Scenario::Lease | Scenario::Steps | Scenario::Token | Scenario::Lock | Scenario::Mq | Scenario::Wait, _) => {
-            unreachable!("the lease, steps, token, lock, mq and wait scenarios run in their own modules")
-        }
         (Scenario::DedupState, Mode::Handwritten) => {
             if DB::hand_claim(&mut tx, trade_no).await? && hand_pay::<DB>(&mut tx, trade_no).await? {
                 let coupon = business::<DB>(&mut tx, trade_no, user_id).await?;
                 DB::hand_store(&mut tx, trade_no, &coupon.to_string()).await?;
             }
         }
+        // Not in `scenario.modes()`: the scenarios without modes run in
+        // modules of their own.
+        _ => unreachable!("{scenario:?} has no mode {mode:?}"),
     }
     tx.commit().await?;
     Ok(())
@@ -613,7 +686,7 @@ where
 {
     let Slice { scenario, mode, clients, length, run, best } = s;
     let mut prepared = u64::MAX;
-    if scenario != Scenario::Dedup {
+    if !matches!(scenario, Scenario::Dedup | Scenario::Outbox) {
         // The orders this slice will pay, created ahead (not timed), sized
         // by the run: twice what its fastest slice so far would pay in this
         // slice's length, and never fewer than 20,000. A count fixed ahead
@@ -740,8 +813,8 @@ where
     }
     if let FloorControl::Client(f) = floor
         && let Err(e) = async {
-            f.slice(Script::OneWrite, Duration::from_secs(1), &format!("P{run}-w-")).await?;
-            f.slice(Script::Unguarded, Duration::from_secs(1), &format!("U{run}-w-")).await
+            f.slice(Script::Guarded, Duration::from_secs(1), &format!("P{run}-w-")).await?;
+            f.slice(Script::Control, Duration::from_secs(1), &format!("U{run}-w-")).await
         }
         .await
     {
@@ -768,11 +841,11 @@ where
             let m = (i + round) % turns;
             if let (FloorControl::Client(floor), true) = (&mut *floor, m >= modes.len()) {
                 if m == modes.len() {
-                    let tps = floor.slice(Script::OneWrite, slice_len, &format!("P{run}-{round}-")).await?;
+                    let tps = floor.slice(Script::Guarded, slice_len, &format!("P{run}-{round}-")).await?;
                     floor.slice_tps.push(tps);
                 } else {
-                    let tps = floor.slice(Script::Unguarded, slice_len, &format!("U{run}-{round}-")).await?;
-                    floor.unguarded_tps.push(tps);
+                    let tps = floor.slice(Script::Control, slice_len, &format!("U{run}-{round}-")).await?;
+                    floor.control_tps.push(tps);
                 }
                 continue;
             }
@@ -787,8 +860,13 @@ where
     let index = |mode| modes.iter().position(|m| *m == mode);
     let tps = |mode| index(mode).map_or(0.0, |i| tallies[i].calls as f64 / tallies[i].busy.as_secs_f64());
     let (unguarded, guarded, handwritten) = (tps(Mode::Unguarded), tps(Mode::Guarded), tps(Mode::Handwritten));
-    let ratio = |a, b| median_ratio(&tallies[index(a).unwrap()], &tallies[index(b).unwrap()]);
+    let ratio = |a, b| match (index(a), index(b)) {
+        (Some(a), Some(b)) => median_ratio(&tallies[a], &tallies[b]),
+        _ => f64::NAN,
+    };
+    let outbox_ratio = index(Mode::Outbox).map(|_| ratio(Mode::Outbox, Mode::Guarded));
     let (ratio, vs_handwritten) = (ratio(Mode::Guarded, Mode::Unguarded), ratio(Mode::Guarded, Mode::Handwritten));
+    let outbox = tps(Mode::Outbox);
     let after_ratio = index(Mode::GuardedAfter).map(|i| median_ratio(&tallies[i], &tallies[0]));
     let after = tps(Mode::GuardedAfter);
     let zero_rt = tps(Mode::ZeroRt);
@@ -807,15 +885,23 @@ where
     let (after_p50, after_p99) = percentiles(Mode::GuardedAfter);
     let (zero_rt_p50, zero_rt_p99) = percentiles(Mode::ZeroRt);
     let (one_write_p50, one_write_p99) = percentiles(Mode::OneWrite);
+    let (outbox_p50, outbox_p99) = percentiles(Mode::Outbox);
     let name = scenario.name();
+    // The outbox scenario has no hand-written mode.
+    let (hand_text, hand_fields) = match index(Mode::Handwritten) {
+        Some(_) => (
+            format!(", hand-written guard {handwritten:.0} tx/s"),
+            format!(" handwritten_tps={handwritten:.0} vs_handwritten={vs_handwritten:.3}"),
+        ),
+        None => (String::new(), String::new()),
+    };
     println!(
-        "{name}: unguarded {unguarded:.0} tx/s, guarded {guarded:.0} tx/s, hand-written guard {handwritten:.0} tx/s \
-         ({clients} clients, {} s)",
+        "{name}: unguarded {unguarded:.0} tx/s, guarded {guarded:.0} tx/s{hand_text} ({clients} clients, {} s)",
         args.seconds
     );
     let mut line = format!(
-        "scenario={name} store={store} clients={clients} guarded_tps={guarded:.0} unguarded_tps={unguarded:.0} \
-         handwritten_tps={handwritten:.0} ratio={ratio:.3} vs_handwritten={vs_handwritten:.3} p50_us={p50} p99_us={p99}"
+        "scenario={name} store={store} clients={clients} guarded_tps={guarded:.0} unguarded_tps={unguarded:.0}\
+         {hand_fields} ratio={ratio:.3} p50_us={p50} p99_us={p99}"
     );
     if let Some(after_ratio) = after_ratio {
         println!("guarded with claim=after: {after:.0} tx/s");
@@ -844,19 +930,30 @@ where
              one_write_p99_us={one_write_p99}"
         ));
     }
+    if let Some(outbox_ratio) = outbox_ratio {
+        println!(
+            "guarded with one outbox message: {outbox:.0} tx/s, {outbox_ratio:.3} of guarded without it \
+             (median of per-round ratios), p50 {outbox_p50} us, p99 {outbox_p99} us"
+        );
+        line.push_str(&format!(
+            " outbox_tps={outbox:.0} outbox_ratio={outbox_ratio:.3} outbox_p50_us={outbox_p50} outbox_p99_us={outbox_p99}"
+        ));
+    }
     match floor {
         FloorControl::Client(floor) => {
             let floor_tps = floor.slice_tps.iter().sum::<f64>() / floor.slice_tps.len().max(1) as f64;
-            let vs_floor =
-                index(Mode::OneWrite).map_or(f64::NAN, |i| median_of_ratios(&tallies[i].slice_tps, &floor.slice_tps));
-            let floor_ratio = median_of_ratios(&floor.slice_tps, &floor.unguarded_tps);
+            let (measured, control) = floor.pair.names();
+            let mode = if floor.pair == Pair::Outbox { Mode::Outbox } else { Mode::OneWrite };
+            let vs_floor = index(mode).map_or(f64::NAN, |i| median_of_ratios(&tallies[i].slice_tps, &floor.slice_tps));
+            let floor_ratio = median_of_ratios(&floor.slice_tps, &floor.control_tps);
             let seconds = Floor::whole_seconds(slice_len);
             let (client, scripts) = (floor.name(), floor.scripts());
+            let allows = if floor.pair == Pair::Outbox { "outbox_ratio" } else { "ratio_one_write" };
             println!(
-                "{client} sending one_write's statements ({scripts}/one_write.sql, {seconds} s slices): \
-                 {floor_tps:.0} tx/s; one_write {vs_floor:.3} of it (median of per-round ratios); \
-                 {floor_ratio:.3} of {client} sending unguarded's ({scripts}/unguarded.sql): \
-                 what the server allows ratio_one_write"
+                "{client} sending {measured}'s statements ({scripts}/{measured}.sql, {seconds} s slices): \
+                 {floor_tps:.0} tx/s; {measured} {vs_floor:.3} of it (median of per-round ratios); \
+                 {floor_ratio:.3} of {client} sending {control}'s ({scripts}/{control}.sql): \
+                 what the server allows {allows}"
             );
             line.push_str(&format!(
                 " vs_floor={vs_floor:.3} floor_ratio={floor_ratio:.3} floor_tps={floor_tps:.0} floor_slice_s={seconds} \
@@ -880,6 +977,10 @@ where
         line.push_str(&format!(" purged={deleted} purge_batches={batches} purge_s={secs:.1}"));
     }
     println!("{line}");
+    if scenario == Scenario::Outbox {
+        // No relay ran: leave no pending messages in a shared outbox.
+        DB::reset(pool).await?;
+    }
     Ok(())
 }
 
@@ -958,6 +1059,25 @@ async fn main() -> Result<(), BoxError> {
         let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
         return wait_bench::run(db, redis, args.clients, args.rounds).await;
     }
+    if matches!(args.scenario, Scenario::Relay | Scenario::OutboxLatency) {
+        let store = Store::connect(args.database_url.as_deref(), args.clients as u32 + 4).await?;
+        let options = outbox_bench::Options {
+            clients: args.clients,
+            seconds: args.seconds,
+            messages: args.messages,
+            keys: args.keys,
+            amqp_url: args.amqp_url.clone(),
+            nats_url: args.nats_url.clone(),
+        };
+        let latency = args.scenario == Scenario::OutboxLatency;
+        let done = match &store {
+            Store::Sqlite(pool, _) => outbox_bench::run(store.name(), pool, &options, latency).await,
+            Store::Postgres(pool) => outbox_bench::run(store.name(), pool, &options, latency).await,
+            Store::MySql(pool) => outbox_bench::run(store.name(), pool, &options, latency).await,
+        };
+        store.close().await;
+        return done;
+    }
     if args.scenario == Scenario::Mq {
         let (db, redis) = (args.database_url.as_deref(), args.redis_url.as_deref());
         return mq_bench::run(db, redis, args.clients, args.seconds, args.rounds).await;
@@ -982,8 +1102,14 @@ async fn main() -> Result<(), BoxError> {
     let store = Store::connect(url.as_deref(), args.clients as u32 + 2).await?;
     let mut floor = FloorControl::NotHere;
     match (&store, args.scenario, url.as_deref()) {
-        (Store::Postgres(_), Scenario::Dedup, Some(url)) => floor = FloorControl::pgbench(url, args.clients)?,
-        (Store::MySql(_), Scenario::Dedup, Some(url)) => floor = FloorControl::slap(url, args.clients)?,
+        (Store::Postgres(_), Scenario::Dedup, Some(url)) => {
+            floor = FloorControl::pgbench(url, args.clients, Pair::OneWrite)?
+        }
+        (Store::MySql(_), Scenario::Dedup, Some(url)) => floor = FloorControl::slap(url, args.clients, Pair::OneWrite)?,
+        (Store::Postgres(_), Scenario::Outbox, Some(url)) => {
+            floor = FloorControl::pgbench(url, args.clients, Pair::Outbox)?
+        }
+        (Store::MySql(_), Scenario::Outbox, Some(url)) => floor = FloorControl::slap(url, args.clients, Pair::Outbox)?,
         _ => {}
     }
     match &store {

@@ -47,6 +47,7 @@ pub struct Relay<DB: SqlBackend> {
     max_attempts: u32,
     claim_lease: Duration,
     max_in_flight: usize,
+    listen: bool,
     claim: OnceLock<DB::BatchClaim>,
 }
 
@@ -101,6 +102,7 @@ impl<DB: SqlBackend> Relay<DB> {
             max_attempts: 20,
             claim_lease: Duration::from_secs(30),
             max_in_flight: 32,
+            listen: true,
             claim: OnceLock::new(),
         }
     }
@@ -148,6 +150,15 @@ impl<DB: SqlBackend> Relay<DB> {
     /// Publish at most `n` messages of a round at once (at least 1).
     pub fn max_in_flight(mut self, n: usize) -> Relay<DB> {
         self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Whether a started relay listens for commits on PostgreSQL (default:
+    /// yes, on a connection of its pool held for it). Off, it polls only,
+    /// as on the other databases: one connection fewer, a commit waits up
+    /// to `poll_interval`.
+    pub fn listen(mut self, listen: bool) -> Relay<DB> {
+        self.listen = listen;
         self
     }
 
@@ -230,7 +241,7 @@ impl<DB: SqlBackend> Relay<DB> {
     {
         let relay = Arc::new(self);
         let wake = Arc::new(tokio::sync::Notify::new());
-        let listener = DB::wake_on_commit(&relay.pool, relay.outbox(), wake.clone());
+        let listener = if relay.listen { DB::wake_on_commit(&relay.pool, relay.outbox(), wake.clone()) } else { None };
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move { relay.run(wake, stopped).await });
         RelayHandle { stop, task: Some(task), listener }
@@ -303,6 +314,7 @@ impl<DB: SqlBackend> std::fmt::Debug for Relay<DB> {
             .field("max_attempts", &self.max_attempts)
             .field("claim_lease", &self.claim_lease)
             .field("max_in_flight", &self.max_in_flight)
+            .field("listen", &self.listen)
             .finish_non_exhaustive()
     }
 }
