@@ -22,7 +22,9 @@ use futures_util::StreamExt as _;
 use super::publisher::{PublishError, Publisher};
 use crate::error::Error;
 use crate::store::sql::SqlBackend;
-use crate::store::sql::outbox::{BatchRequest, Message, OutboxSql, claim, mark_sent, release, settle};
+use crate::store::sql::outbox::{
+    BatchRequest, HOT_FOR, HOT_POLL, Message, OutboxSql, claim, mark_sent, release, settle,
+};
 
 /// Takes the outbox's messages to a broker: a task a service starts
 /// ([`start`](Self::start)), or rounds run one at a time
@@ -242,22 +244,43 @@ impl<DB: SqlBackend> Relay<DB> {
         let relay = Arc::new(self);
         let wake = Arc::new(tokio::sync::Notify::new());
         let listener = if relay.listen { DB::wake_on_commit(&relay.pool, relay.outbox(), wake.clone()) } else { None };
+        let listening = listener.is_some();
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(async move { relay.run(wake, stopped).await });
+        let task = tokio::spawn(async move { relay.run(wake, listening, stopped).await });
         RelayHandle { stop, task: Some(task), listener }
     }
 
-    async fn run(&self, wake: Arc<tokio::sync::Notify>, mut stopped: tokio::sync::watch::Receiver<bool>) {
+    /// Rounds until stopped. `listening`: commits wake it; then, for
+    /// [`HOT_FOR`] after a wake or a round that found messages, it looks
+    /// again every [`HOT_POLL`] (a process notifies at most once per
+    /// [`WAKE_EVERY`](crate::store::sql::outbox::WAKE_EVERY), so a message
+    /// committed just after another may not wake it).
+    async fn run(
+        &self,
+        wake: Arc<tokio::sync::Notify>,
+        listening: bool,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut hot_until = None;
         while !*stopped.borrow() {
             match self.run_once().await {
-                Ok(round) if round.sent > 0 => continue,
+                Ok(round) if round.claimed > 0 => {
+                    hot_until = listening.then(|| Instant::now() + HOT_FOR);
+                    if round.sent > 0 {
+                        continue;
+                    }
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(target: "idem", error = %e, publisher = self.publisher.kind(),
                     "outbox relay: a round failed; trying again after the poll interval"),
             }
+            let pause = match hot_until {
+                Some(until) if Instant::now() < until => HOT_POLL.min(self.poll_interval),
+                _ => self.poll_interval,
+            };
             tokio::select! {
-                () = wake.notified() => {}
-                () = tokio::time::sleep(self.poll_interval) => {}
+                () = wake.notified() => hot_until = Some(Instant::now() + HOT_FOR),
+                () = tokio::time::sleep(pause) => {}
                 _ = stopped.changed() => {}
             }
         }

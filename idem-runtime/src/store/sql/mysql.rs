@@ -251,7 +251,7 @@ impl super::outbox::OutboxSql for MySql {
 
     /// No `RETURNING` on MySQL's `INSERT`: the row's `seq` is its
     /// `AUTO_INCREMENT` value.
-    fn insert_sql(insert: &str, _: &str) -> String {
+    fn insert_sql(insert: &str) -> String {
         insert.to_owned()
     }
 

@@ -177,11 +177,11 @@ FROM {t} WHERE scope = $1 AND idem_key = $2 AND expires_at > clock_timestamp()
 impl super::outbox::OutboxSql for Postgres {
     type BatchClaim = Stmt;
 
-    /// The insert wakes the relays listening on the outbox's channel (its
-    /// name), on commit only: a rollback sends nothing. PostgreSQL folds a
-    /// transaction's equal notifications into one.
-    fn insert_sql(insert: &str, outbox: &str) -> String {
-        format!("WITH m AS ({insert} RETURNING seq) SELECT m.seq FROM m, (SELECT pg_notify('{outbox}', '')) AS n")
+    /// The insert that also wakes the relays listening on the outbox's
+    /// channel (its name), on commit only: a rollback sends nothing.
+    /// PostgreSQL folds a transaction's equal notifications into one.
+    fn waking_insert_sql(insert: &str, outbox: &str) -> Option<String> {
+        Some(format!("WITH m AS ({insert} RETURNING seq) SELECT m.seq FROM m, (SELECT pg_notify('{outbox}', '')) AS n"))
     }
 
     /// The candidates are locked as they are chosen, skipping those another
