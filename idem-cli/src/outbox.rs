@@ -96,7 +96,7 @@ pub(crate) fn state_name(state: MessageState) -> &'static str {
 fn next_try(e: &Entry) -> String {
     match e.state {
         _ if e.claimed => "now: a relay holds it".to_owned(),
-        MessageState::Pending | MessageState::Failing => e.due_in.map_or_else(|| "due".to_owned(), |d| in_(d)),
+        MessageState::Pending | MessageState::Failing => e.due_in.map_or_else(|| "due now".to_owned(), in_),
         _ => "-".to_owned(),
     }
 }
@@ -199,7 +199,7 @@ fn meaning(e: &Entry) -> &'static str {
         MessageState::Pending => "waiting for the relay",
         MessageState::Failing => "the broker failed it: the relay tries again after a backoff",
         MessageState::Dead => {
-            "given up (refused by the broker, or failed too often): `idem outbox resend` hands it over again"
+            "given up: refused by the broker, or failed too often; `idem outbox resend` hands it over again"
         }
         MessageState::Sent => "confirmed by the broker",
     }
@@ -289,7 +289,7 @@ async fn resend_all(sql: &Sql, filter: &MessageFilter, yes: bool, out: &Out) -> 
         out.say(format_args!("{name}: no {} in {table}: nothing to resend", which(&query)));
         return Ok(Done::ok(document(0, 0)));
     }
-    let what = format!("{total} {} ({})", which_n(&query, usize::try_from(total).unwrap_or(2)), breakdown(&counts));
+    let what = format!("{total} {}{}", which_n(&query, usize::try_from(total).unwrap_or(2)), breakdown(&counts));
     out.say(format_args!("{name}: {what} to resend"));
     if !yes {
         let question = format!(
@@ -311,12 +311,13 @@ async fn resend_all(sql: &Sql, filter: &MessageFilter, yes: bool, out: &Out) -> 
     Ok(Done::ok(document(resent, held)))
 }
 
-/// `1 failing, 2 dead`: the states counted, none left out but empty ones.
+/// ` (1 failing, 2 dead)`: how many of each state, where more than one
+/// state has some.
 fn breakdown(counts: &MessageCounts) -> String {
     let states =
         [("pending", counts.pending), ("failing", counts.failing), ("dead", counts.dead), ("sent", counts.sent)];
     let parts: Vec<String> = states.iter().filter(|(_, n)| *n > 0).map(|(s, n)| format!("{n} {s}")).collect();
-    parts.join(", ")
+    if parts.len() > 1 { format!(" ({})", parts.join(", ")) } else { String::new() }
 }
 
 /// What `idem stuck` says of a database's outbox: `None`, no outbox table
