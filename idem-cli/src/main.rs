@@ -101,6 +101,7 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
         Command::Outbox(command) => {
             let url = given.outbox_database_url()?;
             use_table(&table)?;
+            command.check()?;
             outbox::run(&connect::sql(url, false).await?, command, &out).await
         }
     }

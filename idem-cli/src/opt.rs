@@ -168,6 +168,21 @@ pub(crate) enum OutboxCommand {
     Resend(OutboxResendArgs),
 }
 
+impl OutboxCommand {
+    /// What clap cannot say: `--state` and `--scope` go with `resend --all`,
+    /// not with an id.
+    pub(crate) fn check(&self) -> Result<(), Failure> {
+        if let OutboxCommand::Resend(OutboxResendArgs { id: Some(_), filter, .. }) = self
+            && (!filter.state.is_empty() || filter.scope.is_some())
+        {
+            return Err(Failure::usage(
+                "--state and --scope choose the messages of --all: give either a message id or --all",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A message's state, as `--state` names it.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StateArg {

@@ -25,14 +25,7 @@ pub(crate) async fn run(sql: &Sql, command: OutboxCommand, out: &Out) -> Result<
     match command {
         OutboxCommand::List(args) => list(sql, &args, out).await,
         OutboxCommand::Show(args) => show(sql, &args.id, out).await,
-        OutboxCommand::Resend(OutboxResendArgs { id: Some(id), filter, .. }) => {
-            if !filter.state.is_empty() || filter.scope.is_some() {
-                return Err(Failure::usage(
-                    "--state and --scope choose the messages of --all: give either a message id or --all",
-                ));
-            }
-            resend(sql, &id, out).await
-        }
+        OutboxCommand::Resend(OutboxResendArgs { id: Some(id), .. }) => resend(sql, &id, out).await,
         OutboxCommand::Resend(OutboxResendArgs { id: None, filter, yes, .. }) => {
             resend_all(sql, &filter, yes, out).await
         }

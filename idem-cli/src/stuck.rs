@@ -28,7 +28,7 @@ struct Listed {
 /// A store's outbox.
 enum Outbox {
     /// Redis: the outbox lives in the database.
-    None,
+    NotSql,
     /// A database's: how many messages wait, how long the oldest pending
     /// one has; `None`, no outbox table (migrated before there was one).
     Waiting(Option<(MessageCounts, Option<Duration>)>),
@@ -62,7 +62,7 @@ async fn list(store: &Store, args: &StuckArgs) -> Result<Listed, Failure> {
     records.truncate(limit);
     let outbox = match store {
         Store::Sql(sql) => Outbox::Waiting(sql.outbox_waiting(args.scope.as_deref()).await?),
-        Store::Redis(_) => Outbox::None,
+        Store::Redis(_) => Outbox::NotSql,
     };
     Ok(Listed { store: store.name(), records, more, outbox })
 }
