@@ -199,9 +199,10 @@ pub mod outbox {
     #![doc = include_str!("../docs/outbox.md")]
     #![doc = links!()]
     pub use idem_runtime::outbox::{
-        DEFAULT_MAX_PAYLOAD, Entry, InProcess, MAX_TOPIC, Message, MessageId, MessageQuery, MessageState, Outbox,
-        PublishError, Publisher, Relay, RelayHandle, RelayReport, find_message, list_messages, oldest_pending,
-        purge_sent, resend, resend_all,
+        DEFAULT_MAX_PAYLOAD, Entry, InProcess, MAX_TOPIC, Message, MessageCounts, MessageId, MessageQuery,
+        MessageState, Outbox, ParseMessageIdError, PublishError, Publisher, Relay, RelayHandle, RelayReport,
+        count_messages, find_message, list_messages, oldest_pending, purge_sent, purge_sent_preview, resend,
+        resend_all,
     };
 }
 

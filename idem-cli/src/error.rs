@@ -66,7 +66,7 @@ fn argument_message(e: &clap::Error) -> String {
     use clap::error::ErrorKind;
     match e.kind() {
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
-            "no command given: migrate, inspect, stuck, release, steps or purge (see idem --help)".to_owned()
+            "no command given: migrate, inspect, stuck, release, steps, purge or outbox (see idem --help)".to_owned()
         }
         // clap's message up to its first blank line (the required arguments
         // missing are listed on lines of their own); the rest is usage and a

@@ -1,7 +1,8 @@
 //! `idem`: operate idem's records from a shell. Every command is a call of
 //! the runtime's public functions (`idem::migrate`, `idem::admin::*`,
 //! `idem::sql::purge_expired`, `RedisStore::inspect_lease`,
-//! `LeaseStore::resolve_step` ...), so a program can do the same.
+//! `LeaseStore::resolve_step`, `idem::outbox::*` ...), so a program can do
+//! the same.
 //!
 //! The command line is in `opt`; each command in the module of its name,
 //! acting on the stores `connect` reaches (`store`); how records look is
@@ -17,6 +18,7 @@ mod error;
 mod inspect;
 mod migrate;
 mod opt;
+mod outbox;
 mod purge;
 mod release;
 mod render;
@@ -95,6 +97,12 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
             let url = given.database_url()?;
             use_table(&table)?;
             purge::run(&connect::sql(url, false).await?, args, &out).await
+        }
+        Command::Outbox(command) => {
+            let url = given.outbox_database_url()?;
+            use_table(&table)?;
+            command.check()?;
+            outbox::run(&connect::sql(url, false).await?, command, &out).await
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `idem migrate`: create the record table and its archive.
+//! `idem migrate`: create the record table, its archive and the outbox.
 
 use serde_json::json;
 
@@ -10,6 +10,8 @@ pub(crate) async fn run(sql: &Sql, out: &Out) -> Result<Done, Failure> {
     let name = sql.name();
     sql.migrate().await?;
     let table = idem_runtime::Stores::installed().map(|s| s.record_table().clone()).unwrap_or_default();
-    out.say(format_args!("{name}: {table} and {} are in place", table.archive()));
-    Ok(Done::ok(json!({ "command": "migrate", "stores": [{ "store": name, "migrated": true }] })))
+    let (archive, outbox) = (table.archive(), table.outbox());
+    out.say(format_args!("{name}: {table}, {archive} and the outbox {outbox} are in place"));
+    let tables = [table.qualified(), archive, outbox];
+    Ok(Done::ok(json!({ "command": "migrate", "stores": [{ "store": name, "migrated": true, "tables": tables }] })))
 }

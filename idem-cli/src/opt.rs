@@ -6,21 +6,24 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use idem_runtime::Key;
 use idem_runtime::admin::RecordId;
+use idem_runtime::outbox::{MessageId, MessageQuery, MessageState};
 
 use crate::error::Failure;
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  done (inspect: also when there is no such record; the output says so)
-  1  an error: a store unreachable or failing, tables missing, or a release
-     or resolution refused (no such record, not stuck, no such step in
-     flight, held by a worker, taken over meanwhile, not confirmed)
+  0  done (inspect, outbox show: also when there is no such record or
+     message; the output says so)
+  1  an error: a store unreachable or failing, tables missing, or a release,
+     resolution or resend refused (no such record or message, not stuck, no
+     such step in flight, held by a worker, taken over meanwhile, not
+     confirmed)
   2  usage: bad arguments, or no store given for the command
 
 Stores: --database-url (postgres://, postgresql://, mysql://, mariadb://,
 sqlite:) and/or --redis-url (redis://, rediss://); or IDEM_DATABASE_URL and
 IDEM_REDIS_URL. inspect, stuck, release and steps resolve act on each
-store given; migrate and purge on the database.
+store given; migrate, purge and outbox on the database.
 
 HTTP records (the Idempotency-Key layer, idem::http): the scope is the
 layer's (default `http`); --key is the header's key without its quotes;
@@ -32,7 +35,8 @@ With --json, every outcome is one JSON document on stdout, bad arguments
 included ({\"error\": ..., \"exit_code\": 2}).";
 
 /// Operate idem's records: create the schema, look a record up, list and
-/// release stuck records, resolve a step in doubt, purge old ones.
+/// release stuck records, resolve a step in doubt, purge old ones, and the
+/// outbox's messages.
 #[derive(Parser, Debug)]
 #[command(name = "idem", version, after_help = EXIT_CODES)]
 pub(crate) struct Cli {
@@ -87,7 +91,8 @@ pub(crate) struct StoreArgs {
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
-    /// Create the record table (idem_records, or --table) and its archive if missing (safe to
+    /// Create the record table (idem_records, or --table), its archive and
+    /// the outbox (idem_outbox, or <TABLE>_outbox) if missing (safe to
     /// repeat, and to run from several processes). SQL only: Redis needs no
     /// schema.
     Migrate,
@@ -107,7 +112,10 @@ pub(crate) enum Command {
     /// it is released). Records past their retention are not listed. A
     /// lease call's line says where it stopped: in which step (name and
     /// key) where a mark says which, else after which recorded step (the
-    /// next one was in flight), or before its first step.
+    /// next one was in flight), or before its first step. On a SQL
+    /// database also the outbox: how many messages are pending, failing and
+    /// dead, and how long the oldest unsent one has waited (see `idem
+    /// outbox list`).
     Stuck(StuckArgs),
 
     /// Delete one stuck record so that the next call of its key runs again
@@ -118,13 +126,140 @@ pub(crate) enum Command {
     Release(ReleaseArgs),
 
     /// Delete records past their retention (and, with --older-than, older
-    /// completed ones), in bounded batches. SQL only: Redis drops records
-    /// by TTL.
+    /// completed ones), in bounded batches; then the outbox's sent messages
+    /// past their retention (their call's; with --older-than, also sent
+    /// ones published longer ago). Pending, failing and dead messages are
+    /// never purged. SQL only: Redis drops records by TTL.
     Purge(PurgeArgs),
 
     /// Operate a lease call's recorded steps.
     #[command(subcommand)]
     Steps(StepsCommand),
+
+    /// Operate the transactional outbox (idem_outbox beside the record table,
+    /// or <TABLE>_outbox): list the messages waiting, show one, hand them to
+    /// the relay again. SQL only: the outbox lives in the database.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum OutboxCommand {
+    /// List messages oldest first: by default the pending (waiting for the
+    /// relay), failing (the broker failed them; tried again after a backoff)
+    /// and dead ones (given up: refused by the broker, or failed too often;
+    /// they wait for `idem outbox resend`). A line a message: id, scope, key,
+    /// topic, state, tries, age, next try, last error (cut short; --json has
+    /// it whole).
+    List(OutboxListArgs),
+
+    /// Show one message: its fields, headers and payload (as text when it is
+    /// UTF-8 text, else in hex; --json: as text or base64).
+    Show(OutboxShowArgs),
+
+    /// Hand messages to the relay again: pending, due now, their tries
+    /// counted from 0 (their last error kept until the next try). Dead ones
+    /// once their cause is fixed; failing ones without waiting for their
+    /// backoff; sent ones too (harmless: the id is the same, and a consumer
+    /// that deduplicates by it takes a message once). A message a relay
+    /// holds right now is left to it (its outcome comes). One message by id,
+    /// or with --all every message of --state (and --scope), which asks for
+    /// confirmation first (--yes skips it).
+    Resend(OutboxResendArgs),
+}
+
+impl OutboxCommand {
+    /// What clap cannot say: `--state` and `--scope` go with `resend --all`,
+    /// not with an id.
+    pub(crate) fn check(&self) -> Result<(), Failure> {
+        if let OutboxCommand::Resend(OutboxResendArgs { id: Some(_), filter, .. }) = self
+            && (!filter.state.is_empty() || filter.scope.is_some())
+        {
+            return Err(Failure::usage(
+                "--state and --scope choose the messages of --all: give either a message id or --all",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A message's state, as `--state` names it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StateArg {
+    Pending,
+    Failing,
+    Dead,
+    Sent,
+}
+
+impl StateArg {
+    pub(crate) fn state(self) -> MessageState {
+        match self {
+            StateArg::Pending => MessageState::Pending,
+            StateArg::Failing => MessageState::Failing,
+            StateArg::Dead => MessageState::Dead,
+            StateArg::Sent => MessageState::Sent,
+        }
+    }
+}
+
+/// Which messages (`list`, `resend --all`).
+#[derive(Args, Debug)]
+pub(crate) struct MessageFilter {
+    /// Messages in these states, comma-separated [default: pending,failing,dead]
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "STATE")]
+    pub(crate) state: Vec<StateArg>,
+    /// Only this scope, as the guard names it.
+    #[arg(long)]
+    pub(crate) scope: Option<String>,
+}
+
+impl MessageFilter {
+    /// The runtime's query of these messages, at most `limit` of them.
+    pub(crate) fn query(&self, limit: u32) -> MessageQuery {
+        let mut query = MessageQuery { scope: self.scope.clone(), limit, ..MessageQuery::default() };
+        if !self.state.is_empty() {
+            query.states = self.state.iter().map(|s| s.state()).collect();
+        }
+        query
+    }
+}
+
+/// The arguments of `idem outbox list`.
+#[derive(Args, Debug)]
+pub(crate) struct OutboxListArgs {
+    #[command(flatten)]
+    pub(crate) filter: MessageFilter,
+    /// List at most this many messages.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) limit: u32,
+}
+
+/// The arguments of `idem outbox show`.
+#[derive(Args, Debug)]
+pub(crate) struct OutboxShowArgs {
+    /// The message's id, as `idem outbox list` shows it and a consumer gets
+    /// it (AMQP message_id, NATS Nats-Msg-Id): idem-msg- and 32 hex digits.
+    #[arg(value_name = "MESSAGE_ID", value_parser = parse_message_id)]
+    pub(crate) id: MessageId,
+}
+
+/// The arguments of `idem outbox resend`.
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("which").required(true).args(["id", "all"]))]
+pub(crate) struct OutboxResendArgs {
+    /// The message's id (see `idem outbox show`).
+    #[arg(value_name = "MESSAGE_ID", value_parser = parse_message_id)]
+    pub(crate) id: Option<MessageId>,
+    /// Every message of --state (default: pending, failing and dead) and
+    /// --scope, instead of one.
+    #[arg(long, conflicts_with = "id")]
+    pub(crate) all: bool,
+    #[command(flatten)]
+    pub(crate) filter: MessageFilter,
+    /// Resend all without asking (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -255,6 +390,19 @@ impl StoreArgs {
         Err(Failure::usage(format!("no SQL database given: pass --database-url URL (or set IDEM_DATABASE_URL){why}")))
     }
 
+    /// The database, for `idem outbox`: the outbox is a table beside the
+    /// records, never in Redis.
+    pub(crate) fn outbox_database_url(&self) -> Result<&str, Failure> {
+        if let Some(url) = &self.database_url {
+            return Ok(url);
+        }
+        let redis = if self.redis_url.is_some() { ", not in Redis" } else { "" };
+        Err(Failure::usage(format!(
+            "the outbox lives in the SQL database beside the records{redis}: pass --database-url URL (or set \
+             IDEM_DATABASE_URL)"
+        )))
+    }
+
     /// That some store is given, for a command that acts on each.
     pub(crate) fn any(&self) -> Result<(), Failure> {
         if self.database_url.is_none() && self.redis_url.is_none() {
@@ -306,6 +454,12 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     let d = humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 30d, 12h, 90min)"))?;
     if d.is_zero() { Err("give a duration above zero".to_owned()) } else { Ok(d) }
+}
+
+/// A message id: clap names the argument and the value in front of what
+/// is wrong with it.
+fn parse_message_id(text: &str) -> Result<MessageId, String> {
+    text.parse::<MessageId>().map_err(|e| e.to_string())
 }
 
 /// `--result`: one JSON value, kept as it was written.

@@ -14,7 +14,10 @@ pub(crate) async fn run(sql: &Sql, args: PurgeArgs, out: &Out) -> Result<Done, F
     let PurgeArgs { scope, older_than, archive, dry_run, batch_size, pause, pause_factor } = args;
     let pause = pause.unwrap_or_default();
     let options = PurgeOptions { batch_size, pause, pause_factor, archive, scope, older_than, ..Default::default() };
-    let document = if dry_run { count(sql, &options, out).await? } else { delete(sql, options, out).await? };
+    let mut document =
+        if dry_run { count(sql, &options, out).await? } else { delete(sql, options.clone(), out).await? };
+    document["outbox"] =
+        if dry_run { count_sent(sql, &options, out).await? } else { delete_sent(sql, options, out).await? };
     Ok(Done::ok(json!({ "command": "purge", "stores": [document] })))
 }
 
@@ -41,7 +44,38 @@ async fn delete(sql: &Sql, options: PurgeOptions, out: &Out) -> Result<Value, Fa
     Ok(json!({ "store": name, "dry_run": false, "deleted": deleted, "batches": batches }))
 }
 
-/// Which records the options name, after "records".
+/// `--dry-run`: the outbox's sent messages a purge would delete.
+async fn count_sent(sql: &Sql, options: &PurgeOptions, out: &Out) -> Result<Value, Failure> {
+    let name = sql.name();
+    let Some(deleted) = sql.purge_sent_preview(options).await? else { return Ok(no_outbox(name, out)) };
+    let what = which(options);
+    out.say(format_args!("{name}: would delete {deleted} sent outbox message{} {what} (dry run)", plural(deleted)));
+    Ok(json!({ "table": true, "deleted": deleted }))
+}
+
+/// The outbox's sent messages, after the records: purged by the same
+/// options (the call's retention, and --older-than).
+async fn delete_sent(sql: &Sql, options: PurgeOptions, out: &Out) -> Result<Value, Failure> {
+    let name = sql.name();
+    let what = which(&options);
+    let Some(PurgeReport { deleted, batches }) = sql.purge_sent(options).await? else {
+        return Ok(no_outbox(name, out));
+    };
+    out.say(format_args!(
+        "{name}: deleted {deleted} sent outbox message{} {what} in {batches} batch{}",
+        plural(deleted),
+        if batches == 1 { "" } else { "es" }
+    ));
+    Ok(json!({ "table": true, "deleted": deleted, "batches": batches }))
+}
+
+/// A database migrated before the outbox: nothing to purge there.
+fn no_outbox(name: &str, out: &Out) -> Value {
+    out.say(format_args!("{name}: no outbox table: no sent messages to purge"));
+    json!({ "table": false })
+}
+
+/// Which records (or messages) the options name, after "records".
 fn which(options: &PurgeOptions) -> String {
     match (&options.scope, options.older_than) {
         (None, None) => "past their retention".to_owned(),

@@ -264,7 +264,7 @@ pub(crate) fn stopped(r: &Record) -> Option<String> {
 }
 
 /// One field of [`text_record`], its values aligned.
-fn field_line(name: &str, value: &str) -> String {
+pub(crate) fn field_line(name: &str, value: &str) -> String {
     format!("  {name:<12}{value}")
 }
 
@@ -342,7 +342,7 @@ const PREVIEW_CHARS: usize = 200;
 const PREVIEW_BYTES: usize = 64;
 
 /// `text` cut to at most `max` characters, and whether it was cut.
-fn preview(text: &str, max: usize) -> (&str, bool) {
+pub(crate) fn preview(text: &str, max: usize) -> (&str, bool) {
     match text.char_indices().nth(max) {
         None => (text, false),
         Some((at, _)) => (&text[..at], true),
@@ -352,7 +352,7 @@ fn preview(text: &str, max: usize) -> (&str, bool) {
 /// `bytes` as text when they are UTF-8 with no control characters but
 /// tabs and line ends (a JSON or HTML body, a header value); `None` for
 /// anything else, shown in hex.
-fn as_text(bytes: &[u8]) -> Option<&str> {
+pub(crate) fn as_text(bytes: &[u8]) -> Option<&str> {
     let text = std::str::from_utf8(bytes).ok()?;
     (!text.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))).then_some(text)
 }
@@ -378,13 +378,13 @@ fn body_preview(body: &[u8]) -> BodyPreview<'_> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Text for one line of a terminal: control characters (line ends in a
 /// body) escaped.
-fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect()
 }
 

@@ -3,6 +3,7 @@
 
 use idem_runtime::admin::{self, PurgePreview, Record, RecordId, Release, StuckQuery};
 use idem_runtime::lease::{LeaseStore as _, Resolve, StepLog, StepOutcome};
+use idem_runtime::outbox::{self, Entry, Message, MessageCounts, MessageId, MessageQuery};
 use idem_runtime::sql::{PurgeOptions, PurgeReport};
 use idem_runtime::store::{RedisStore, SqlStore};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
@@ -139,5 +140,64 @@ impl Sql {
 
     pub(crate) async fn purge(&self, options: PurgeOptions) -> Result<PurgeReport, Failure> {
         on_pool!(self, |pool| idem_runtime::sql::purge_expired(pool, options).await).map_err(|e| self.failure(e))
+    }
+
+    /// `result`, `None` where the outbox table is missing (a database
+    /// migrated before there was one): a command that also looks at the
+    /// outbox (`stuck`, `purge`) says so and goes on.
+    fn unless_no_outbox<T>(&self, result: Result<T, idem_runtime::Error>) -> Result<Option<T>, Failure> {
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(idem_runtime::Error::NotMigrated { .. }) => Ok(None),
+            Err(e) => Err(self.failure(e)),
+        }
+    }
+
+    pub(crate) async fn messages(&self, query: &MessageQuery) -> Result<Vec<Entry>, Failure> {
+        on_pool!(self, |pool| outbox::list_messages(pool, query).await).map_err(|e| self.failure(e))
+    }
+
+    pub(crate) async fn message(&self, id: &MessageId) -> Result<Option<(Entry, Message)>, Failure> {
+        on_pool!(self, |pool| outbox::find_message(pool, id).await).map_err(|e| self.failure(e))
+    }
+
+    /// The messages of `query` by state (all that `query`'s states and
+    /// scope name).
+    pub(crate) async fn count_messages(&self, query: &MessageQuery) -> Result<MessageCounts, Failure> {
+        on_pool!(self, |pool| outbox::count_messages(pool, query).await).map_err(|e| self.failure(e))
+    }
+
+    pub(crate) async fn resend(&self, id: &MessageId) -> Result<u64, Failure> {
+        on_pool!(self, |pool| outbox::resend(pool, id).await).map_err(|e| self.failure(e))
+    }
+
+    pub(crate) async fn resend_all(&self, query: &MessageQuery) -> Result<u64, Failure> {
+        on_pool!(self, |pool| outbox::resend_all(pool, query).await).map_err(|e| self.failure(e))
+    }
+
+    /// The outbox's messages waiting (of `scope`, if given), and how long the
+    /// oldest unsent one has waited; `None`: no outbox table.
+    pub(crate) async fn outbox_waiting(
+        &self,
+        scope: Option<&str>,
+    ) -> Result<Option<(MessageCounts, Option<std::time::Duration>)>, Failure> {
+        let query = MessageQuery { scope: scope.map(str::to_owned), ..MessageQuery::default() };
+        let Some(counts) = self.unless_no_outbox(on_pool!(self, |pool| outbox::count_messages(pool, &query).await))?
+        else {
+            return Ok(None);
+        };
+        let oldest = on_pool!(self, |pool| outbox::oldest_pending(pool, scope).await).map_err(|e| self.failure(e))?;
+        Ok(Some((counts, oldest)))
+    }
+
+    /// How many sent messages a purge with `options` would delete; `None`:
+    /// no outbox table.
+    pub(crate) async fn purge_sent_preview(&self, options: &PurgeOptions) -> Result<Option<u64>, Failure> {
+        self.unless_no_outbox(on_pool!(self, |pool| outbox::purge_sent_preview(pool, options).await))
+    }
+
+    /// Delete sent messages past their retention; `None`: no outbox table.
+    pub(crate) async fn purge_sent(&self, options: PurgeOptions) -> Result<Option<PurgeReport>, Failure> {
+        self.unless_no_outbox(on_pool!(self, |pool| outbox::purge_sent(pool, options).await))
     }
 }

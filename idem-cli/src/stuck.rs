@@ -1,10 +1,14 @@
 //! `idem stuck`: list the stuck records of each store given.
 
+use std::time::Duration;
+
 use idem_runtime::admin::{Record, RecordState};
+use idem_runtime::outbox::MessageCounts;
 use serde_json::{Value, json};
 
 use crate::error::Failure;
 use crate::opt::StuckArgs;
+use crate::outbox::waiting;
 use crate::render::{Done, Out, json_record, plural, stopped, stuck_line};
 use crate::store::Store;
 
@@ -12,11 +16,22 @@ use crate::store::Store;
 const HOW_TO_RELEASE: &str = "Release one with: idem release --scope SCOPE --key KEY (a key of two parts: --tenant \
                               PART1 --key PART2), or --stored with the scope and stored key as listed";
 
-/// One store's stuck records, and whether it has more than the limit.
+/// One store's stuck records, whether it has more than the limit, and a
+/// database's outbox.
 struct Listed {
     store: &'static str,
     records: Vec<Record>,
     more: bool,
+    outbox: Outbox,
+}
+
+/// A store's outbox.
+enum Outbox {
+    /// Redis: the outbox lives in the database.
+    NotSql,
+    /// A database's: how many messages wait, how long the oldest pending
+    /// one has; `None`, no outbox table (migrated before there was one).
+    Waiting(Option<(MessageCounts, Option<Duration>)>),
 }
 
 pub(crate) async fn run(stores: &[Store], args: &StuckArgs, out: &Out) -> Result<Done, Failure> {
@@ -24,13 +39,18 @@ pub(crate) async fn run(stores: &[Store], args: &StuckArgs, out: &Out) -> Result
     for store in stores {
         listed.push(list(store, args).await?);
     }
+    let mut documents = Vec::new();
     for one in &listed {
         say(one, args.limit, out);
+        let mut document = document(one);
+        if let Outbox::Waiting(outbox) = &one.outbox {
+            document["outbox"] = waiting(one.store, outbox.as_ref(), out);
+        }
+        documents.push(document);
     }
     if listed.iter().any(|one| !one.records.is_empty()) {
         out.say(HOW_TO_RELEASE);
     }
-    let documents: Vec<Value> = listed.iter().map(document).collect();
     Ok(Done::ok(json!({ "command": "stuck", "stores": documents })))
 }
 
@@ -40,12 +60,16 @@ async fn list(store: &Store, args: &StuckArgs) -> Result<Listed, Failure> {
     let mut records = store.stuck(args.scope.as_deref(), limit + 1).await?;
     let more = records.len() > limit;
     records.truncate(limit);
-    Ok(Listed { store: store.name(), records, more })
+    let outbox = match store {
+        Store::Sql(sql) => Outbox::Waiting(sql.outbox_waiting(args.scope.as_deref()).await?),
+        Store::Redis(_) => Outbox::NotSql,
+    };
+    Ok(Listed { store: store.name(), records, more, outbox })
 }
 
 /// A store's records as text: a count, then the table.
 fn say(listed: &Listed, limit: u32, out: &Out) {
-    let Listed { store, records, more } = listed;
+    let Listed { store, records, more, .. } = listed;
     if records.is_empty() {
         out.say(format_args!("{store}: no stuck records"));
         return;

@@ -620,8 +620,29 @@ where
     assert!(run(store, &scope, &key).await);
 }
 
+/// A record table of this test's own (`--table`): a plain identifier.
+fn own_table(prefix: &str) -> String {
+    unique(prefix).replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+}
+
+/// The messages of a scope, in every state (what a test wrote, read back).
+fn every_message(scope: &str) -> idem::outbox::MessageQuery {
+    use idem::outbox::MessageState::*;
+    idem::outbox::MessageQuery {
+        states: vec![Pending, Failing, Dead, Sent],
+        scope: Some(scope.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// The `messages` of a `--json` `outbox list`: (id, state) each.
+fn listed(doc: &Value) -> Vec<(String, String)> {
+    let messages = doc["stores"][0]["messages"].as_array().unwrap_or_else(|| panic!("{doc}"));
+    messages.iter().map(|m| (m["id"].as_str().unwrap().to_owned(), m["state"].as_str().unwrap().to_owned())).collect()
+}
+
 macro_rules! sql_tests {
-    ($backend:ident, $db:ty, $connect:expr, $count_archived:expr, $drop_answer:expr) => {
+    ($backend:ident, $db:ty, $connect:expr, $count_archived:expr, $drop_answer:expr, $forget_messages:expr) => {
         mod $backend {
             use super::*;
 
@@ -809,6 +830,234 @@ macro_rules! sql_tests {
                 .await;
             }
 
+            /// A guarded call of `scope` and `key` whose body publishes
+            /// `messages` (topic, payload) through its outbox handle, the
+            /// first with a header: their ids.
+            async fn publish(pool: &Pool, scope: &str, key: &str, messages: &[(&str, &[u8])]) -> Vec<idem::outbox::MessageId> {
+                let mut tx = pool.begin().await.unwrap();
+                let Claim::Run(ticket) = Guard::new(scope.to_owned()).key(key).dedup::<usize, _>(&mut tx).await.unwrap()
+                else {
+                    panic!("a fresh key")
+                };
+                let outbox = ticket.outbox();
+                let mut ids = Vec::new();
+                for (i, (topic, payload)) in messages.iter().enumerate() {
+                    let headers: &[(&str, &str)] = if i == 0 { &[("trace-id", "t-42")] } else { &[] };
+                    ids.push(outbox.publish_with_headers(&mut tx, topic, payload, headers).await.unwrap());
+                }
+                ticket.complete(&mut tx, Ok::<usize, idem::Error>(ids.len())).await.unwrap().unwrap();
+                tx.commit().await.unwrap();
+                ids
+            }
+
+            fn relay(pool: &Pool, broker: &idem::outbox::InProcess, scope: &str) -> idem::outbox::Relay<$db> {
+                idem::outbox::Relay::new(pool.clone(), broker.clone())
+                    .scope(scope)
+                    .backoff(Duration::from_secs(3600), Duration::from_secs(3600))
+            }
+
+            /// Delete what the test left in the shared outbox (pending and
+            /// dead rows are never purged).
+            async fn forget_messages(pool: &Pool, scope: &str) {
+                sqlx::query($forget_messages).bind(idem::key::stored_scope(scope).as_ref()).execute(pool).await.unwrap();
+            }
+
+            /// Messages published through guarded calls, some refused by
+            /// the broker (dead), one failed once (failing), one not relayed
+            /// yet (pending): the operator lists them, shows one, re-sends
+            /// one and then all (asked to confirm), sees them in `stuck`,
+            /// and purges them once sent.
+            #[tokio::test]
+            async fn the_outbox_is_listed_shown_resent_and_purged() {
+                use idem::outbox::{InProcess, MessageState};
+                let Some((pool, url)) = setup().await else { return };
+                let cli = Store::Sql(&url);
+                let scope = unique("cli.outbox");
+                let binary: &[u8] = &[0xff, 0x00, 0xfe, b'x'];
+                let first = publish(&pool, &scope, "T-1", &[("coupons", b"grant T-1"), ("poison", binary)]).await;
+                let dead = publish(&pool, &scope, "T-2", &[("poison", b"{\"n\": 2}")]).await;
+                let broker = InProcess::new();
+                let refused = "no route to `poison` (mandatory): the exchange has no queue bound for it";
+                broker.refuse("poison", refused);
+                let report = relay(&pool, &broker, &scope).drain().await.unwrap();
+                assert_eq!((report.sent, report.dead), (1, 2), "{report:?}");
+                let failing = publish(&pool, &scope, "T-3", &[("coupons", b"grant T-3")]).await;
+                broker.fail_next(1);
+                assert_eq!(relay(&pool, &broker, &scope).drain().await.unwrap().retried, 1);
+                let pending = publish(&pool, &scope, "T-4", &[("coupons", "grant für T-4\n".as_bytes())]).await;
+
+                // list: pending, failing and dead by age; sent ones asked for.
+                let doc = idem_json(&cli, &["outbox", "list", "--scope", &scope], 0);
+                let expected = [(&first[1], "dead"), (&dead[0], "dead"), (&failing[0], "failing"), (&pending[0], "pending")];
+                let expected: Vec<(String, String)> = expected.iter().map(|(id, s)| (id.to_string(), s.to_string())).collect();
+                assert_eq!(listed(&doc), expected, "{doc}");
+                let messages = doc["stores"][0]["messages"].as_array().unwrap();
+                // Whole in JSON, cut short in the text.
+                assert_eq!(messages[0]["last_error"], format!("refused by the broker: {refused}"), "{doc}");
+                assert_eq!((messages[0]["attempts"].as_u64(), messages[0]["payload_bytes"].as_u64()), (Some(1), Some(4)));
+                assert!(messages[2]["next_try_in_ms"].as_i64().unwrap() > 3_000_000, "a backoff of an hour: {doc}");
+                assert_eq!(messages[3]["next_try_in_ms"], 0, "{doc}");
+                let text = stdout(&idem(&cli, &["outbox", "list", "--scope", &scope]));
+                assert!(text.contains("4 pending, failing or dead messages"), "{text}");
+                assert!(!text.contains(refused) && text.contains("refused by the broker: no route to `poison` (mandatory): the…"), "{text}");
+                for word in ["ID", "LAST ERROR", "NEXT TRY", "in 59m", "due now"] {
+                    assert!(text.contains(word), "{word:?} in {text}");
+                }
+                let sent = idem_json(&cli, &["outbox", "list", "--scope", &scope, "--state", "sent"], 0);
+                assert_eq!(listed(&sent), [(first[0].to_string(), "sent".to_owned())], "{sent}");
+                let page = idem_json(&cli, &["outbox", "list", "--scope", &scope, "--state", "dead,pending", "--limit", "2"], 0);
+                assert_eq!(listed(&page).len(), 2, "{page}");
+                assert_eq!(page["stores"][0]["more"], true, "{page}");
+
+                // show: a binary payload in hex (base64 in JSON), a text one as text.
+                let text = stdout(&idem(&cli, &["outbox", "show", first[1].as_str()]));
+                for word in ["state       dead", "topic       poison", "4 bytes, not UTF-8 text: in hex", "ff00fe78", "headers     (none)"] {
+                    assert!(text.contains(word), "{word:?} in {text}");
+                }
+                let doc = idem_json(&cli, &["outbox", "show", first[1].as_str()], 0);
+                let message = &doc["stores"][0]["message"];
+                assert_eq!((&message["payload"]["encoding"], &message["payload"]["data"]), (&serde_json::json!("base64"), &serde_json::json!("/wD+eA==")), "{doc}");
+                assert_eq!(message["key"], "T-1", "{doc}");
+                let text = stdout(&idem(&cli, &["outbox", "show", pending[0].as_str()]));
+                for word in ["state       pending", "UTF-8 text:\ngrant für T-4\n", "trace-id: t-42"] {
+                    assert!(text.contains(word), "{word:?} in {text}");
+                }
+                let doc = idem_json(&cli, &["outbox", "show", pending[0].as_str()], 0);
+                assert_eq!(doc["stores"][0]["message"]["headers"], serde_json::json!([{"name": "trace-id", "value": "t-42"}]));
+                assert_eq!(doc["stores"][0]["message"]["payload"]["data"], "grant für T-4\n");
+                let absent = idem::outbox::MessageId::for_call("cli.none", "none", 0);
+                let doc = idem_json(&cli, &["outbox", "show", absent.as_str()], 0);
+                assert!(doc["stores"][0]["message"].is_null(), "{doc}");
+
+                // stuck reports the outbox beside the records.
+                let doc = idem_json(&cli, &["stuck", "--scope", &scope], 0);
+                let outbox = &doc["stores"][0]["outbox"];
+                assert_eq!((outbox["pending"].as_u64(), outbox["failing"].as_u64(), outbox["dead"].as_u64()), (Some(1), Some(1), Some(2)), "{doc}");
+                assert!(outbox["oldest_pending_age_ms"].as_i64().unwrap() >= 0, "{doc}");
+                let text = stdout(&idem(&cli, &["stuck", "--scope", &scope]));
+                assert!(text.contains("outbox: 1 pending, 1 failing, 2 dead; the oldest pending has waited"), "{text}");
+
+                // resend one: pending, due now, tries from 0.
+                let out = idem(&cli, &["outbox", "resend", dead[0].as_str()]);
+                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                assert!(stdout(&out).contains("made pending, due now (it was dead after 1 try"), "{}", stdout(&out));
+                let (entry, _) = idem::outbox::find_message(&pool, &dead[0]).await.unwrap().unwrap();
+                assert_eq!((entry.state, entry.attempts), (MessageState::Pending, 0));
+                assert!(entry.last_error.is_some(), "its error stays until the next try");
+
+                // resend --all asks first: without a terminal, and without --yes, nothing changes.
+                let out = idem(&cli, &["outbox", "resend", "--all", "--scope", &scope, "--state", "dead,failing"]);
+                assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+                assert!(stdout(&out).contains("2 dead or failing messages of scope"), "{}", stdout(&out));
+                assert!(stdout(&out).contains("(1 failing, 1 dead) to resend"), "{}", stdout(&out));
+                assert!(stderr(&out).contains("pass --yes"), "{}", stderr(&out));
+                let doc = idem_json(&cli, &["outbox", "resend", "--all", "--scope", &scope], 1);
+                assert!(doc["error"].as_str().unwrap().contains("--yes"), "{doc}");
+                assert_eq!(idem::outbox::find_message(&pool, &first[1]).await.unwrap().unwrap().0.state, MessageState::Dead);
+                let doc = idem_json(&cli, &["outbox", "resend", "--all", "--scope", &scope, "--state", "dead,failing", "--yes"], 0);
+                assert_eq!((doc["resent"].as_u64(), doc["stores"][0]["held_by_relay"].as_u64()), (Some(2), Some(0)), "{doc}");
+                let rows = idem::outbox::list_messages(&pool, &every_message(&scope)).await.unwrap();
+                let states: Vec<(MessageState, u32)> = rows.iter().map(|e| (e.state, e.attempts)).collect();
+                assert_eq!(states, [(MessageState::Sent, 1), (MessageState::Pending, 0), (MessageState::Pending, 0), (MessageState::Pending, 0), (MessageState::Pending, 0)]);
+                let out = idem(&cli, &["outbox", "resend", "--all", "--scope", &scope, "--state", "dead", "--yes"]);
+                assert!(stdout(&out).contains("no dead messages of scope"), "{}", stdout(&out));
+
+                // A message a relay holds right now is left to it.
+                let held_scope = unique("cli.outbox.held");
+                let held = publish(&pool, &held_scope, "T-1", &[("slow", b"s")]).await;
+                let slow = InProcess::new();
+                slow.latency(Duration::from_secs(30));
+                let holder = relay(&pool, &slow, &held_scope).claim_lease(Duration::from_secs(60));
+                let holding = tokio::spawn(async move { holder.run_once().await });
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while !idem::outbox::find_message(&pool, &held[0]).await.unwrap().unwrap().0.claimed {
+                    assert!(std::time::Instant::now() < deadline, "the relay claims it");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let doc = idem_json(&cli, &["outbox", "resend", held[0].as_str()], 0);
+                assert_eq!((&doc["stores"][0]["outcome"], doc["resent"].as_u64()), (&serde_json::json!("held_by_relay"), Some(0)), "{doc}");
+                let text = stdout(&idem(&cli, &["outbox", "resend", held[0].as_str()]));
+                assert!(text.contains("left to the relay that holds it right now"), "{text}");
+                let text = stdout(&idem(&cli, &["outbox", "resend", "--all", "--scope", &held_scope, "--yes"]));
+                assert!(text.contains("0 messages made pending, due now; 1 held by a relay right now left to it"), "{text}");
+                holding.abort();
+
+                // Sent messages go with `idem purge` (here: --older-than),
+                // counted first; the others stay.
+                let report = relay(&pool, &InProcess::new(), &scope).drain().await.unwrap();
+                assert_eq!(report.sent, 4, "{report:?}");
+                let doc = idem_json(&cli, &["purge", "--scope", &scope, "--older-than", "1ms", "--dry-run"], 0);
+                assert_eq!(doc["stores"][0]["outbox"]["deleted"], 5, "{doc}");
+                assert_eq!(idem::outbox::list_messages(&pool, &every_message(&scope)).await.unwrap().len(), 5);
+                let out = idem(&cli, &["purge", "--scope", &scope, "--older-than", "1ms", "--batch-size", "2"]);
+                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                assert!(stdout(&out).contains("deleted 5 sent outbox messages of scope"), "{}", stdout(&out));
+                assert!(stdout(&out).contains("in 3 batches"), "{}", stdout(&out));
+                assert_eq!(idem::outbox::list_messages(&pool, &every_message(&scope)).await.unwrap(), []);
+                let text = stdout(&idem(&cli, &["stuck", "--scope", &scope]));
+                assert!(text.contains("outbox: no messages waiting"), "{text}");
+                forget_messages(&pool, &scope).await;
+                forget_messages(&pool, &held_scope).await;
+            }
+
+            /// A bad message id is refused naming it and what is wrong; an
+            /// id of no message is not resent.
+            #[tokio::test]
+            async fn a_bad_message_id_is_named() {
+                let Some((_pool, url)) = setup().await else { return };
+                let cli = Store::Sql(&url);
+                for (args, says) in [
+                    (&["outbox", "show", "idem-msg-12"][..], &["idem-msg-12", "2 hex digits"][..]),
+                    (&["outbox", "resend", "msg-1"], &["msg-1", "starts with `idem-msg-`"]),
+                    (&["outbox", "show", "idem-msg-0123456789abcdeZ0123456789abcdef"], &["'Z' at byte 24 is not a hex digit"]),
+                ] {
+                    let out = idem(&cli, args);
+                    assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+                    for word in says {
+                        assert!(stderr(&out).contains(word), "{args:?}: {word:?} in {}", stderr(&out));
+                    }
+                }
+                let absent = idem::outbox::MessageId::for_call("cli.none", "none", 0);
+                let out = idem(&cli, &["outbox", "resend", absent.as_str()]);
+                assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+                assert!(stderr(&out).contains(&format!("no message {absent}")), "{}", stderr(&out));
+                let out = idem(&cli, &["outbox", "resend", absent.as_str(), "--state", "dead"]);
+                assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+                assert!(stderr(&out).contains("--all"), "{}", stderr(&out));
+            }
+
+            /// A database migrated before there was an outbox: `stuck` and
+            /// `purge` say so and go on; `migrate` adds it.
+            #[tokio::test]
+            async fn a_database_without_the_outbox_table_is_stuck_and_purged() {
+                let Some((pool, url)) = setup().await else { return };
+                let cli = Store::Sql(&url);
+                let table = own_table("cli_old");
+                let out = idem(&cli, &["--table", &table, "migrate"]);
+                assert!(stdout(&out).contains(&format!("the outbox {table}_outbox are in place")), "{}", stdout(&out));
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}_outbox"))).execute(&pool).await.unwrap();
+                let doc = idem_json(&cli, &["--table", &table, "stuck"], 0);
+                assert_eq!(doc["stores"][0]["outbox"]["table"], false, "{doc}");
+                let text = stdout(&idem(&cli, &["--table", &table, "stuck"]));
+                assert!(text.contains("no outbox table"), "{text}");
+                for dry in [true, false] {
+                    let mut args = vec!["--table", &table, "purge"];
+                    args.extend(dry.then_some("--dry-run"));
+                    let out = idem(&cli, &args);
+                    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                    assert!(stdout(&out).contains("no outbox table: no sent messages to purge"), "{}", stdout(&out));
+                }
+                let out = idem(&cli, &["--table", &table, "outbox", "list"]);
+                assert_eq!(out.status.code(), Some(1));
+                assert!(stderr(&out).contains("idem migrate"), "{}", stderr(&out));
+                assert_eq!(idem(&cli, &["--table", &table, "migrate"]).status.code(), Some(0));
+                let doc = idem_json(&cli, &["--table", &table, "stuck"], 0);
+                assert_eq!(doc["stores"][0]["outbox"]["table"], true, "{doc}");
+                for t in [format!("{table}_outbox"), format!("{table}_archive"), table.clone()] {
+                    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {t}"))).execute(&pool).await.unwrap();
+                }
+            }
+
             #[tokio::test]
             async fn errors_name_the_problem() {
                 let Some((_pool, url)) = setup().await else { return };
@@ -835,14 +1084,16 @@ sql_tests!(
     sqlx::Postgres,
     async { Some((common::postgres().await?, pg_url())) },
     "SELECT count(*) FROM idem_records_archive WHERE scope = $1 AND idem_key = $2",
-    "UPDATE idem_records SET response = NULL WHERE scope = $1 AND idem_key = $2"
+    "UPDATE idem_records SET response = NULL WHERE scope = $1 AND idem_key = $2",
+    "DELETE FROM idem_outbox WHERE scope = $1"
 );
 sql_tests!(
     mysql,
     sqlx::MySql,
     async { Some((common::mysql().await?, mysql_url())) },
     "SELECT count(*) FROM idem_records_archive WHERE scope = ? AND idem_key = ?",
-    "UPDATE idem_records SET response = NULL WHERE scope = ? AND idem_key = ?"
+    "UPDATE idem_records SET response = NULL WHERE scope = ? AND idem_key = ?",
+    "DELETE FROM idem_outbox WHERE scope = ?"
 );
 sql_tests!(
     sqlite,
@@ -864,7 +1115,8 @@ sql_tests!(
         Some((pool, url))
     },
     "SELECT count(*) FROM idem_records_archive WHERE scope = ?1 AND idem_key = ?2",
-    "UPDATE idem_records SET response = NULL WHERE scope = ?1 AND idem_key = ?2"
+    "UPDATE idem_records SET response = NULL WHERE scope = ?1 AND idem_key = ?2",
+    "DELETE FROM idem_outbox WHERE scope = ?1"
 );
 
 #[test]
@@ -875,6 +1127,16 @@ fn a_database_that_does_not_exist_yet_is_not_created_but_by_migrate() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("idem migrate"), "{}", stderr(&out));
     assert!(!path.exists());
+}
+
+/// The outbox is a table of the database: on Redis alone, `idem outbox`
+/// asks for the database.
+#[test]
+fn the_outbox_asks_for_the_database() {
+    let out = idem(&Store::Redis { url: "redis://127.0.0.1:1/", prefix: "x:" }, &["outbox", "list"]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = stderr(&out);
+    assert!(said.contains("the outbox lives in the SQL database") && said.contains("--database-url"), "{said}");
 }
 
 #[test]

@@ -12,7 +12,8 @@
 //!
 //! The table's statements and the operator's functions
 //! ([`list_messages`], [`find_message`], [`resend`], [`resend_all`],
-//! [`oldest_pending`], [`purge_sent`]) are `store/sql`'s (`outbox.rs`,
+//! [`count_messages`], [`oldest_pending`], [`purge_sent`],
+//! [`purge_sent_preview`]) are `store/sql`'s (`outbox.rs`,
 //! `outbox_admin.rs`), with the message's types.
 
 mod in_process;
@@ -25,7 +26,8 @@ pub use publish::{DEFAULT_MAX_PAYLOAD, MAX_TOPIC, Outbox};
 pub use publisher::{PublishError, Publisher};
 pub use relay::{Relay, RelayHandle, RelayReport};
 
-pub use crate::store::sql::outbox::{Message, MessageId};
+pub use crate::store::sql::outbox::{Message, MessageId, ParseMessageIdError};
 pub use crate::store::sql::outbox_admin::{
-    Entry, MessageQuery, MessageState, find_message, list_messages, oldest_pending, purge_sent, resend, resend_all,
+    Entry, MessageCounts, MessageQuery, MessageState, count_messages, find_message, list_messages, oldest_pending,
+    purge_sent, purge_sent_preview, resend, resend_all,
 };

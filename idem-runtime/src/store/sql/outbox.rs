@@ -67,6 +67,51 @@ impl std::fmt::Display for MessageId {
     }
 }
 
+/// The prefix of every message id.
+const ID_PREFIX: &str = "idem-msg-";
+/// The hex digits after it.
+const ID_DIGITS: usize = 32;
+
+/// An id as a consumer or the `idem` command shows it: `idem-msg-` and 32
+/// hex digits (upper case taken as lower). Anything else is refused with
+/// what is wrong with it, since no message could have that id.
+///
+/// ```
+/// # use idem_runtime::outbox::MessageId;
+/// let id: MessageId = "idem-msg-0123456789abcdef0123456789ABCDEF".parse().unwrap();
+/// assert_eq!(id.as_str(), "idem-msg-0123456789abcdef0123456789abcdef");
+/// let e = "idem-msg-12".parse::<MessageId>().unwrap_err();
+/// assert!(e.to_string().contains("has 2 hex digits after `idem-msg-`, not 32"), "{e}");
+/// ```
+impl std::str::FromStr for MessageId {
+    type Err = ParseMessageIdError;
+
+    fn from_str(text: &str) -> Result<MessageId, ParseMessageIdError> {
+        let refuse = |reason: String| ParseMessageIdError { text: text.to_owned(), reason };
+        let Some(digits) = text.strip_prefix(ID_PREFIX) else {
+            return Err(refuse(format!("an outbox message id starts with `{ID_PREFIX}`")));
+        };
+        if let Some((at, c)) = digits.char_indices().find(|(_, c)| !c.is_ascii_hexdigit()) {
+            return Err(refuse(format!(
+                "{c:?} at byte {} is not a hex digit (an id is `{ID_PREFIX}` and {ID_DIGITS} hex digits)",
+                ID_PREFIX.len() + at
+            )));
+        }
+        if digits.len() != ID_DIGITS {
+            return Err(refuse(format!("it has {} hex digits after `{ID_PREFIX}`, not {ID_DIGITS}", digits.len())));
+        }
+        Ok(MessageId(format!("{ID_PREFIX}{}", digits.to_ascii_lowercase())))
+    }
+}
+
+/// Why a text is no [`MessageId`]: its [`FromStr`](std::str::FromStr).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not an outbox message id: {reason}")]
+pub struct ParseMessageIdError {
+    text: String,
+    reason: String,
+}
+
 /// A message as the relay hands it to a [`Publisher`](crate::outbox::Publisher):
 /// everything the body published, and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -509,5 +554,23 @@ mod tests {
         assert_ne!(MessageId::for_step("idem-step-x", 0), MessageId::for_step("idem-step-x", 1));
         assert!(a.as_str().starts_with("idem-msg-") && a.as_str().len() == 41, "{a}");
         assert_eq!(a.as_str(), "idem-msg-e459ccaf315f3d3604f8cb91616e50bd");
+    }
+
+    #[test]
+    fn an_id_parses_back_and_a_wrong_one_says_what_is_wrong() {
+        let id = MessageId::for_call("pay", "T-1", 0);
+        assert_eq!(id.as_str().parse::<MessageId>(), Ok(id.clone()));
+        assert_eq!(id.as_str().to_ascii_uppercase().replace("IDEM-MSG-", "idem-msg-").parse::<MessageId>(), Ok(id));
+        for (text, says) in [
+            ("", "starts with `idem-msg-`"),
+            ("idem-step-0123456789abcdef0123456789abcdef", "starts with `idem-msg-`"),
+            ("idem-msg-", "has 0 hex digits"),
+            ("idem-msg-0123456789abcdef0123456789abcdef0", "has 33 hex digits"),
+            ("idem-msg-0123456789abcdeg0123456789abcdef", "'g' at byte 24 is not a hex digit"),
+            ("idem-msg-0123456789abcdef0123456789abcde ", "' ' at byte 40"),
+        ] {
+            let e = text.parse::<MessageId>().unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains(&format!("{text:?}")), "{text:?}: {e}");
+        }
     }
 }

@@ -270,6 +270,46 @@ pub async fn resend_all<DB: SqlBackend>(pool: &sqlx::Pool<DB>, query: &MessageQu
     Ok(DB::rows(&done))
 }
 
+/// How many messages of each state the outbox holds, as
+/// [`count_messages`](crate::outbox::count_messages) counts them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MessageCounts {
+    /// Waiting for the relay, never failed.
+    pub pending: u64,
+    /// Waiting for another try after the broker failed them.
+    pub failing: u64,
+    /// Given up, waiting for an operator.
+    pub dead: u64,
+    /// Confirmed by the broker, not purged yet.
+    pub sent: u64,
+    /// Of those counted, the ones a relay holds right now (a
+    /// [`resend`] leaves them to it).
+    pub claimed: u64,
+}
+
+/// Count the messages of `query` (its states and scope; its `after` and
+/// `limit` do not apply), by state: what `idem stuck` reports beside
+/// [`oldest_pending`], and what `idem outbox resend --all` asks about.
+pub async fn count_messages<DB: SqlBackend>(
+    pool: &sqlx::Pool<DB>,
+    query: &MessageQuery,
+) -> Result<MessageCounts, Error> {
+    let o = outbox::<DB>();
+    let scope = query.scope.as_deref().map(crate::key::stored_scope);
+    let count = |condition: &str| DB::int8(&format!("COUNT(CASE WHEN {condition} THEN 1 END)"));
+    let states = [MessageState::Pending, MessageState::Failing, MessageState::Dead, MessageState::Sent];
+    let mut columns: Vec<String> = states.iter().map(|s| count(s.condition())).collect();
+    columns.push(count(&format!("NOT {}", unclaimed(DB::CLOCK))));
+    let query = MessageQuery { after: None, ..query.clone() };
+    let sql = format!("SELECT {} FROM {} WHERE {}", columns.join(", "), o.table, query_condition(&query));
+    let mut conn = pool.acquire().await?;
+    let q = DB::once(Stmt::new::<DB>(&sql).query::<DB>(&query_args(scope.as_deref(), &query)[..2]));
+    let row = DB::fetch_one(&mut conn, q).await.map_err(classify::<DB>)?;
+    let n = |i| DB::int(&row, i).map(|n| n.unsigned_abs());
+    Ok(MessageCounts { pending: n(0)?, failing: n(1)?, dead: n(2)?, sent: n(3)?, claimed: n(4)? })
+}
+
 /// How long the oldest pending message (of `scope`, if given) has waited,
 /// by the database's clock: what `idem stuck` reports. `None`: none waits.
 pub async fn oldest_pending<DB: SqlBackend>(
@@ -315,6 +355,24 @@ pub async fn purge_sent<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: PurgeOpt
         scope: scope.as_deref(),
     };
     super::schema::in_batches::<DB>(pool, &options, &purge).await
+}
+
+/// How many sent messages [`purge_sent`] would delete with `options`
+/// (`idem purge --dry-run`); deletes nothing.
+pub async fn purge_sent_preview<DB: SqlBackend>(pool: &sqlx::Pool<DB>, options: &PurgeOptions) -> Result<u64, Error> {
+    let older_than = options.older_than.map(|d| crate::error::check_ttl("older_than", d)).transpose()?;
+    let scope = options.scope.as_deref().map(crate::key::stored_scope);
+    let sql = format!(
+        "SELECT {} FROM {} WHERE {}",
+        DB::int8("COUNT(*)"),
+        outbox::<DB>().table,
+        purge_condition::<DB>(options)
+    );
+    let args = [Arg::Int(0), Arg::Span(older_than.unwrap_or_default()), Arg::Text(scope.as_deref())];
+    let mut conn = pool.acquire().await?;
+    let q = DB::once(Stmt::new::<DB>(&sql).query::<DB>(&args));
+    let row = DB::fetch_one(&mut conn, q).await.map_err(classify::<DB>)?;
+    Ok(DB::int(&row, 0)?.unsigned_abs())
 }
 
 /// One batch of [`purge_sent`].
