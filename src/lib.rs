@@ -198,9 +198,19 @@ pub mod sql {
 pub mod outbox {
     #![doc = include_str!("../docs/outbox.md")]
     #![doc = links!()]
+    /// The NATS JetStream publisher (feature `nats`).
+    #[cfg(feature = "nats")]
+    pub use idem_runtime::outbox::JetStream;
+    /// The RabbitMQ publisher (feature `rabbitmq`).
+    #[cfg(feature = "rabbitmq")]
+    pub use idem_runtime::outbox::RabbitMq;
+    /// The consumer's side: a delivery's message id as its dedup key
+    /// (features `rabbitmq`, `nats`).
+    #[cfg(any(feature = "rabbitmq", feature = "nats"))]
+    pub use idem_runtime::outbox::consumer;
     pub use idem_runtime::outbox::{
-        DEFAULT_MAX_PAYLOAD, Entry, InProcess, MAX_TOPIC, Message, MessageId, MessageQuery, MessageState, Outbox,
-        PublishError, Publisher, Relay, RelayHandle, RelayReport, find_message, list_messages, oldest_pending,
+        DEFAULT_MAX_PAYLOAD, Entry, InProcess, KEY_HEADER, MAX_TOPIC, Message, MessageId, MessageQuery, MessageState,
+        Outbox, PublishError, Publisher, Relay, RelayHandle, RelayReport, find_message, list_messages, oldest_pending,
         purge_sent, resend, resend_all,
     };
 }
