@@ -25,6 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
+pub mod proxy;
 pub mod redis_server;
 
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -336,4 +337,24 @@ pub async fn scan_unlink<C: redis::aio::ConnectionLike + Send + Sync>(conn: &mut
         deleted += conn.unlink::<_, usize>(page).await.unwrap();
     }
     deleted
+}
+
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
+/// `IDEM_AMQP_URL` (default: the local RabbitMQ) once its server accepts a
+/// connection, or `None` (skip; a failure with `IDEM_REQUIRE_SERVICES=1`).
+pub async fn amqp() -> Option<String> {
+    let url = std::env::var("IDEM_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
+    reach("RabbitMQ", &url, tokio::net::TcpStream::connect(proxy::host_port(&url))).await?;
+    Some(url)
+}
+
+/// `IDEM_NATS_URL` (default: the local NATS server, JetStream on) once its
+/// server accepts a connection, or `None` (skip; a failure with
+/// `IDEM_REQUIRE_SERVICES=1`).
+pub async fn nats() -> Option<String> {
+    let url = std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| DEFAULT_NATS_URL.to_owned());
+    reach("NATS", &url, tokio::net::TcpStream::connect(proxy::host_port(&url))).await?;
+    Some(url)
 }
