@@ -596,3 +596,46 @@ broker_suite! {
     db = sqlx::MySql; placeholder = "?"; pool = common::mysql(); broker = Broker::Nats;
     fleet = (100, 20); down = Duration::from_secs(3);
 }
+
+/// A delivery whose producer set no id cannot be deduplicated by id: the
+/// helper says which delivery, and where it looked.
+#[tokio::test]
+async fn a_delivery_without_an_id_is_named_in_the_error() {
+    use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+    let Some(url) = common::amqp().await else { return };
+    let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let queue = unique("idem-test-no-id");
+    channel.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
+    let props = lapin::BasicProperties::default();
+    channel.basic_publish("".into(), queue.as_str().into(), Default::default(), b"x", props).await.unwrap();
+    let mut got = None;
+    for _ in 0..100 {
+        got = channel.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap();
+        if got.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let e = consumer::message_id(&got.expect("the message")).unwrap_err();
+    assert!(matches!(e, idem::Error::NoMessageId { .. }), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("AMQP delivery") && text.contains(&format!("routing key `{queue}`")), "{text}");
+    assert!(text.contains("no `message_id` property"), "{text}");
+    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    conn.close(200, "done".into()).await.unwrap();
+
+    let Some(url) = common::nats().await else { return };
+    let client = async_nats::connect(&url).await.unwrap();
+    let subject = unique("idemtest-no-id");
+    let mut sub = client.subscribe(subject.clone()).await.unwrap();
+    client.publish(subject.clone(), "x".into()).await.unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, "idem-msg-1");
+    client.publish_with_headers(subject.clone(), headers, "y".into()).await.unwrap();
+    let bare = tokio::time::timeout(Duration::from_secs(5), sub.next()).await.unwrap().unwrap();
+    let e = consumer::message_id(&bare).unwrap_err();
+    assert!(e.to_string().contains(&format!("NATS message on subject `{subject}` has no `Nats-Msg-Id` header")), "{e}");
+    let with_id = tokio::time::timeout(Duration::from_secs(5), sub.next()).await.unwrap().unwrap();
+    assert_eq!(consumer::message_id(&with_id).unwrap().as_str(), "idem-msg-1");
+}
