@@ -65,6 +65,10 @@
 //!   records: the `http` module (feature `http`); the same for tonic gRPC
 //!   services, unary calls keyed by `idempotency-key` metadata: the `grpc`
 //!   module (feature `grpc`).
+//! - Messages for other services, written in the guarded transaction and
+//!   relayed to a broker after commit: the `outbox` module (feature
+//!   `outbox`), with the publishers for RabbitMQ (feature `rabbitmq`) and
+//!   NATS JetStream (feature `nats`) and the consumer's dedup by message id.
 //! - A first run told from a replay, `tracing` spans and metrics:
 //!   [`observe`].
 //! - Naming a record at the store's level (a scope and a key as stored),

@@ -12,29 +12,17 @@ use super::publisher::{KEY_HEADER, PublishError, Publisher};
 use crate::future::BoxFuture;
 use crate::store::sql::outbox::Message;
 
-/// The relay's publisher for NATS JetStream (feature `nats`): each message
-/// published to the subject [`prefix`](Self::subject_prefix) + its topic,
-/// with its [`Message::id`] as `Nats-Msg-Id` (a stream drops a message
-/// whose id it has seen within its duplicate window: a re-send by the
-/// relay is stored once), its headers, and its key in the `idem-key`
-/// header; it returns once the stream's `PubAck` came.
-///
-/// | the server | the relay |
-/// |---|---|
-/// | `PubAck` (a duplicate's too) | sent |
-/// | no stream captures the subject, the stream refuses the message (too large, limits, a subject NATS does not take) | [`refused`](PublishError::refused): dead at once, its words kept |
-/// | no `PubAck` within [`ack_timeout`](Self::ack_timeout), disconnected, JetStream temporarily unavailable | [`unavailable`](PublishError::unavailable): tried again later |
-///
-/// The client reconnects on its own (async-nats), and a publish made while
-/// it is disconnected waits in its buffer until the ack's timeout.
-///
-/// **The duplicate window** is the stream's (`duplicate_window`, 2 minutes
-/// by default): a re-send later than that after the first is stored again,
-/// so the consumer's own dedup by id stays needed. A relay re-sends after
-/// its claim lease (30 s by default), within the default window.
+/// The relay's publisher for NATS JetStream (feature `nats`): to the
+/// subject [`subject_prefix`](Self::subject_prefix) + topic, with
+/// [`Message::id`] as `Nats-Msg-Id` (the stream's duplicate window drops a
+/// re-send), the message's headers and its key ([`KEY_HEADER`]); it
+/// returns once the stream's `PubAck` came. The client reconnects on its
+/// own. What each answer of the server means for the relay, and the
+/// duplicate window: see `docs/outbox.md`, "Publishers".
 ///
 /// ```no_run
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// # extern crate idem_runtime as idem;
+/// # async fn run<DB: idem::sql::SqlBackend>(pool: sqlx::Pool<DB>) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use idem::outbox::{JetStream, Relay};
 ///

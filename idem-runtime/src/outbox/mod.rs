@@ -9,9 +9,9 @@
 //!   [`PublishError`];
 //! - `in_process`: [`InProcess`], a broker inside the process;
 //! - `relay`: [`Relay`], which claims, publishes and marks;
-//! - `rabbitmq` (feature `rabbitmq`): [`RabbitMq`], `jetstream` (feature
-//!   `nats`): [`JetStream`], the real brokers' publishers;
-//! - [`consumer`] (either feature): the message id of a delivery.
+//! - `rabbitmq` (feature `rabbitmq`): `RabbitMq`, `jetstream` (feature
+//!   `nats`): `JetStream`, the real brokers' publishers;
+//! - `consumer` (either feature): the message id of a delivery.
 //!
 //! The table's statements and the operator's functions
 //! ([`list_messages`], [`find_message`], [`resend`], [`resend_all`],

@@ -17,26 +17,18 @@ use crate::store::sql::outbox::Message;
 /// durable queue).
 const PERSISTENT: u8 = 2;
 
-/// The relay's publisher for RabbitMQ (feature `rabbitmq`): each message
-/// published with publisher confirms on, `mandatory`, persistent, its
-/// [`Message::id`] as the AMQP `message_id`, its headers as AMQP headers
-/// and its key in the [`KEY_HEADER`] header, to the exchange
-/// ([`exchange`](Self::exchange); the default exchange unless told) with
-/// the message's topic as the routing key.
-///
-/// | the broker | the relay |
-/// |---|---|
-/// | confirms (`basic.ack`) | sent |
-/// | `basic.nack`, or returns the message (no queue bound: `mandatory`), or closes the channel refusing it (no such exchange, access refused) | [`refused`](PublishError::refused): dead at once, its words kept |
-/// | connection or channel lost, no confirmation within [`confirm_timeout`](Self::confirm_timeout) | [`unavailable`](PublishError::unavailable): tried again later |
-///
-/// Built with [`connect`](Self::connect), it opens its connection and
-/// channel again on the next publish after either was lost (at most one
-/// opening at a time); built [`from_channel`](Self::from_channel), it
-/// cannot, and reports the closed channel as unavailable.
+/// The relay's publisher for RabbitMQ (feature `rabbitmq`): publisher
+/// confirms on, `mandatory`, persistent, [`Message::id`] as the AMQP
+/// `message_id`, the message's headers and its key ([`KEY_HEADER`]), to
+/// the [`exchange`](Self::exchange) (the default one unless told) with the
+/// topic as the routing key. Built with [`connect`](Self::connect), it
+/// reopens its connection and channel on the next publish after either was
+/// lost. What each answer of the broker means for the relay: see
+/// `docs/outbox.md`, "Publishers".
 ///
 /// ```no_run
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// # extern crate idem_runtime as idem;
+/// # async fn run<DB: idem::sql::SqlBackend>(pool: sqlx::Pool<DB>) -> Result<(), Box<dyn std::error::Error>> {
 /// use idem::outbox::{RabbitMq, Relay};
 ///
 /// let rabbit = RabbitMq::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?.exchange("coupons");
