@@ -15,6 +15,9 @@
 
 use idem_test_support as common;
 
+#[macro_use]
+mod outbox_calls;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +32,7 @@ use idem::outbox::{
 };
 use idem::store::BoxFuture;
 use idem::{Claim, Guard};
+use outbox_calls::{End, everything};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,33 +238,13 @@ impl Publisher for StallAfterPublish {
     }
 }
 
-/// Every state, for reading back what a test wrote.
-fn everything(scope: &str) -> MessageQuery {
-    MessageQuery {
-        states: vec![MessageState::Pending, MessageState::Failing, MessageState::Sent, MessageState::Dead],
-        scope: Some(scope.to_owned()),
-        limit: 100_000,
-        ..MessageQuery::default()
-    }
-}
-
-/// How the body of a call ends.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum End {
-    Commit,
-    Rollback,
-    /// The body fails, and the caller commits anyway.
-    FailCommit,
-}
-
 macro_rules! broker_suite {
     (mod $m:ident; db = $db:ty; placeholder = $ph:literal; pool = $pool:expr; broker = $broker:expr;
      fleet = ($keys:expr, $per_key:expr); down = $down:expr;) => {
         mod $m {
             use super::*;
 
-            type Db = $db;
-            type Pool = sqlx::Pool<Db>;
+            outbox_calls!($db, $ph);
 
             /// The pool and the test's place on the broker, or the test skips.
             macro_rules! setup {
@@ -269,41 +253,6 @@ macro_rules! broker_suite {
                     let Some(bus) = Bus::new($broker).await else { return };
                     (pool, bus)
                 }};
-            }
-
-            /// Delete what the test left in the shared outbox.
-            async fn forget(pool: &Pool, scope: &str) {
-                sqlx::query(concat!("DELETE FROM idem_outbox WHERE scope = ", $ph))
-                    .bind(idem::key::stored_scope(scope).as_ref())
-                    .execute(pool)
-                    .await
-                    .unwrap();
-            }
-
-            /// A guarded call of `scope` and `key` whose body publishes
-            /// `payloads` to `topic`, then ends as `end` says: the ids.
-            async fn call(pool: &Pool, scope: &str, key: &str, messages: &[(&str, &[u8])], end: End) -> Vec<MessageId> {
-                let mut tx = pool.begin().await.unwrap();
-                let Claim::Run(ticket) =
-                    Guard::new(scope.to_owned()).key(key).dedup::<usize, _>(&mut tx).await.unwrap()
-                else {
-                    panic!("a first call of {key}")
-                };
-                let outbox = ticket.outbox();
-                let mut ids = Vec::new();
-                for (topic, payload) in messages {
-                    ids.push(outbox.publish(&mut tx, topic, payload).await.unwrap());
-                }
-                let result: Result<usize, AppError> = match end {
-                    End::FailCommit => Err(AppError::Rule("the body failed".into())),
-                    _ => Ok(ids.len()),
-                };
-                let _ = ticket.complete(&mut tx, result).await.unwrap();
-                match end {
-                    End::Rollback => tx.rollback().await.unwrap(),
-                    _ => tx.commit().await.unwrap(),
-                }
-                ids
             }
 
             /// The consumer's work for a delivery: its effect (a coupon
@@ -350,11 +299,11 @@ macro_rules! broker_suite {
                 let scope = unique("brokers.rollback");
                 let publisher = bus.publisher(None).await;
                 let topic = bus.topic.clone();
-                call(&pool, &scope, "T-1", &[(&topic, b"a")], End::Rollback).await;
-                call(&pool, &scope, "T-2", &[(&topic, b"b")], End::FailCommit).await;
+                call(&pool, &scope, "T-1", &[(&topic, b"a")], End::Rollback).await.unwrap();
+                call(&pool, &scope, "T-2", &[(&topic, b"b")], End::FailCommit).await.unwrap();
                 assert_eq!(relay(&pool, &publisher, &scope).drain().await.unwrap().claimed, 0);
                 // The same calls committed: out, with their ids.
-                let ids = call(&pool, &scope, "T-1", &[(&topic, b"a")], End::Commit).await;
+                let ids = call(&pool, &scope, "T-1", &[(&topic, b"a")], End::Commit).await.unwrap();
                 assert_eq!(relay(&pool, &publisher, &scope).drain().await.unwrap().sent, 1);
                 let got = bus.receive(1, Duration::from_secs(10)).await;
                 assert_eq!(
@@ -372,7 +321,7 @@ macro_rules! broker_suite {
                 let scope = unique("brokers.late");
                 let binary: &[u8] = &[0xff, 0x00, b'\'', 0x80];
                 let topic = bus.topic.clone();
-                let ids = call(&pool, &scope, "T-1", &[(&topic, binary)], End::Commit).await;
+                let ids = call(&pool, &scope, "T-1", &[(&topic, binary)], End::Commit).await.unwrap();
                 // The service stopped here: committed, never published. It
                 // starts again, with its relay.
                 let publisher = bus.publisher(None).await;
@@ -395,7 +344,7 @@ macro_rules! broker_suite {
                 let (pool, mut bus) = setup!();
                 let scope = unique("brokers.killed");
                 let topic = bus.topic.clone();
-                let ids = call(&pool, &scope, "T-1", &[(&topic, b"grant")], End::Commit).await;
+                let ids = call(&pool, &scope, "T-1", &[(&topic, b"grant")], End::Commit).await.unwrap();
                 let real = bus.publisher(None).await;
                 let stalling: Arc<dyn Publisher> =
                     Arc::new(StallAfterPublish { inner: real.clone(), stalled: AtomicBool::new(true) });
@@ -447,7 +396,7 @@ macro_rules! broker_suite {
                         let payloads: Vec<[u8; 4]> = (0..per_key).map(u32::to_be_bytes).collect();
                         let messages: Vec<(&str, &[u8])> = payloads.iter().map(|p| (topic.as_str(), &p[..])).collect();
                         for k in (w..keys).step_by(4) {
-                            call(&pool, &scope, &format!("K-{k}"), &messages, End::Commit).await;
+                            call(&pool, &scope, &format!("K-{k}"), &messages, End::Commit).await.unwrap();
                         }
                     });
                 }
@@ -491,13 +440,13 @@ macro_rules! broker_suite {
                 let publisher = bus.publisher(Some(&proxy)).await;
                 let relay = relay(&pool, &publisher, &scope).max_attempts(1000).start();
                 let topic = bus.topic.clone();
-                let before = call(&pool, &scope, "K-0", &[(&topic, b"before")], End::Commit).await;
+                let before = call(&pool, &scope, "K-0", &[(&topic, b"before")], End::Commit).await.unwrap();
                 assert_eq!(bus.receive(1, Duration::from_secs(10)).await.len(), 1, "the path works");
                 proxy.cut();
                 let down = Instant::now();
                 let mut ids: HashSet<MessageId> = HashSet::new();
                 for k in 1..=5 {
-                    ids.extend(call(&pool, &scope, &format!("K-{k}"), &[(&topic, b"x")], End::Commit).await);
+                    ids.extend(call(&pool, &scope, &format!("K-{k}"), &[(&topic, b"x")], End::Commit).await.unwrap());
                 }
                 tokio::time::sleep($down).await;
                 let rows = idem::outbox::list_messages(&pool, &everything(&scope)).await.unwrap();
@@ -534,8 +483,9 @@ macro_rules! broker_suite {
                 let scope = unique("brokers.refused");
                 let (topic, nowhere) = (bus.topic.clone(), bus.nowhere.clone());
                 // The refused one first, and after it a message of its own key.
-                let poison = call(&pool, &scope, "T-1", &[(&nowhere, b"p"), (&topic, b"after")], End::Commit).await;
-                let other = call(&pool, &scope, "T-2", &[(&topic, b"other")], End::Commit).await;
+                let poison =
+                    call(&pool, &scope, "T-1", &[(&nowhere, b"p"), (&topic, b"after")], End::Commit).await.unwrap();
+                let other = call(&pool, &scope, "T-2", &[(&topic, b"other")], End::Commit).await.unwrap();
                 let publisher = bus.publisher(None).await;
                 let report = relay(&pool, &publisher, &scope).drain().await.unwrap();
                 assert_eq!((report.dead, report.sent), (1, 2), "{report:?}");
