@@ -589,3 +589,29 @@ async fn a_delivery_without_an_id_is_named_in_the_error() {
     let with_id = tokio::time::timeout(Duration::from_secs(5), sub.next()).await.unwrap().unwrap();
     assert_eq!(consumer::message_id(&with_id).unwrap().as_str(), "idem-msg-1");
 }
+
+/// A channel of the caller's publishes with confirms; once it is closed,
+/// a publish is unavailable (tried again later), saying it cannot reopen it.
+#[tokio::test]
+async fn a_channel_given_to_rabbitmq_publishes_until_it_is_closed() {
+    use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+    let Some(url) = common::amqp().await else { return };
+    let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await.unwrap();
+    let admin = conn.create_channel().await.unwrap();
+    let queue = unique("idem-test-channel");
+    admin.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
+    let rabbit = RabbitMq::from_channel(conn.create_channel().await.unwrap()).await.unwrap();
+    let id = MessageId::for_call("tests.channel", "T-1", 0);
+    rabbit.publish(&Message::new(id.clone(), queue.as_str(), b"x".to_vec())).await.unwrap();
+    let got = admin.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }).await.unwrap();
+    assert_eq!(consumer::message_id(&got.expect("confirmed, so queued")).unwrap(), id);
+    // A publish to an exchange that does not exist: the broker closes the
+    // channel, refusing it; the channel is gone after that.
+    let missing = RabbitMq::from_channel(conn.create_channel().await.unwrap()).await.unwrap().exchange(unique("nope"));
+    let e = missing.publish(&Message::new(id.clone(), queue.as_str(), b"y".to_vec())).await.unwrap_err();
+    assert!(e.is_refused() && e.message().contains("NOT_FOUND"), "{e}");
+    let e = missing.publish(&Message::new(id, queue.as_str(), b"z".to_vec())).await.unwrap_err();
+    assert!(!e.is_refused() && e.message().contains("cannot be reopened"), "{e}");
+    admin.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    conn.close(200, "done".into()).await.unwrap();
+}
