@@ -52,14 +52,12 @@ impl JetStream {
 
     /// Publish through a client of yours.
     pub fn from_client(client: async_nats::Client) -> JetStream {
-        JetStream::new(async_nats::jetstream::new(client))
+        JetStream::new(async_nats::jetstream::new(client)).ack_timeout(Duration::from_secs(10))
     }
 
     /// Publish through a JetStream context of yours (its domain or API
-    /// prefix, its timeout).
+    /// prefix, and its timeout as the wait for a `PubAck`).
     pub fn new(context: async_nats::jetstream::Context) -> JetStream {
-        let mut context = context;
-        context.set_timeout(Duration::from_secs(10));
         JetStream { context, prefix: String::new() }
     }
 
@@ -71,7 +69,8 @@ impl JetStream {
     }
 
     /// How long a publish waits for the stream's `PubAck` before it is
-    /// reported unavailable (tried again later); default 10 s. Keep it
+    /// reported unavailable (tried again later); default 10 s (a context
+    /// given to [`new`](Self::new) keeps its own timeout). Keep it
     /// under the relay's claim lease, which bounds the wait anyway.
     pub fn ack_timeout(mut self, timeout: Duration) -> JetStream {
         self.context.set_timeout(timeout);

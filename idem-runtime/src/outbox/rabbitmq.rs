@@ -3,7 +3,7 @@
 //! `message_id`; it opens its connection again after one dropped.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -23,8 +23,8 @@ const PERSISTENT: u8 = 2;
 /// the [`exchange`](Self::exchange) (the default one unless told) with the
 /// topic as the routing key. Built with [`connect`](Self::connect), it
 /// reopens its connection and channel on the next publish after either was
-/// lost. What each answer of the broker means for the relay: see
-/// `docs/outbox.md`, "Publishers".
+/// lost. How it reopens, and what each answer of the broker means for the
+/// relay: see `docs/outbox.md`, "Publishers".
 ///
 /// ```no_run
 /// # extern crate idem_runtime as idem;
@@ -44,7 +44,15 @@ pub struct RabbitMq {
     /// The link publishes go through; replaced (one opening at a time)
     /// once its channel is no longer open.
     link: tokio::sync::Mutex<Option<Arc<Link>>>,
+    /// The last opening that failed, and why: the publishes of the next
+    /// [`REOPEN_AFTER`] fail with it instead of each waiting for an
+    /// opening of its own (a broker that does not answer would hold every
+    /// one for `connect_timeout`, one after another).
+    failed: std::sync::Mutex<Option<(Instant, PublishError)>>,
 }
+
+/// How long after a failed opening the next is tried.
+const REOPEN_AFTER: Duration = Duration::from_secs(1);
 
 struct Link {
     /// `None` for a channel given to [`RabbitMq::from_channel`].
@@ -83,6 +91,7 @@ impl RabbitMq {
             confirm_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             link: tokio::sync::Mutex::new(None),
+            failed: std::sync::Mutex::new(None),
         }
     }
 
@@ -114,8 +123,16 @@ impl RabbitMq {
         if let Some(open) = link.as_ref().filter(|l| l.channel.status().connected()) {
             return Ok(open.clone());
         }
+        if let Some((at, why)) = &*self.failed.lock().unwrap_or_else(|e| e.into_inner())
+            && at.elapsed() < REOPEN_AFTER
+        {
+            return Err(why.clone());
+        }
         let old = link.take();
-        let fresh = self.open(old).await?;
+        let opened = self.open(old).await;
+        *self.failed.lock().unwrap_or_else(|e| e.into_inner()) =
+            opened.as_ref().err().map(|why| (Instant::now(), why.clone()));
+        let fresh = opened?;
         *link = Some(fresh.clone());
         Ok(fresh)
     }
