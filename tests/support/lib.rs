@@ -3,15 +3,17 @@
 //! the door examples in `examples/http`, `examples/grpc` and `examples/mq`, which name it `common`
 //! (`use idem_test_support as common;`).
 //!
-//! PostgreSQL, MySQL/MariaDB and Redis come from `IDEM_PG_URL`,
-//! `IDEM_MYSQL_URL` and `IDEM_REDIS_URL` (defaulting to the local servers).
+//! PostgreSQL, MySQL/MariaDB, Redis, RabbitMQ and NATS come from
+//! `IDEM_PG_URL`, `IDEM_MYSQL_URL`, `IDEM_REDIS_URL`, `IDEM_AMQP_URL` and
+//! `IDEM_NATS_URL` (defaulting to the local servers).
 //! A server that does not answer within [`SKIP_AFTER`] skips the tests that
 //! need it, each saying so in a `SKIPPED:` line (see [`skip`]); with
 //! `IDEM_REQUIRE_SERVICES=1` (CI) it fails them instead, after
 //! [`REQUIRED_WAIT`].
 //!
 //! [`redis_server`]: Redis servers a test starts for itself, to kill or
-//! restart them.
+//! restart them. [`proxy`]: a TCP proxy to a shared server, cut and
+//! restored by a test (a broker out of reach, the server left running).
 
 // The runtime under the facade's name, as the tests write it (the facade
 // re-exports its types): `idem::Tx` is `idem_runtime::Tx`.
