@@ -13,7 +13,10 @@ macro_rules! links {
             $crate::doc_links::tx_links!(),
             $crate::doc_links::sql_links!(),
             $crate::doc_links::admin_links!(),
-            $crate::doc_links::redis_links!()
+            $crate::doc_links::redis_links!(),
+            $crate::doc_links::rabbitmq_links!(),
+            $crate::doc_links::nats_links!(),
+            $crate::doc_links::consumer_links!()
         )
     };
 }
@@ -69,4 +72,68 @@ group!(
     redis_links,
     ("crate::store::RedisStore", "crate::store::RedisStore", "store/struct.RedisStore.html"),
     ("crate::store::RedisStore::key", "crate::store::RedisStore::key", "store/struct.RedisStore.html#method.key"),
+);
+
+group!(
+    feature = "rabbitmq",
+    rabbitmq_links,
+    ("crate::outbox::RabbitMq", "crate::outbox::RabbitMq", "outbox/struct.RabbitMq.html"),
+    (
+        "crate::outbox::RabbitMq::connect",
+        "crate::outbox::RabbitMq::connect",
+        "outbox/struct.RabbitMq.html#method.connect"
+    ),
+    (
+        "crate::outbox::RabbitMq::from_channel",
+        "crate::outbox::RabbitMq::from_channel",
+        "outbox/struct.RabbitMq.html#method.from_channel"
+    ),
+    (
+        "crate::outbox::RabbitMq::exchange",
+        "crate::outbox::RabbitMq::exchange",
+        "outbox/struct.RabbitMq.html#method.exchange"
+    ),
+    (
+        "crate::outbox::RabbitMq::confirm_timeout",
+        "crate::outbox::RabbitMq::confirm_timeout",
+        "outbox/struct.RabbitMq.html#method.confirm_timeout"
+    ),
+);
+
+group!(
+    feature = "nats",
+    nats_links,
+    ("crate::outbox::JetStream", "crate::outbox::JetStream", "outbox/struct.JetStream.html"),
+    (
+        "crate::outbox::JetStream::connect",
+        "crate::outbox::JetStream::connect",
+        "outbox/struct.JetStream.html#method.connect"
+    ),
+    (
+        "crate::outbox::JetStream::subject_prefix",
+        "crate::outbox::JetStream::subject_prefix",
+        "outbox/struct.JetStream.html#method.subject_prefix"
+    ),
+    (
+        "crate::outbox::JetStream::ack_timeout",
+        "crate::outbox::JetStream::ack_timeout",
+        "outbox/struct.JetStream.html#method.ack_timeout"
+    ),
+    (
+        "crate::outbox::JetStream::ensure_stream",
+        "crate::outbox::JetStream::ensure_stream",
+        "outbox/struct.JetStream.html#method.ensure_stream"
+    ),
+);
+
+group!(
+    any(feature = "rabbitmq", feature = "nats"),
+    consumer_links,
+    ("crate::outbox::consumer", "crate::outbox::consumer", "outbox/consumer/index.html"),
+    (
+        "crate::outbox::consumer::message_id",
+        "crate::outbox::consumer::message_id",
+        "outbox/consumer/fn.message_id.html"
+    ),
+    ("crate::Error::NoMessageId", "crate::Error::NoMessageId", "enum.Error.html#variant.NoMessageId"),
 );

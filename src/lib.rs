@@ -65,6 +65,10 @@
 //!   records: the `http` module (feature `http`); the same for tonic gRPC
 //!   services, unary calls keyed by `idempotency-key` metadata: the `grpc`
 //!   module (feature `grpc`).
+//! - Messages for other services, written in the guarded transaction and
+//!   relayed to a broker after commit: the `outbox` module (feature
+//!   `outbox`), with the publishers for RabbitMQ (feature `rabbitmq`) and
+//!   NATS JetStream (feature `nats`) and the consumer's dedup by message id.
 //! - A first run told from a replay, `tracing` spans and metrics:
 //!   [`observe`].
 //! - Naming a record at the store's level (a scope and a key as stored),
@@ -198,11 +202,21 @@ pub mod sql {
 pub mod outbox {
     #![doc = include_str!("../docs/outbox.md")]
     #![doc = links!()]
+    /// The NATS JetStream publisher (feature `nats`).
+    #[cfg(feature = "nats")]
+    pub use idem_runtime::outbox::JetStream;
+    /// The RabbitMQ publisher (feature `rabbitmq`).
+    #[cfg(feature = "rabbitmq")]
+    pub use idem_runtime::outbox::RabbitMq;
+    /// The consumer's side: a delivery's message id as its dedup key
+    /// (features `rabbitmq`, `nats`).
+    #[cfg(any(feature = "rabbitmq", feature = "nats"))]
+    pub use idem_runtime::outbox::consumer;
     pub use idem_runtime::outbox::{
-        DEFAULT_MAX_PAYLOAD, Entry, InProcess, MAX_TOPIC, Message, MessageCounts, MessageId, MessageQuery,
-        MessageState, Outbox, ParseMessageIdError, PublishError, Publisher, Relay, RelayHandle, RelayReport,
-        count_messages, find_message, list_messages, oldest_pending, purge_sent, purge_sent_preview, resend,
-        resend_all,
+        DEFAULT_MAX_PAYLOAD, Entry, InProcess, KEY_HEADER, MAX_TOPIC, Message, MessageCounts, MessageId,
+        MessageQuery, MessageState, Outbox, ParseMessageIdError, PublishError, Publisher, Relay, RelayHandle,
+        RelayReport, count_messages, find_message, list_messages, oldest_pending, purge_sent, purge_sent_preview,
+        resend, resend_all,
     };
 }
 

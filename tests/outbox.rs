@@ -10,23 +10,17 @@
 
 use idem_test_support as common;
 
+#[macro_use]
+mod outbox_calls;
+
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::{AppError, unique};
 use idem::outbox::{InProcess, Message, MessageId, MessageQuery, MessageState, Outbox, Relay};
 use idem::{Claim, Guard};
+use outbox_calls::{End, everything};
 use tokio::sync::mpsc::UnboundedReceiver;
-
-/// Every state, for reading back what a test wrote.
-fn everything(scope: &str) -> MessageQuery {
-    MessageQuery {
-        states: vec![MessageState::Pending, MessageState::Failing, MessageState::Sent, MessageState::Dead],
-        scope: Some(scope.to_owned()),
-        limit: 100_000,
-        ..MessageQuery::default()
-    }
-}
 
 /// Receive until `n` distinct ids came (or `within` passed): every
 /// delivery, in order.
@@ -67,24 +61,10 @@ impl Consumer {
     }
 }
 
-/// How the body of [`call`] ends.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum End {
-    /// Ok, and the caller commits.
-    Commit,
-    /// Ok, and the caller rolls back.
-    Rollback,
-    /// The body fails, and the caller commits anyway.
-    FailCommit,
-}
-
 macro_rules! outbox_suite {
     (mod $m:ident; db = $db:ty; placeholder = $ph:literal; pool = $pool:expr;) => {
         mod $m {
             use super::*;
-
-            type Db = $db;
-            type Pool = sqlx::Pool<Db>;
 
             macro_rules! pool {
                 () => {
@@ -95,49 +75,7 @@ macro_rules! outbox_suite {
                 };
             }
 
-            /// Delete what the test left in the shared outbox (pending rows
-            /// are never purged, and sent ones only after their retention).
-            async fn forget(pool: &Pool, scope: &str) {
-                sqlx::query(concat!("DELETE FROM idem_outbox WHERE scope = ", $ph))
-                    .bind(idem::key::stored_scope(scope).as_ref())
-                    .execute(pool)
-                    .await
-                    .unwrap();
-            }
-
-            /// A guarded call of `scope` and `key` whose body publishes
-            /// `messages` (topic, payload) through the ticket's handle,
-            /// then ends as `end` says: the ids it published, or `None`
-            /// for a replay.
-            async fn call(
-                pool: &Pool,
-                scope: &str,
-                key: &str,
-                messages: &[(&str, &[u8])],
-                end: End,
-            ) -> Option<Vec<MessageId>> {
-                let mut tx = pool.begin().await.unwrap();
-                let scope = scope.to_owned();
-                let ticket = match Guard::new(scope).key(key).dedup::<usize, _>(&mut tx).await.unwrap() {
-                    Claim::Replay(_) => return None,
-                    Claim::Run(ticket) => ticket,
-                };
-                let outbox = ticket.outbox();
-                let mut ids = Vec::new();
-                for (topic, payload) in messages {
-                    ids.push(outbox.publish(&mut tx, topic, payload).await.unwrap());
-                }
-                let result: Result<usize, AppError> = match end {
-                    End::FailCommit => Err(AppError::Rule("the body failed".into())),
-                    _ => Ok(ids.len()),
-                };
-                let _ = ticket.complete(&mut tx, result).await.unwrap();
-                match end {
-                    End::Rollback => tx.rollback().await.unwrap(),
-                    _ => tx.commit().await.unwrap(),
-                }
-                Some(ids)
-            }
+            outbox_calls!($db, $ph);
 
             /// The attribute's way: `outbox = "outbox"` names the call's handle.
             #[idem::idempotent(key = "trade_no", scope = "tests.outbox.attribute", outbox = "outbox")]

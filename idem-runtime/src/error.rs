@@ -409,6 +409,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// A delivery a consumer received carries no message id (features
+    /// `rabbitmq`, `nats`: [`outbox::consumer::message_id`](crate::outbox::consumer::message_id)):
+    /// no AMQP `message_id` property, no `Nats-Msg-Id` header, or an empty
+    /// one. Its producer is not the outbox's relay, or did not set it; the
+    /// delivery cannot be deduplicated by id: refuse (dead-letter) it.
+    #[error("{delivery}: it cannot be deduplicated by message id; have its producer set one (idem's relay does)")]
+    #[cfg(any(feature = "rabbitmq", feature = "nats"))]
+    NoMessageId {
+        /// The delivery (its exchange and routing key, or its subject) and
+        /// where its id was looked for.
+        delivery: String,
+    },
+
     /// A lease store other than a SQL database (Redis) failed: unreachable,
     /// timed out, or answered something unexpected. Never a duplicate.
     #[error("{store} store error: {source}")]

@@ -3,15 +3,17 @@
 //! the door examples in `examples/http`, `examples/grpc` and `examples/mq`, which name it `common`
 //! (`use idem_test_support as common;`).
 //!
-//! PostgreSQL, MySQL/MariaDB and Redis come from `IDEM_PG_URL`,
-//! `IDEM_MYSQL_URL` and `IDEM_REDIS_URL` (defaulting to the local servers).
+//! PostgreSQL, MySQL/MariaDB, Redis, RabbitMQ and NATS come from
+//! `IDEM_PG_URL`, `IDEM_MYSQL_URL`, `IDEM_REDIS_URL`, `IDEM_AMQP_URL` and
+//! `IDEM_NATS_URL` (defaulting to the local servers).
 //! A server that does not answer within [`SKIP_AFTER`] skips the tests that
 //! need it, each saying so in a `SKIPPED:` line (see [`skip`]); with
 //! `IDEM_REQUIRE_SERVICES=1` (CI) it fails them instead, after
 //! [`REQUIRED_WAIT`].
 //!
 //! [`redis_server`]: Redis servers a test starts for itself, to kill or
-//! restart them.
+//! restart them. [`proxy`]: a TCP proxy to a shared server, cut and
+//! restored by a test (a broker out of reach, the server left running).
 
 // The runtime under the facade's name, as the tests write it (the facade
 // re-exports its types): `idem::Tx` is `idem_runtime::Tx`.
@@ -25,6 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
+pub mod proxy;
 pub mod redis_server;
 
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -336,4 +339,24 @@ pub async fn scan_unlink<C: redis::aio::ConnectionLike + Send + Sync>(conn: &mut
         deleted += conn.unlink::<_, usize>(page).await.unwrap();
     }
     deleted
+}
+
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
+/// `IDEM_AMQP_URL` (default: the local RabbitMQ) once its server accepts a
+/// connection, or `None` (skip; a failure with `IDEM_REQUIRE_SERVICES=1`).
+pub async fn amqp() -> Option<String> {
+    let url = std::env::var("IDEM_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned());
+    reach("RabbitMQ", &url, tokio::net::TcpStream::connect(proxy::host_port(&url))).await?;
+    Some(url)
+}
+
+/// `IDEM_NATS_URL` (default: the local NATS server, JetStream on) once its
+/// server accepts a connection, or `None` (skip; a failure with
+/// `IDEM_REQUIRE_SERVICES=1`).
+pub async fn nats() -> Option<String> {
+    let url = std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| DEFAULT_NATS_URL.to_owned());
+    reach("NATS", &url, tokio::net::TcpStream::connect(proxy::host_port(&url))).await?;
+    Some(url)
 }

@@ -6,6 +6,10 @@ use std::sync::Arc;
 use crate::future::BoxFuture;
 use crate::store::sql::outbox::Message;
 
+/// The header that carries [`Message::key`] (the call's key, as its record
+/// stores it) with a message the RabbitMQ and JetStream publishers send.
+pub const KEY_HEADER: &str = "idem-key";
+
 /// A broker's client, as the relay uses it: hand over one message and
 /// return once the broker has confirmed it (RabbitMQ's publisher confirm,
 /// JetStream's ack, Kafka's acks=all), never before: the relay marks the
