@@ -7,8 +7,11 @@
 //! messages directly, 32 in flight, with no database (`raw`): what the
 //! broker's confirmed publishing allows. `ratio` is the relay's rate over
 //! the raw rate, the median of the rounds'. The publishers: the in-process
-//! broker always, and RabbitMQ (`--amqp-url`) and NATS JetStream
-//! (`--nats-url`) where given.
+//! broker always (no I/O: the relay's own cost), and RabbitMQ
+//! (`--amqp-url`: the durable queue `loadgen.relay`, persistent messages,
+//! publisher confirms) and NATS JetStream (`--nats-url`: the stream
+//! `LOADGEN_RELAY`, a 2-minute duplicate window) where given, emptied
+//! before each turn and removed at the end.
 //!
 //! `outbox-latency`: `--clients` tasks run guarded calls that publish one
 //! message each, about 50 a second each, while a started relay
@@ -19,7 +22,8 @@
 //! (`poll`, every `poll_interval`, 1 s by default and 100 ms).
 //!
 //! ```text
-//! cargo run --release -p idem-bench -- --scenario relay --database-url postgres://postgres@127.0.0.1/test
+//! cargo run --release -p idem-bench -- --scenario relay --database-url postgres://postgres@127.0.0.1/test \
+//!     --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f --nats-url nats://127.0.0.1:4222
 //! cargo run --release -p idem-bench -- --scenario outbox-latency --database-url postgres://postgres@127.0.0.1/test --clients 4 --seconds 30
 //! ```
 
@@ -29,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use idem::idempotent;
-use idem::outbox::{InProcess, Message, MessageId, Publisher, Relay};
+use idem::outbox::{InProcess, JetStream, Message, MessageId, Publisher, RabbitMq, Relay};
 use sqlx::Transaction;
 
 use crate::common::{AppError, BoxError, Shop};
@@ -90,11 +94,70 @@ where
     Ok(())
 }
 
+/// A publisher to measure, and what it needs around it.
+struct Side {
+    broker: &'static str,
+    publisher: Arc<dyn Publisher>,
+    /// The queue or stream the messages go to, emptied between rounds.
+    place: Place,
+}
+
+enum Place {
+    None,
+    /// A durable queue named as the topic (the default exchange routes there).
+    Queue(lapin::Channel),
+    Stream(Arc<JetStream>),
+}
+
+/// The stream of `--nats-url`, capturing the topic.
+const STREAM: &str = "LOADGEN_RELAY";
+
+impl Place {
+    /// Empty it between rounds (the broker's memory and disk stay level).
+    async fn empty(&self) -> Result<(), BoxError> {
+        match self {
+            Place::None => {}
+            Place::Queue(channel) => {
+                channel.queue_purge(TOPIC.into(), lapin::options::QueuePurgeOptions::default()).await?;
+            }
+            Place::Stream(js) => {
+                js.context().get_stream(STREAM).await?.purge().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove it.
+    async fn remove(&self) {
+        match self {
+            Place::None => {}
+            Place::Queue(channel) => {
+                let _ = channel.queue_delete(TOPIC.into(), lapin::options::QueueDeleteOptions::default()).await;
+            }
+            Place::Stream(js) => {
+                let _ = js.context().delete_stream(STREAM).await;
+            }
+        }
+    }
+}
+
 /// The publishers to measure: in-process, and the brokers named.
-async fn publishers(options: &Options) -> Result<Vec<(&'static str, Arc<dyn Publisher>)>, BoxError> {
-    let sides: Vec<(&'static str, Arc<dyn Publisher>)> = vec![("in-process", Arc::new(InProcess::new()))];
-    if options.amqp_url.is_some() || options.nats_url.is_some() {
-        return Err("--amqp-url and --nats-url need the broker publishers (features rabbitmq, nats)".into());
+async fn sides(options: &Options) -> Result<Vec<Side>, BoxError> {
+    let mut sides = vec![Side { broker: "in-process", publisher: Arc::new(InProcess::new()), place: Place::None }];
+    if let Some(url) = &options.amqp_url {
+        let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+        let channel = conn.create_channel().await?;
+        let durable = lapin::options::QueueDeclareOptions { durable: true, ..Default::default() };
+        channel.queue_declare(TOPIC.into(), durable, Default::default()).await?;
+        // The connection lives as long as its channel is used.
+        std::mem::forget(conn);
+        let publisher = Arc::new(RabbitMq::connect(url).await?);
+        sides.push(Side { broker: "rabbitmq", publisher, place: Place::Queue(channel) });
+    }
+    if let Some(url) = &options.nats_url {
+        let js = Arc::new(JetStream::connect(url).await?);
+        js.ensure_stream(STREAM, &[TOPIC], Duration::from_secs(120)).await?;
+        sides.push(Side { broker: "nats", publisher: js.clone(), place: Place::Stream(js) });
     }
     Ok(sides)
 }
@@ -123,12 +186,13 @@ where
 {
     let rounds = 3;
     let (messages, keys) = (options.messages.max(1), options.keys.clamp(1, options.messages.max(1)));
-    for (broker, publisher) in publishers(options).await? {
+    for Side { broker, publisher, place } in sides(options).await? {
         let (mut relay_tps, mut raw_tps) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             // The raw side first in odd rounds: neither always runs on a
             // warmer broker.
             for side in if round % 2 == 0 { ["relay", "raw"] } else { ["raw", "relay"] } {
+                place.empty().await?;
                 let tps = if side == "relay" {
                     relay_round(pool, publisher.clone(), round, messages, keys, options.clients).await?
                 } else {
@@ -138,6 +202,7 @@ where
                 if side == "relay" { relay_tps.push(tps) } else { raw_tps.push(tps) }
             }
         }
+        place.remove().await;
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let ratio = median_of_ratios(&relay_tps, &raw_tps);
         println!(
