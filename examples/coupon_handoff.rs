@@ -429,7 +429,8 @@ where
     let entry = only_message(pool).await?;
     println!(
         "   the broker has it, the outbox still says {} (claimed by the dead relay: {})",
-        format!("{:?}", entry.state).to_lowercase(), entry.claimed
+        format!("{:?}", entry.state).to_lowercase(),
+        entry.claimed
     );
     wait("the coupon service to ack its delivery", || async { Ok(seen.acked.load(Ordering::SeqCst) >= 1) }).await?;
     println!(
@@ -590,7 +591,8 @@ const COUPONS: &str = "CREATE TABLE IF NOT EXISTS coupons \
 /// Both services' statements, the same on each database but for the
 /// placeholders (`common::sql` numbers them for PostgreSQL).
 trait Db: SqlBackend {
-    fn create_table(pool: &sqlx::Pool<Self>, ddl: &'static str) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    fn create_table(pool: &sqlx::Pool<Self>, ddl: &'static str)
+    -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     fn new_order(pool: &sqlx::Pool<Self>, trade_no: &str) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// WAIT_PAY -> PAID; whether it moved.
     fn mark_paid(conn: &mut Self::Connection, trade_no: &str)
