@@ -53,10 +53,11 @@ fn check(line: &BTreeMap<String, u64>) {
     assert_eq!(line["lost"], 0, "{line:?}");
     assert_eq!(line["duplicate_effects"], 0, "{line:?}");
     assert_eq!(line["resent"], 1, "{line:?}");
-    // Relay #1 before its kill, relay #2 after the outage, the re-send;
-    // and the consumer's own redelivery.
-    assert_eq!(line["published"], 3, "{line:?}");
-    assert_eq!(line["delivered"], 4, "{line:?}");
+    // Relay #1 before its kill, relay #2 after the outage, the re-send
+    // (one more if a stalled machine let relay #1 give its publish up and
+    // try again before the kill); and the consumer's own redelivery.
+    assert!(line["published"] >= 3, "{line:?}");
+    assert_eq!(line["delivered"], line["published"] + 1, "{line:?}");
 }
 
 fn url(var: &str, default: &str) -> String {
