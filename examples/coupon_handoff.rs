@@ -32,9 +32,21 @@
 //!
 //! ```text
 //! cargo run --example coupon_handoff --features outbox       # two SQLite files, the in-process broker
-//! cargo run --example coupon_handoff --features outbox -- \
-//!     --database-url postgres://postgres@127.0.0.1/test --coupon-database-url mysql://root@127.0.0.1/test
+//! cargo run --example coupon_handoff --features rabbitmq -- \
+//!     --database-url postgres://postgres@127.0.0.1/test --coupon-database-url mysql://root@127.0.0.1/test \
+//!     --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run --example coupon_handoff --features nats -- \
+//!     --database-url mysql://root@127.0.0.1/test --coupon-database-url postgres://postgres@127.0.0.1/test \
+//!     --nats-url nats://127.0.0.1:4222
 //! ```
+//!
+//! With RabbitMQ (a queue and an exchange of the run's own) the consumer
+//! gets every copy and deduplicates by id, as above. With JetStream (a
+//! stream of the run's own, a 2-minute duplicate window) the stream drops
+//! the copies published again, since their id is the same: `published=3
+//! delivered=2` (the one copy, and its redelivery after the consumer's
+//! stop before its ack). The relay reaches a real broker through a proxy
+//! of the demo's, which it cuts in step 4.
 //!
 //! On PostgreSQL and MySQL/MariaDB each run works in a schema (database)
 //! of its own, dropped at the end, so runs against a shared server never
@@ -52,7 +64,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::{AppError, BoxError, sql};
-use idem::outbox::{InProcess, Message, MessageQuery, MessageState, Publisher, Relay};
+#[cfg(feature = "nats")]
+use idem::outbox::JetStream;
+#[cfg(feature = "rabbitmq")]
+use idem::outbox::RabbitMq;
+use idem::outbox::{InProcess, Message, MessageQuery, MessageState, PublishError, Publisher, Relay};
 use idem::sql::SqlBackend;
 use idem::store::BoxFuture;
 use idem::{Claim, Guard, Outcome, idempotent};
@@ -80,6 +96,8 @@ struct GrantCoupon {
 }
 
 const PAYMENTS: &str = "payments.on_pay";
+/// Where the coupon service's messages go.
+const TOPIC: &str = "coupons.grant";
 
 /// The callback: the order WAIT_PAY -> PAID and the message, in `tx`,
 /// with the dedup record. Every repeat replays, and publishes nothing.
@@ -90,7 +108,7 @@ where
 {
     let paid = DB::mark_paid(tx, &event.trade_no).await?;
     let grant = GrantCoupon { trade_no: event.trade_no.clone(), user_id: event.user_id };
-    outbox.publish_json(&mut *tx, "coupons.grant", &grant).await?;
+    outbox.publish_json(&mut *tx, TOPIC, &grant).await?;
     Ok(paid)
 }
 
@@ -194,7 +212,7 @@ async fn consume(
             Ok(true) if stop_before_ack => {
                 stop_before_ack = false;
                 seen.granted.fetch_add(1, Ordering::SeqCst);
-                queue.abandon(delivery);
+                queue.abandon(delivery).await;
                 continue;
             }
             Ok(true) => seen.granted.fetch_add(1, Ordering::SeqCst),
@@ -202,83 +220,312 @@ async fn consume(
             Err(e) => {
                 eprintln!("   !! the coupon service failed a delivery: {e}");
                 seen.errors.fetch_add(1, Ordering::SeqCst);
-                queue.abandon(delivery);
+                queue.abandon(delivery).await;
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        queue.ack(delivery);
+        queue.ack(delivery).await;
         seen.acked.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 // ---------------------------------------------------------------------
-// The broker between the services. In-process for now: a real one
-// (`--amqp-url`, `--nats-url`) is one more arm of each match here.
+// The broker between the services: in-process by default, RabbitMQ
+// (`--amqp-url`) or NATS JetStream (`--nats-url`). The relay reaches a
+// real one through a proxy the demo can cut; the run's queue or stream is
+// its own, removed at the end.
 // ---------------------------------------------------------------------
 
-#[derive(Clone)]
-enum Broker {
+struct Broker {
+    kind: Kind,
+    /// What the relay hands messages to: the broker's publisher, counted
+    /// and held back as the demo needs.
+    publisher: Arc<Held>,
+    /// Between the relay and a real broker.
+    #[cfg(any(feature = "rabbitmq", feature = "nats"))]
+    proxy: Option<Proxy>,
+}
+
+// One of each for the run: their sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Kind {
     InProcess(InProcess),
+    /// The run's exchange routes the topic to the run's queue.
+    #[cfg(feature = "rabbitmq")]
+    Rabbit {
+        conn: lapin::Connection,
+        channel: lapin::Channel,
+        name: String,
+    },
+    /// The run's stream captures its subjects (`<prefix>coupons.grant`).
+    #[cfg(feature = "nats")]
+    Nats {
+        context: async_nats::jetstream::Context,
+        name: String,
+    },
+}
+
+/// The broker's publisher, counting the copies it took and holding each
+/// confirmation back for `delay` (relay #1 is killed while it waits).
+struct Held {
+    inner: Arc<dyn Publisher>,
+    took: AtomicU64,
+    delay: std::sync::Mutex<Duration>,
+}
+
+impl Publisher for Held {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn publish<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), PublishError>> {
+        Box::pin(async move {
+            self.inner.publish(message).await?;
+            self.took.fetch_add(1, Ordering::SeqCst);
+            let delay = *self.delay.lock().unwrap();
+            tokio::time::sleep(delay).await;
+            Ok(())
+        })
+    }
 }
 
 impl Broker {
-    fn connect(_args: &Args) -> Result<Broker, BoxError> {
-        Ok(Broker::InProcess(InProcess::new()))
+    async fn connect(args: &Args, run: &str) -> Result<Broker, BoxError> {
+        let held = |inner: Arc<dyn Publisher>| {
+            Arc::new(Held { inner, took: AtomicU64::new(0), delay: std::sync::Mutex::new(Duration::ZERO) })
+        };
+        #[cfg(feature = "rabbitmq")]
+        if let Some(url) = &args.amqp_url {
+            use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+            let name = format!("idem-handoff-{run}");
+            let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+            let channel = conn.create_channel().await?;
+            let (exchange, declare) = (ExchangeDeclareOptions::default(), QueueDeclareOptions::default());
+            let kind = lapin::ExchangeKind::Direct;
+            channel.exchange_declare(name.as_str().into(), kind, exchange, Default::default()).await?;
+            channel.queue_declare(name.as_str().into(), declare, Default::default()).await?;
+            let bind = QueueBindOptions::default();
+            channel
+                .queue_bind(name.as_str().into(), name.as_str().into(), TOPIC.into(), bind, Default::default())
+                .await?;
+            let proxy = Proxy::start(url).await?;
+            let publisher = RabbitMq::connect(&proxy.url(url)).await?.exchange(name.as_str());
+            let publisher = publisher.confirm_timeout(Duration::from_secs(2));
+            let kind = Kind::Rabbit { conn, channel, name };
+            return Ok(Broker { kind, publisher: held(Arc::new(publisher)), proxy: Some(proxy) });
+        }
+        #[cfg(feature = "nats")]
+        if let Some(url) = &args.nats_url {
+            let name = format!("HANDOFF_{run}");
+            let context = async_nats::jetstream::new(async_nats::connect(url).await?);
+            context
+                .get_or_create_stream(async_nats::jetstream::stream::Config {
+                    name: name.clone(),
+                    subjects: vec![format!("{name}.>")],
+                    duplicate_window: Duration::from_secs(120),
+                    ..Default::default()
+                })
+                .await?;
+            let proxy = Proxy::start(url).await?;
+            let publisher = JetStream::connect(&proxy.url(url)).await?.subject_prefix(format!("{name}."));
+            let publisher = publisher.ack_timeout(Duration::from_secs(1));
+            let kind = Kind::Nats { context, name };
+            return Ok(Broker { kind, publisher: held(Arc::new(publisher)), proxy: Some(proxy) });
+        }
+        let _ = (args, run);
+        let broker = InProcess::new();
+        Ok(Broker {
+            publisher: held(Arc::new(broker.clone())),
+            kind: Kind::InProcess(broker),
+            #[cfg(any(feature = "rabbitmq", feature = "nats"))]
+            proxy: None,
+        })
     }
 
     fn name(&self) -> &'static str {
-        match self {
-            Broker::InProcess(_) => "in-process",
-        }
-    }
-
-    /// What the relay hands messages to.
-    fn publisher(&self) -> Arc<dyn Publisher> {
-        match self {
-            Broker::InProcess(b) => Arc::new(b.clone()),
+        match &self.kind {
+            Kind::InProcess(_) => "in-process",
+            #[cfg(feature = "rabbitmq")]
+            Kind::Rabbit { .. } => "rabbitmq",
+            #[cfg(feature = "nats")]
+            Kind::Nats { .. } => "nats",
         }
     }
 
     /// The coupon service's queue, which gets every message from now on.
-    fn queue(&self, seen: Arc<Seen>) -> Queue {
-        match self {
-            Broker::InProcess(b) => Queue::InProcess { rx: b.subscribe(), unacked: VecDeque::new(), seen },
-        }
+    async fn queue(&self, seen: Arc<Seen>) -> Result<Queue, BoxError> {
+        Ok(match &self.kind {
+            Kind::InProcess(b) => Queue::InProcess { rx: b.subscribe(), unacked: VecDeque::new(), seen },
+            #[cfg(feature = "rabbitmq")]
+            Kind::Rabbit { conn, name, .. } => {
+                let reader = conn.create_channel().await?;
+                let options = lapin::options::BasicConsumeOptions::default();
+                let tag = format!("{name}-coupons");
+                let deliveries = reader
+                    .basic_consume(name.as_str().into(), tag.as_str().into(), options, Default::default())
+                    .await?;
+                Queue::Rabbit { _reader: reader, deliveries, seen }
+            }
+            #[cfg(feature = "nats")]
+            Kind::Nats { context, name } => {
+                use async_nats::jetstream::consumer::{AckPolicy, pull};
+                let stream = context.get_stream(name).await?;
+                let config = pull::Config { ack_policy: AckPolicy::Explicit, ..Default::default() };
+                let messages = stream.create_consumer(config).await?.messages().await?;
+                Queue::Nats { messages, seen }
+            }
+        })
     }
 
-    /// Messages the broker took from relays (each copy).
+    /// What the relay hands messages to.
+    fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
+    }
+
+    /// Copies of the message the broker took from relays.
     fn published(&self) -> u64 {
-        match self {
-            Broker::InProcess(b) => b.delivered(),
+        self.publisher.took.load(Ordering::SeqCst)
+    }
+
+    /// Copies the broker keeps for the consumer: each one it took, but on
+    /// JetStream, whose duplicate window drops a re-send of an id, one a
+    /// message.
+    async fn kept(&self) -> Result<u64, BoxError> {
+        match &self.kind {
+            #[cfg(feature = "nats")]
+            Kind::Nats { context, name } => Ok(context.get_stream(name).await?.get_info().await?.state.messages),
+            _ => Ok(self.published()),
         }
     }
 
-    /// Confirm each message this long after taking it (`ZERO`: at once).
+    /// Confirm each message this long after the broker took it.
     fn confirm_after(&self, delay: Duration) {
-        match self {
-            Broker::InProcess(b) => b.latency(delay),
-        }
+        *self.publisher.delay.lock().unwrap() = delay;
     }
 
     /// Cut the publishers' connection for `duration`.
     fn cut_for(&self, duration: Duration) {
-        match self {
-            Broker::InProcess(b) => b.down_for(duration),
+        match &self.kind {
+            Kind::InProcess(b) => b.down_for(duration),
+            #[cfg(any(feature = "rabbitmq", feature = "nats"))]
+            _ => {
+                if let Some(proxy) = &self.proxy {
+                    proxy.cut_for(duration);
+                }
+            }
         }
     }
+
+    /// What became of a copy published again: the consumer took it as a
+    /// repeat, or (JetStream) the stream's duplicate window dropped it.
+    fn again(&self) -> &'static str {
+        match &self.kind {
+            #[cfg(feature = "nats")]
+            Kind::Nats { .. } => "JetStream dropped the copy (its duplicate window knows the id)",
+            _ => "the coupon service took it as a repeat",
+        }
+    }
+
+    /// Remove the run's queue or stream.
+    async fn close(self) {
+        match self.kind {
+            Kind::InProcess(_) => {}
+            #[cfg(feature = "rabbitmq")]
+            Kind::Rabbit { conn, channel, name } => {
+                use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+                let _ = channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await;
+                let _ = channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await;
+                let _ = conn.close(200, "done".into()).await;
+            }
+            #[cfg(feature = "nats")]
+            Kind::Nats { context, name } => {
+                let _ = context.delete_stream(&name).await;
+            }
+        }
+    }
+}
+
+/// A TCP proxy between the relay and a real broker, which the demo cuts:
+/// the connections it carries close, and new ones are refused, until the
+/// cut is over.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+struct Proxy {
+    addr: std::net::SocketAddr,
+    cut_until: Arc<std::sync::Mutex<Instant>>,
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+impl Proxy {
+    /// A proxy on a free local port to the host and port of `url`.
+    async fn start(url: &str) -> Result<Proxy, BoxError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let (addr, server) = (listener.local_addr()?, host_port(url).to_owned());
+        let cut_until = Arc::new(std::sync::Mutex::new(Instant::now()));
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let (cut, gen_) = (cut_until.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if Instant::now() < *cut.lock().unwrap() {
+                    continue; // refused: dropped at once
+                }
+                let (mut closed, server) = (gen_.subscribe(), server.clone());
+                tokio::spawn(async move {
+                    let Ok(mut upstream) = tokio::net::TcpStream::connect(&server).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = closed.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(Proxy { addr, cut_until, generation })
+    }
+
+    /// `url` with the proxy in place of its host and port.
+    fn url(&self, url: &str) -> String {
+        url.replacen(host_port(url), &self.addr.to_string(), 1)
+    }
+
+    fn cut_for(&self, duration: Duration) {
+        *self.cut_until.lock().unwrap() = Instant::now() + duration;
+        self.generation.send_modify(|g| *g += 1);
+    }
+}
+
+/// The `host:port` of `scheme://[user[:password]@]host:port[/...]`.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+fn host_port(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    authority.rsplit_once('@').map_or(authority, |(_, host)| host)
 }
 
 /// A delivery: acked, or abandoned (the consumer stopped before its ack).
 struct Delivery {
     message: Message,
+    ack: Ack,
 }
 
+enum Ack {
+    InProcess,
+    #[cfg(feature = "rabbitmq")]
+    Rabbit(Box<lapin::Acker>),
+    #[cfg(feature = "nats")]
+    Nats(Box<async_nats::jetstream::Message>),
+}
+
+#[allow(clippy::large_enum_variant)]
 enum Queue {
     /// The in-process broker forgets a message once delivered; this queue
     /// keeps what a consumer abandoned and delivers it again first, as a
     /// broker requeues an unacked message.
     InProcess { rx: UnboundedReceiver<Message>, unacked: VecDeque<Message>, seen: Arc<Seen> },
+    #[cfg(feature = "rabbitmq")]
+    Rabbit { _reader: lapin::Channel, deliveries: lapin::Consumer, seen: Arc<Seen> },
+    #[cfg(feature = "nats")]
+    Nats { messages: async_nats::jetstream::consumer::pull::Stream, seen: Arc<Seen> },
 }
 
 impl Queue {
@@ -286,24 +533,66 @@ impl Queue {
         match self {
             Queue::InProcess { rx, unacked, seen } => {
                 if let Some(message) = unacked.pop_front() {
-                    return Some(Delivery { message });
+                    return Some(Delivery { message, ack: Ack::InProcess });
                 }
                 let message = rx.recv().await?;
                 seen.from_broker.fetch_add(1, Ordering::SeqCst);
-                Some(Delivery { message })
+                Some(Delivery { message, ack: Ack::InProcess })
+            }
+            #[cfg(feature = "rabbitmq")]
+            Queue::Rabbit { deliveries, seen, .. } => {
+                use futures_util::StreamExt as _;
+                let d = deliveries.next().await?.ok()?;
+                if !d.redelivered {
+                    seen.from_broker.fetch_add(1, Ordering::SeqCst);
+                }
+                let id = idem::outbox::consumer::message_id(&d).ok()?;
+                let message = Message::new(id, TOPIC, d.data.clone());
+                Some(Delivery { message, ack: Ack::Rabbit(Box::new(d.acker)) })
+            }
+            #[cfg(feature = "nats")]
+            Queue::Nats { messages, seen } => {
+                use futures_util::StreamExt as _;
+                let m = messages.next().await?.ok()?;
+                if m.info().is_ok_and(|info| info.delivered == 1) {
+                    seen.from_broker.fetch_add(1, Ordering::SeqCst);
+                }
+                let id = idem::outbox::consumer::message_id(&m).ok()?;
+                let message = Message::new(id, TOPIC, m.payload.to_vec());
+                Some(Delivery { message, ack: Ack::Nats(Box::new(m)) })
             }
         }
     }
 
-    fn ack(&mut self, delivery: Delivery) {
-        match self {
-            Queue::InProcess { .. } => drop(delivery),
+    async fn ack(&mut self, delivery: Delivery) {
+        match delivery.ack {
+            Ack::InProcess => {}
+            #[cfg(feature = "rabbitmq")]
+            Ack::Rabbit(acker) => {
+                let _ = acker.ack(lapin::options::BasicAckOptions::default()).await;
+            }
+            #[cfg(feature = "nats")]
+            Ack::Nats(m) => {
+                let _ = m.double_ack().await;
+            }
         }
     }
 
-    fn abandon(&mut self, delivery: Delivery) {
-        match self {
-            Queue::InProcess { unacked, .. } => unacked.push_back(delivery.message),
+    /// Stopped before the ack: the broker delivers it again.
+    async fn abandon(&mut self, delivery: Delivery) {
+        match (self, delivery.ack) {
+            (Queue::InProcess { unacked, .. }, _) => unacked.push_back(delivery.message),
+            #[cfg(feature = "rabbitmq")]
+            (_, Ack::Rabbit(acker)) => {
+                let requeue = lapin::options::BasicNackOptions { requeue: true, ..Default::default() };
+                let _ = acker.nack(requeue).await;
+            }
+            #[cfg(feature = "nats")]
+            (_, Ack::Nats(m)) => {
+                let _ = m.ack_with(async_nats::jetstream::AckKind::Nak(None)).await;
+            }
+            #[allow(unreachable_patterns)]
+            _ => {}
         }
     }
 }
@@ -322,6 +611,15 @@ struct Args {
     /// The coupon service's database, the same kinds; default: another SQLite file.
     #[arg(long)]
     coupon_database_url: Option<String>,
+    /// RabbitMQ between the services, e.g. amqp://guest:guest@127.0.0.1:5672/%2f
+    /// (feature `rabbitmq`); default: a broker in the process.
+    #[cfg(feature = "rabbitmq")]
+    #[arg(long, conflicts_with = "nats_url")]
+    amqp_url: Option<String>,
+    /// NATS JetStream between the services, e.g. nats://127.0.0.1:4222 (feature `nats`).
+    #[cfg(feature = "nats")]
+    #[arg(long)]
+    nats_url: Option<String>,
     /// Concurrent clients sending the copies.
     #[arg(long, default_value_t = 100)]
     clients: usize,
@@ -337,7 +635,7 @@ async fn main() -> Result<(), BoxError> {
     let dir = std::env::temp_dir().join(format!("idem-coupon-handoff-{run}"));
     let orders = Database::open(args.database_url.as_deref(), &dir, "orders", &run).await?;
     let coupons = Database::open(args.coupon_database_url.as_deref(), &dir, "coupons", &run).await?;
-    let broker = Broker::connect(&args)?;
+    let broker = Broker::connect(&args, &run).await?;
     let ok = match &orders {
         Database::Sqlite(pool) => start(pool, &orders, &coupons, &broker, &args, &run).await,
         Database::Postgres(pool, _) => start(pool, &orders, &coupons, &broker, &args, &run).await,
@@ -345,6 +643,7 @@ async fn main() -> Result<(), BoxError> {
     };
     orders.drop_run().await;
     coupons.drop_run().await;
+    broker.close().await;
     let _ = std::fs::remove_dir_all(&dir);
     if !ok? {
         std::process::exit(1);
@@ -399,7 +698,7 @@ where
     O::new_order(pool, &event.trade_no).await?;
     let seen = Arc::new(Seen::default());
     let (stop_consumer, stop) = tokio::sync::watch::channel(false);
-    let consumer = tokio::spawn(consume(coupons.clone(), broker.queue(seen.clone()), seen.clone(), stop));
+    let consumer = tokio::spawn(consume(coupons.clone(), broker.queue(seen.clone()).await?, seen.clone(), stop));
     let mut errors = 0u64;
 
     println!("1. the gateway reports trade {} as paid, 6 times in a row:", event.trade_no);
@@ -449,8 +748,9 @@ where
     let entry = only_message(pool).await?;
     println!(
         "   once #1's claim ran out, #2 retried while the broker was down and published it again when it came \
-         back (the message's try #{}); the coupon service took it as a repeat",
-        entry.attempts
+         back (the message's try #{}); {}",
+        entry.attempts,
+        broker.again()
     );
 
     println!("5. an operator re-sends every message, to be sure:");
@@ -462,7 +762,7 @@ where
     let resent = idem::outbox::resend_all(pool, &everything).await?;
     wait("the relay to take the re-sent message", || async { Ok(broker.published() >= 3) }).await?;
     settled(pool, broker, &seen).await?;
-    println!("   {resent} re-sent, published once more; the coupon service took it as a repeat");
+    println!("   {resent} re-sent, published once more; {}", broker.again());
     relay_2.stop().await;
     let _ = stop_consumer.send(true);
     consumer.await?;
@@ -559,7 +859,7 @@ async fn settled<O: Db>(pool: &sqlx::Pool<O>, broker: &Broker, seen: &Seen) -> R
         let sent = only_message(pool).await?.state == MessageState::Sent;
         // Each copy the broker had, acked once (after any redelivery).
         let copies = seen.from_broker.load(Ordering::SeqCst);
-        Ok(sent && copies == broker.published() && seen.acked.load(Ordering::SeqCst) == copies)
+        Ok(sent && copies == broker.kept().await? && seen.acked.load(Ordering::SeqCst) == copies)
     })
     .await
 }

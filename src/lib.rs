@@ -213,10 +213,10 @@ pub mod outbox {
     #[cfg(any(feature = "rabbitmq", feature = "nats"))]
     pub use idem_runtime::outbox::consumer;
     pub use idem_runtime::outbox::{
-        DEFAULT_MAX_PAYLOAD, Entry, InProcess, KEY_HEADER, MAX_TOPIC, Message, MessageCounts, MessageId,
-        MessageQuery, MessageState, Outbox, ParseMessageIdError, PublishError, Publisher, Relay, RelayHandle,
-        RelayReport, count_messages, find_message, list_messages, oldest_pending, purge_sent, purge_sent_preview,
-        resend, resend_all,
+        DEFAULT_MAX_PAYLOAD, Entry, InProcess, KEY_HEADER, MAX_TOPIC, Message, MessageCounts, MessageId, MessageQuery,
+        MessageState, Outbox, ParseMessageIdError, PublishError, Publisher, Relay, RelayHandle, RelayReport,
+        count_messages, find_message, list_messages, oldest_pending, purge_sent, purge_sent_preview, resend,
+        resend_all,
     };
 }
 

@@ -1,14 +1,15 @@
 //! `examples/coupon_handoff` run as a user runs it: embedded (two SQLite
 //! files, the in-process broker), then with the orders on PostgreSQL and
-//! the coupons on MariaDB, and the reverse. Each run ends with one line,
+//! the coupons on MariaDB, and the reverse, with the in-process broker,
+//! RabbitMQ (PostgreSQL orders) and NATS JetStream (MariaDB orders). Each run ends with one line,
 //! `callbacks=... published=... delivered=... coupons_granted=1 lost=0
 //! duplicate_effects=0 resent=...`, and exits 0 only if it says so; each
 //! works in a schema (database) of its own, so runs in parallel never meet.
 //!
 //! The example is a target of the root package: `cargo test --workspace`
-//! builds it (with the outbox, which this package's tests turn on) before
-//! any test runs. Run alone, this test needs it built first:
-//! `cargo build --example coupon_handoff --features outbox`.
+//! builds it (with the outbox and both brokers, which this package's tests
+//! turn on) before any test runs. Run alone, this test needs it built
+//! first: `cargo build --example coupon_handoff --features rabbitmq,nats`.
 
 use idem_test_support as common;
 
@@ -22,7 +23,7 @@ fn example() -> PathBuf {
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let binary =
         deps.parent().unwrap().join("examples").join(format!("coupon_handoff{}", std::env::consts::EXE_SUFFIX));
-    let build = "build it: cargo build --example coupon_handoff --features outbox (cargo test --workspace does)";
+    let build = "build it: cargo build --example coupon_handoff --features rabbitmq,nats (cargo test --workspace does)";
     let built = std::fs::metadata(&binary).and_then(|m| m.modified());
     let built = built.unwrap_or_else(|e| panic!("{} is missing ({e}): {build}", binary.display()));
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/coupon_handoff.rs");
@@ -46,18 +47,24 @@ fn run(args: &[&str]) -> BTreeMap<String, u64> {
     line
 }
 
-/// What every run must end with, whatever its databases.
+/// What every run must end with, whatever its databases, with the
+/// in-process broker or RabbitMQ.
 fn check(line: &BTreeMap<String, u64>) {
-    assert_eq!(line["callbacks"], 1006, "{line:?}");
-    assert_eq!(line["coupons_granted"], 1, "{line:?}");
-    assert_eq!(line["lost"], 0, "{line:?}");
-    assert_eq!(line["duplicate_effects"], 0, "{line:?}");
-    assert_eq!(line["resent"], 1, "{line:?}");
+    check_effects(line);
     // Relay #1 before its kill, relay #2 after the outage, the re-send
     // (one more if a stalled machine let relay #1 give its publish up and
     // try again before the kill); and the consumer's own redelivery.
     assert!(line["published"] >= 3, "{line:?}");
     assert_eq!(line["delivered"], line["published"] + 1, "{line:?}");
+}
+
+/// One coupon, none lost, none twice, the re-send done.
+fn check_effects(line: &BTreeMap<String, u64>) {
+    assert_eq!(line["callbacks"], 1006, "{line:?}");
+    assert_eq!(line["coupons_granted"], 1, "{line:?}");
+    assert_eq!(line["lost"], 0, "{line:?}");
+    assert_eq!(line["duplicate_effects"], 0, "{line:?}");
+    assert_eq!(line["resent"], 1, "{line:?}");
 }
 
 fn url(var: &str, default: &str) -> String {
@@ -89,4 +96,27 @@ async fn orders_on_mariadb_coupons_on_postgres() {
     let Some((pg, mysql)) = servers().await else { return };
     let line = tokio::task::spawn_blocking(move || run(&["--database-url", &mysql, "--coupon-database-url", &pg]));
     check(&line.await.unwrap());
+}
+
+#[tokio::test]
+async fn orders_on_postgres_coupons_on_mariadb_over_rabbitmq() {
+    let Some((pg, mysql)) = servers().await else { return };
+    let Some(amqp) = common::amqp().await else { return };
+    let args = ["--database-url", &pg, "--coupon-database-url", &mysql, "--amqp-url", &amqp].map(str::to_owned);
+    let line = tokio::task::spawn_blocking(move || run(&args.each_ref().map(String::as_str)));
+    check(&line.await.unwrap());
+}
+
+/// JetStream drops the copies published again (their id is the same):
+/// the consumer gets one, and its redelivery after the stop before its ack.
+#[tokio::test]
+async fn orders_on_mariadb_coupons_on_postgres_over_nats() {
+    let Some((pg, mysql)) = servers().await else { return };
+    let Some(nats) = common::nats().await else { return };
+    let args = ["--database-url", &mysql, "--coupon-database-url", &pg, "--nats-url", &nats].map(str::to_owned);
+    let line = tokio::task::spawn_blocking(move || run(&args.each_ref().map(String::as_str)));
+    let line = line.await.unwrap();
+    check_effects(&line);
+    assert!(line["published"] >= 3, "{line:?}");
+    assert_eq!(line["delivered"], 2, "{line:?}");
 }
