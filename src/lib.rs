@@ -159,6 +159,14 @@ pub mod state {
     pub use idem_runtime::state::{StateCode, StateTable, StoredState, Transition};
 }
 
+/// The business table's own unique key as the guard: `unique`,
+/// `unique+state`.
+#[cfg(feature = "sql")]
+pub mod unique {
+    #![doc = include_str!("../docs/unique.md")]
+    pub use idem_runtime::unique::{Completed, DatabaseFailure, Replaying, UniqueTicket, insert};
+}
+
 /// A broker's batch, each message under its own dedup guard.
 #[cfg(feature = "sql")]
 pub mod batch {
