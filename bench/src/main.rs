@@ -442,7 +442,7 @@ const RESET: &str = "DELETE FROM idem_records WHERE scope IN \
 impl Handwritten for Postgres {
     const PAYMENT_DDL: &'static str = "CREATE TABLE IF NOT EXISTS loadgen_payment_record (id BIGSERIAL PRIMARY KEY, \
         pay_no VARCHAR(191) NOT NULL, CONSTRAINT uk_loadgen_pay_no UNIQUE (pay_no)); \
-        DELETE FROM loadgen_payment_record; VACUUM ANALYZE loadgen_payment_record";
+        DELETE FROM loadgen_payment_record";
     const INSERT_PAYMENT: &'static str = "INSERT INTO loadgen_payment_record (pay_no) VALUES ($1) ON CONFLICT ON CONSTRAINT uk_loadgen_pay_no DO NOTHING";
     async fn setup_payments(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(Self::PAYMENT_DDL).execute(pool).await.map(drop)

@@ -89,7 +89,7 @@ impl Guard<'_> {
                     send::<C::Db>(tx.guard_connection(), RELEASE).await?;
                 }
                 p.claimed();
-                Ok(Claim::Replay(Replaying { prepared: p }))
+                Ok(Claim::Replay(Replaying { prepared: Box::new(p) }))
             }
             Err(e) => {
                 if savepoint {
@@ -138,7 +138,8 @@ pub enum Completed<T, E> {
 #[derive(Debug)]
 #[must_use = "hand the replay function's answer to `Replaying::answer`"]
 pub struct Replaying {
-    prepared: Prepared,
+    /// Boxed: a `Completed` is mostly the body's answer.
+    prepared: Box<Prepared>,
 }
 
 impl Replaying {
@@ -212,7 +213,7 @@ impl<DB: SqlBackend> UniqueTicket<DB> {
         } else if let Some(moved) = &self.moved {
             revert::<DB>(tx.guard_connection(), p, moved).await;
         }
-        Ok(Completed::Duplicate(Replaying { prepared: self.prepared }))
+        Ok(Completed::Duplicate(Replaying { prepared: Box::new(self.prepared) }))
     }
 
     /// [`complete`](Self::complete) with a guard failure converted into the
