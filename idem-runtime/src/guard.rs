@@ -195,6 +195,7 @@ impl<'s> Guard<'s> {
     /// duplicate-key error undoes only its statement). The guard then
     /// sends nothing of its own. A plain insert's duplicate on PostgreSQL
     /// without it is [`Error::UniqueAborted`].
+    #[cfg(feature = "sql")]
     pub fn savepoint(mut self, take: bool) -> Guard<'s> {
         self.savepoint = take;
         self

@@ -424,6 +424,7 @@ impl KeyBuilder {
     }
 
     /// No part was added.
+    #[cfg(feature = "sql")]
     pub fn is_empty(&self) -> bool {
         self.index == 0
     }

@@ -16,9 +16,12 @@ use crate::future::BoxFuture;
 #[doc(hidden)]
 pub struct Violation {
     /// The constraint or index the database named (PostgreSQL), or the key
-    /// name it wrote in its message (MySQL/MariaDB).
+    /// name it wrote in its message (MySQL/MariaDB). Read by those two.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) named: Option<String>,
     /// The database's message (SQLite names the index's columns in it).
+    /// Read by SQLite.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) message: String,
 }
 
