@@ -7,9 +7,16 @@
 //! PAID in the same transaction (the seeds' two lines of defence: either the
 //! dedup record or the status check alone keeps the coupon single).
 //!
+//! With `--strategy unique` it runs the seed's first scheme: the payment
+//! table's own unique key (`payment_record`, `uk_pay_no`) is the guard. The
+//! handler inserts the payment row (with the coupon it granted); a repeat's
+//! insert fails on `uk_pay_no`, its coupon is rolled back with it, and the
+//! existing row answers. Nothing of idem's is written.
+//!
 //! ```text
 //! cargo run --example payment_callback                        # SQLite, no server
 //! cargo run --example payment_callback -- --strategy dedup+state
+//! cargo run --example payment_callback -- --strategy unique --database-url postgres://postgres@127.0.0.1/test
 //! cargo run --example payment_callback -- --database-url postgres://postgres@127.0.0.1/test
 //! cargo run --example payment_callback -- --database-url mysql://root@127.0.0.1/test
 //! ```
@@ -72,6 +79,120 @@ where
     Ok(Some(Receipt { coupon_id }))
 }
 
+/// The seed's first scheme: the payment row is the claim (its unique key
+/// `uk_pay_no` stops the second insert), and a repeat's answer is read
+/// from that row. The coupon is granted first: a repeat's coupon is rolled
+/// back to the guard's savepoint with its failed insert.
+#[idempotent(
+    strategy = "unique",
+    constraint = "uk_pay_no",
+    replay = "existing_payment",
+    scope = "shop.on_pay_callback_unique"
+)]
+async fn on_pay_callback_unique<DB: PaymentTable>(
+    tx: &mut Transaction<'_, DB>,
+    event: &PayCallback,
+) -> Result<Receipt, AppError>
+where
+    DB::Connection: Send,
+{
+    let coupon_id = DB::insert_coupon(tx, &event.trade_no, event.user_id).await?;
+    DB::insert_payment(tx, event, coupon_id).await?;
+    Ok(Receipt { coupon_id })
+}
+
+/// A repeat's answer: the existing payment row's coupon.
+async fn existing_payment<DB: PaymentTable>(
+    tx: &mut Transaction<'_, DB>,
+    event: &PayCallback,
+) -> Result<Receipt, AppError>
+where
+    DB::Connection: Send,
+{
+    Ok(Receipt { coupon_id: DB::payment_coupon(tx, &event.trade_no).await? })
+}
+
+/// The seed's payment table, per database: its migration, the insert that
+/// claims, and the read that answers a repeat.
+trait PaymentTable: Shop {
+    /// `payment_record` with its unique key `uk_pay_no`.
+    const MIGRATION: &'static str;
+    const INSERT: &'static str;
+    /// Under MySQL's REPEATABLE READ a plain read sees the transaction's
+    /// snapshot, which may predate the winner: a locking read sees it.
+    const EXISTING: &'static str;
+
+    /// Run [`MIGRATION`](Self::MIGRATION).
+    fn migrate_payments(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    fn insert_payment(
+        conn: &mut Self::Connection,
+        event: &PayCallback,
+        coupon_id: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    fn payment_coupon(
+        conn: &mut Self::Connection,
+        pay_no: &str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+}
+
+macro_rules! payment_table {
+    ($db:ty, migration = $migration:literal, insert = $insert:literal, existing = $existing:literal) => {
+        impl PaymentTable for $db {
+            const MIGRATION: &'static str = $migration;
+            const INSERT: &'static str = $insert;
+            const EXISTING: &'static str = $existing;
+
+            async fn migrate_payments(pool: &sqlx::Pool<Self>) -> Result<(), sqlx::Error> {
+                sqlx::raw_sql(Self::MIGRATION).execute(pool).await.map(drop)
+            }
+
+            async fn insert_payment(
+                conn: &mut Self::Connection,
+                event: &PayCallback,
+                coupon_id: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(Self::INSERT)
+                    .bind(&event.trade_no)
+                    .bind(event.amount_cents)
+                    .bind(coupon_id)
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            }
+
+            async fn payment_coupon(conn: &mut Self::Connection, pay_no: &str) -> Result<i64, sqlx::Error> {
+                sqlx::query_scalar(Self::EXISTING).bind(pay_no).fetch_one(conn).await
+            }
+        }
+    };
+}
+
+payment_table!(
+    sqlx::Sqlite,
+    migration = "CREATE TABLE IF NOT EXISTS payment_record (id INTEGER PRIMARY KEY AUTOINCREMENT, \
+                 pay_no TEXT NOT NULL, amount_cents INTEGER NOT NULL, coupon_id INTEGER NOT NULL);
+                 CREATE UNIQUE INDEX IF NOT EXISTS uk_pay_no ON payment_record (pay_no);",
+    insert = "INSERT INTO payment_record (pay_no, amount_cents, coupon_id) VALUES (?, ?, ?)",
+    existing = "SELECT coupon_id FROM payment_record WHERE pay_no = ?"
+);
+payment_table!(
+    sqlx::Postgres,
+    migration = "CREATE TABLE IF NOT EXISTS payment_record (id BIGSERIAL PRIMARY KEY, pay_no VARCHAR(64) NOT NULL, \
+                 amount_cents BIGINT NOT NULL, coupon_id BIGINT NOT NULL, CONSTRAINT uk_pay_no UNIQUE (pay_no));",
+    insert = "INSERT INTO payment_record (pay_no, amount_cents, coupon_id) VALUES ($1, $2, $3)",
+    existing = "SELECT coupon_id FROM payment_record WHERE pay_no = $1"
+);
+payment_table!(
+    sqlx::MySql,
+    migration = "CREATE TABLE IF NOT EXISTS payment_record (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+                 pay_no VARCHAR(64) NOT NULL, amount_cents BIGINT NOT NULL, coupon_id BIGINT NOT NULL, \
+                 UNIQUE KEY uk_pay_no (pay_no)) ENGINE = InnoDB;",
+    insert = "INSERT INTO payment_record (pay_no, amount_cents, coupon_id) VALUES (?, ?, ?)",
+    existing = "SELECT coupon_id FROM payment_record WHERE pay_no = ? LOCK IN SHARE MODE"
+);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Strategy {
     /// The dedup record alone.
@@ -79,10 +200,12 @@ enum Strategy {
     /// The dedup record and the order's status check.
     #[value(name = "dedup+state")]
     DedupState,
+    /// The payment table's own unique key; nothing of idem's written.
+    Unique,
 }
 
 /// One delivery: begin, handle, commit.
-async fn deliver<DB: Shop>(
+async fn deliver<DB: PaymentTable>(
     pool: &sqlx::Pool<DB>,
     strategy: Strategy,
     event: &PayCallback,
@@ -93,6 +216,7 @@ where
     let mut tx = pool.begin().await?;
     let (receipt, outcome) = match strategy {
         Strategy::Dedup => idem::observe(on_pay_callback(&mut tx, event)).await,
+        Strategy::Unique => idem::observe(on_pay_callback_unique(&mut tx, event)).await,
         Strategy::DedupState => {
             let (receipt, outcome) = idem::observe(on_pay_callback_state(&mut tx, event)).await;
             let receipt = receipt
@@ -138,12 +262,13 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
-async fn run<DB: Shop>(store: &str, pool: &sqlx::Pool<DB>, args: &Args) -> Result<bool, BoxError>
+async fn run<DB: PaymentTable>(store: &str, pool: &sqlx::Pool<DB>, args: &Args) -> Result<bool, BoxError>
 where
     DB::Connection: Send,
 {
     idem::migrate(pool).await?;
     DB::setup(pool).await?;
+    DB::migrate_payments(pool).await?;
     let run = common::run_id();
     let event = PayCallback { trade_no: format!("T{run}-1"), user_id: 42, amount_cents: 1999 };
     if args.strategy == Strategy::DedupState {

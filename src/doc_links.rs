@@ -50,6 +50,7 @@ group!(
     ("crate::sql::TxContext", "crate::sql::TxContext", "sql/trait.TxContext.html"),
     ("crate::sql::find_record", "crate::sql::find_record", "sql/fn.find_record.html"),
     ("crate::sql::purge_expired", "crate::sql::purge_expired", "sql/fn.purge_expired.html"),
+    ("crate::unique", "crate::unique", "unique/index.html"),
     ("crate::lease::Steps::run_tx", "crate::lease::Steps::run_tx", "lease/struct.Steps.html#method.run_tx"),
     ("crate::store::SqlStore", "crate::store::SqlStore", "store/struct.SqlStore.html"),
 );

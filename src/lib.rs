@@ -43,6 +43,7 @@
 //! | strategy | stops | needs | limit | where |
 //! |---|---|---|---|---|
 //! | `dedup` (default) | server-side repeats: callbacks, MQ redelivery, RPC retries | the record and the business change in one transaction of one database | no work outside that transaction: use `lease` | [`sql`] |
+//! | `unique`, `unique+state` | server-side repeats whose work is an insert on a unique key | the business table's unique constraint, a replay function reading the existing row | the answer is re-read, not stored; no fingerprint | [`unique`] |
 //! | `state`, `dedup+state` | every repeat of a state change | an entity with a one-way status | no status to test (adding points) | [`state`] |
 //! | `lease` | repeats of work outside a transaction (a bank's API) | a lease store | a worker stalled past its lease is taken over: fence outside writes | [`lease`] |
 //! | `token`, `token+dedup` | front-end resubmission (double click) | a token the client fetched first | useless for callbacks, MQ, RPC | [`token`] |
@@ -80,12 +81,13 @@
 // Links to items of a feature that may be off: see `doc_links`.
 #![cfg_attr(feature = "tx", doc = "[Tx]: crate::Tx")]
 #![cfg_attr(not(feature = "tx"), doc = concat!("[Tx]: https://docs.rs/idem-guard/", env!("CARGO_PKG_VERSION"), "/idem/struct.Tx.html"))]
-#![cfg_attr(feature = "sql", doc = "[`sql`]: crate::sql\n[`batch`]: crate::batch")]
+#![cfg_attr(feature = "sql", doc = "[`sql`]: crate::sql\n[`batch`]: crate::batch\n[`unique`]: crate::unique")]
 #![cfg_attr(
     not(feature = "sql"),
     doc = concat!(
         "[`sql`]: https://docs.rs/idem-guard/", env!("CARGO_PKG_VERSION"), "/idem/sql/index.html\n",
-        "[`batch`]: https://docs.rs/idem-guard/", env!("CARGO_PKG_VERSION"), "/idem/batch/index.html"
+        "[`batch`]: https://docs.rs/idem-guard/", env!("CARGO_PKG_VERSION"), "/idem/batch/index.html\n",
+        "[`unique`]: https://docs.rs/idem-guard/", env!("CARGO_PKG_VERSION"), "/idem/unique/index.html"
     )
 )]
 #![warn(missing_docs)]
@@ -161,6 +163,14 @@ pub mod precheck {
 pub mod state {
     #![doc = include_str!("../docs/state.md")]
     pub use idem_runtime::state::{StateCode, StateTable, StoredState, Transition};
+}
+
+/// The business table's own unique key as the guard: `unique`,
+/// `unique+state`.
+#[cfg(feature = "sql")]
+pub mod unique {
+    #![doc = include_str!("../docs/unique.md")]
+    pub use idem_runtime::unique::{Completed, DatabaseFailure, Replaying, UniqueTicket, insert};
 }
 
 /// A broker's batch, each message under its own dedup guard.

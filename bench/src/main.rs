@@ -43,6 +43,13 @@
 //! `floor_ratio`: what the server charges the message's insert).
 //! `--scenario relay` and `--scenario outbox-latency` measure the relay:
 //! see `outbox_bench`.
+//! Scenario `unique`: the same change with a payment row first
+//! (`loadgen_payment_record`, unique key `uk_loadgen_pay_no`), three ways:
+//! `unguarded` (the row and the change), `guarded` (`strategy = "unique"`,
+//! the row is the claim, `savepoint = false`: nothing of idem's is sent;
+//! on PostgreSQL through `idem::unique::insert`) and `dedup` (the same
+//! change under the dedup guard); `ratio` is guarded against unguarded,
+//! `vs_dedup` guarded against dedup.
 //!
 //! Scenarios `lease`, `token` and `lock` measure a guard with an empty body
 //! on its own store (memory by default, or `--redis-url`): see
@@ -59,6 +66,7 @@
 //! cargo run --release -p idem-bench -- --scenario wait --database-url postgres://postgres@127.0.0.1/test --redis-url redis://127.0.0.1:6379 --clients 16 --rounds 40
 //! cargo run --release -p idem-bench -- --scenario dedup --database-url postgres://postgres@127.0.0.1/test --clients 16 --seconds 30
 //! cargo run --release -p idem-bench -- --scenario dedup+state --database-url mysql://root@127.0.0.1/test
+//! cargo run --release -p idem-bench -- --scenario unique --database-url postgres://postgres@127.0.0.1/test --clients 16
 //! ```
 //! `--added-rtt-us N` (`dedup`, `state` and `dedup+state` on PostgreSQL or
 //! MySQL) puts the database a network hop away: the application and the
@@ -136,6 +144,10 @@ enum Scenario {
     /// woken on commit (PostgreSQL `LISTEN`) and polling.
     #[value(name = "outbox-latency")]
     OutboxLatency,
+    /// The business change with a payment row whose unique key is the
+    /// guard (`strategy = "unique"`), against the same change unguarded and
+    /// under `dedup`.
+    Unique,
 }
 
 impl Scenario {
@@ -153,6 +165,7 @@ impl Scenario {
             Scenario::Outbox => "outbox",
             Scenario::Relay => "relay",
             Scenario::OutboxLatency => "outbox-latency",
+            Scenario::Unique => "unique",
         }
     }
 
@@ -163,6 +176,7 @@ impl Scenario {
             }
             Scenario::State | Scenario::DedupState => &[Mode::Unguarded, Mode::Guarded, Mode::Handwritten],
             Scenario::Outbox => &[Mode::Unguarded, Mode::Guarded, Mode::Outbox],
+            Scenario::Unique => &[Mode::Unguarded, Mode::Guarded, Mode::Dedup],
             Scenario::Lease
             | Scenario::Steps
             | Scenario::Token
@@ -283,6 +297,9 @@ enum Mode {
     OneWrite,
     /// `guarded`, publishing one message through the outbox.
     Outbox,
+    /// Scenario `unique`: the same change under `dedup` (its record beside
+    /// the payment row).
+    Dedup,
 }
 
 /// The business change, shared by the modes.
@@ -385,8 +402,71 @@ async fn hand_pay<DB: Handwritten>(conn: &mut DB::Connection, trade_no: &str) ->
     Err(AppError::Unexpected(format!("order {trade_no} was not waiting for payment")))
 }
 
+#[idempotent(
+    strategy = "unique",
+    constraint = "uk_loadgen_pay_no",
+    replay = "existing_payment",
+    savepoint = false,
+    key = "trade_no",
+    scope = "loadgen.unique"
+)]
+async fn guarded_unique<DB: Handwritten>(
+    tx: &mut Transaction<'_, DB>,
+    trade_no: &str,
+    user_id: i64,
+) -> Result<i64, AppError>
+where
+    DB::Connection: Send,
+{
+    DB::insert_payment(tx, trade_no).await?;
+    Ok(business::<DB>(tx, trade_no, user_id).await?)
+}
+
+/// A repeat's answer: the coupon the first call granted.
+async fn existing_payment<DB: Handwritten>(
+    tx: &mut Transaction<'_, DB>,
+    trade_no: &str,
+    _: i64,
+) -> Result<i64, AppError>
+where
+    DB::Connection: Send,
+{
+    Ok(DB::coupon_of(tx, trade_no).await?)
+}
+
+#[idempotent(key = "trade_no", scope = "loadgen.unique_dedup", retention = "1h")]
+async fn guarded_dedup_payment<DB: Handwritten>(
+    tx: &mut Transaction<'_, DB>,
+    trade_no: &str,
+    user_id: i64,
+) -> Result<i64, AppError>
+where
+    DB::Connection: Send,
+{
+    DB::insert_payment(tx, trade_no).await?;
+    Ok(business::<DB>(tx, trade_no, user_id).await?)
+}
+
 /// The guard as a careful engineer writes it by hand for each database.
 trait Handwritten: Shop {
+    /// Scenario `unique`: the payment table, and the insert that claims.
+    const PAYMENT_DDL: &'static str;
+    const INSERT_PAYMENT: &'static str;
+    /// Run [`PAYMENT_DDL`](Self::PAYMENT_DDL): the table, emptied.
+    fn setup_payments(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// The payment row of scenario `unique`: its unique key
+    /// `uk_loadgen_pay_no` is the claim. Written as the first statement, so
+    /// the guard takes no savepoint: on PostgreSQL with `ON CONFLICT ... DO
+    /// NOTHING` through `idem::unique::insert`, elsewhere a plain insert (a
+    /// duplicate-key error there undoes only its statement). The control
+    /// sends the same text.
+    fn insert_payment(
+        conn: &mut Self::Connection,
+        trade_no: &str,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+    /// The coupon granted for a trade (a locking read on MySQL, whose
+    /// REPEATABLE READ snapshot may predate the winner).
+    fn coupon_of(conn: &mut Self::Connection, trade_no: &str) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
     fn hand_claim(conn: &mut Self::Connection, key: &str) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
     fn hand_store(
         conn: &mut Self::Connection,
@@ -426,6 +506,19 @@ const RESET: &str = "DELETE FROM idem_records WHERE scope IN \
                      DELETE FROM shop_orders WHERE trade_no LIKE 'L%'";
 
 impl Handwritten for Postgres {
+    const PAYMENT_DDL: &'static str = "CREATE TABLE IF NOT EXISTS loadgen_payment_record (id BIGSERIAL PRIMARY KEY, \
+        pay_no VARCHAR(191) NOT NULL, CONSTRAINT uk_loadgen_pay_no UNIQUE (pay_no)); \
+        DELETE FROM loadgen_payment_record";
+    const INSERT_PAYMENT: &'static str = "INSERT INTO loadgen_payment_record (pay_no) VALUES ($1) ON CONFLICT ON CONSTRAINT uk_loadgen_pay_no DO NOTHING";
+    async fn setup_payments(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(Self::PAYMENT_DDL).execute(pool).await.map(drop)
+    }
+    async fn insert_payment(conn: &mut sqlx::PgConnection, trade_no: &str) -> Result<u64, sqlx::Error> {
+        idem::unique::insert(conn, "uk_loadgen_pay_no", sqlx::query(Self::INSERT_PAYMENT).bind(trade_no)).await
+    }
+    async fn coupon_of(conn: &mut sqlx::PgConnection, trade_no: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT id FROM shop_coupons WHERE trade_no = $1").bind(trade_no).fetch_one(conn).await
+    }
     async fn reset(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
         sqlx::raw_sql(OUTBOX_RESET).execute(pool).await?;
@@ -494,6 +587,22 @@ impl Handwritten for Postgres {
 }
 
 impl Handwritten for MySql {
+    const PAYMENT_DDL: &'static str = "CREATE TABLE IF NOT EXISTS loadgen_payment_record (id BIGINT AUTO_INCREMENT \
+        PRIMARY KEY, pay_no VARCHAR(191) NOT NULL, UNIQUE KEY uk_loadgen_pay_no (pay_no)) ENGINE = InnoDB; \
+        DELETE FROM loadgen_payment_record";
+    const INSERT_PAYMENT: &'static str = "INSERT INTO loadgen_payment_record (pay_no) VALUES (?)";
+    async fn setup_payments(pool: &sqlx::MySqlPool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(Self::PAYMENT_DDL).execute(pool).await.map(drop)
+    }
+    async fn insert_payment(conn: &mut sqlx::MySqlConnection, trade_no: &str) -> Result<u64, sqlx::Error> {
+        idem::unique::insert(conn, "uk_loadgen_pay_no", sqlx::query(Self::INSERT_PAYMENT).bind(trade_no)).await
+    }
+    async fn coupon_of(conn: &mut sqlx::MySqlConnection, trade_no: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT id FROM shop_coupons WHERE trade_no = ? LOCK IN SHARE MODE")
+            .bind(trade_no)
+            .fetch_one(conn)
+            .await
+    }
     async fn reset(pool: &sqlx::MySqlPool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
         sqlx::raw_sql(OUTBOX_RESET).execute(pool).await?;
@@ -544,6 +653,20 @@ impl Handwritten for MySql {
 }
 
 impl Handwritten for Sqlite {
+    const PAYMENT_DDL: &'static str = "CREATE TABLE IF NOT EXISTS loadgen_payment_record (id INTEGER PRIMARY KEY \
+        AUTOINCREMENT, pay_no TEXT NOT NULL); \
+        CREATE UNIQUE INDEX IF NOT EXISTS uk_loadgen_pay_no ON loadgen_payment_record (pay_no); \
+        DELETE FROM loadgen_payment_record";
+    const INSERT_PAYMENT: &'static str = "INSERT INTO loadgen_payment_record (pay_no) VALUES (?)";
+    async fn setup_payments(pool: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(Self::PAYMENT_DDL).execute(pool).await.map(drop)
+    }
+    async fn insert_payment(conn: &mut sqlx::SqliteConnection, trade_no: &str) -> Result<u64, sqlx::Error> {
+        idem::unique::insert(conn, "uk_loadgen_pay_no", sqlx::query(Self::INSERT_PAYMENT).bind(trade_no)).await
+    }
+    async fn coupon_of(conn: &mut sqlx::SqliteConnection, trade_no: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT id FROM shop_coupons WHERE trade_no = ?").bind(trade_no).fetch_one(conn).await
+    }
     async fn reset(pool: &sqlx::SqlitePool) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(RESET).execute(pool).await?;
         sqlx::raw_sql(OUTBOX_RESET).execute(pool).await?;
@@ -607,6 +730,19 @@ where
     let mut tx = pool.begin().await?;
     let paid = OrderStatus::Paid.code();
     match (scenario, mode) {
+        (Scenario::Unique, Mode::Unguarded) => {
+            DB::insert_payment(&mut tx, trade_no).await?;
+            business::<DB>(&mut tx, trade_no, user_id).await?;
+        }
+        (Scenario::Unique, Mode::Guarded) => {
+            guarded_unique(&mut tx, trade_no, user_id).await?;
+        }
+        (Scenario::Unique, Mode::Dedup) => {
+            guarded_dedup_payment(&mut tx, trade_no, user_id).await?;
+        }
+        (Scenario::Unique, Mode::Handwritten) | (_, Mode::Dedup) => {
+            unreachable!("scenario unique's modes are unguarded, guarded and dedup")
+        }
         (Scenario::Dedup | Scenario::Outbox, Mode::Unguarded) => {
             business::<DB>(&mut tx, trade_no, user_id).await?;
         }
@@ -686,7 +822,7 @@ where
 {
     let Slice { scenario, mode, clients, length, run, best } = s;
     let mut prepared = u64::MAX;
-    if !matches!(scenario, Scenario::Dedup | Scenario::Outbox) {
+    if matches!(scenario, Scenario::State | Scenario::DedupState) {
         // The orders this slice will pay, created ahead (not timed), sized
         // by the run: twice what its fastest slice so far would pay in this
         // slice's length, and never fewer than 20,000. A count fixed ahead
@@ -799,6 +935,9 @@ where
     // Start every run from the same table sizes: earlier runs' rows would
     // slow later ones and blur the comparison.
     DB::reset(pool).await?;
+    if args.scenario == Scenario::Unique {
+        DB::setup_payments(pool).await?;
+    }
     let run = common::run_id();
     let scenario = args.scenario;
     let modes = scenario.modes();
@@ -865,6 +1004,8 @@ where
         _ => f64::NAN,
     };
     let outbox_ratio = index(Mode::Outbox).map(|_| ratio(Mode::Outbox, Mode::Guarded));
+    let (dedup, dedup_ratio, vs_dedup) =
+        (tps(Mode::Dedup), ratio(Mode::Dedup, Mode::Unguarded), ratio(Mode::Guarded, Mode::Dedup));
     let (ratio, vs_handwritten) = (ratio(Mode::Guarded, Mode::Unguarded), ratio(Mode::Guarded, Mode::Handwritten));
     let outbox = tps(Mode::Outbox);
     let after_ratio = index(Mode::GuardedAfter).map(|i| median_ratio(&tallies[i], &tallies[0]));
@@ -886,6 +1027,7 @@ where
     let (zero_rt_p50, zero_rt_p99) = percentiles(Mode::ZeroRt);
     let (one_write_p50, one_write_p99) = percentiles(Mode::OneWrite);
     let (outbox_p50, outbox_p99) = percentiles(Mode::Outbox);
+    let (dedup_p50, dedup_p99) = percentiles(Mode::Dedup);
     let name = scenario.name();
     // The outbox scenario has no hand-written mode.
     let (hand_text, hand_fields) = match index(Mode::Handwritten) {
@@ -903,6 +1045,15 @@ where
         "scenario={name} store={store} clients={clients} guarded_tps={guarded:.0} unguarded_tps={unguarded:.0}\
          {hand_fields} ratio={ratio:.3} p50_us={p50} p99_us={p99}"
     );
+    if index(Mode::Dedup).is_some() {
+        println!(
+            "the same change under dedup: {dedup:.0} tx/s, {dedup_ratio:.3} of unguarded; unique {vs_dedup:.3} of dedup"
+        );
+        line.push_str(&format!(
+            " dedup_tps={dedup:.0} ratio_dedup={dedup_ratio:.3} vs_dedup={vs_dedup:.3} dedup_p50_us={dedup_p50} \
+             dedup_p99_us={dedup_p99}"
+        ));
+    }
     if let Some(after_ratio) = after_ratio {
         println!("guarded with claim=after: {after:.0} tx/s");
         line.push_str(&format!(

@@ -40,6 +40,13 @@ pub struct RawArgs {
     /// Strategies in a transaction: the name the body gives the call's
     /// outbox handle (`outbox = "outbox"`).
     pub outbox: Option<SpannedValue<String>>,
+    /// `unique`: the business table's unique constraint (or index) whose
+    /// violation is the duplicate.
+    pub constraint: Option<SpannedValue<String>>,
+    /// `unique`: the function that reads the existing row for a duplicate.
+    pub replay: Option<ExprArg>,
+    /// `unique`: whether to take a savepoint before the body (default true).
+    pub savepoint: Option<SpannedValue<bool>>,
     /// `crate = "path"`: where the `idem` crate is, for a crate that
     /// re-exports it under another name (default `::idem`).
     #[darling(rename = "crate")]
@@ -78,6 +85,9 @@ pub const ARGUMENTS: &[Argument] = &[
     arg("on_store_error", "\"reject\" or \"allow\"", "`on_store_error = \"allow\"`"),
     arg("concurrency_only", "`true` or `false`", "`concurrency_only = true`"),
     arg("source", "who sends the requests", "`source = \"callback\"`"),
+    arg("constraint", "a unique constraint's (or index's) name", "`constraint = \"uk_pay_no\"`"),
+    arg("replay", "the function that reads the existing row", "`replay = \"existing_payment\"`"),
+    arg("savepoint", "`true` or `false`", "`savepoint = false`"),
     arg("crate", "the path of the idem crate", "`crate = \"my_crate::idem\"`"),
 ];
 

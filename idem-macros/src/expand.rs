@@ -9,11 +9,24 @@ use syn::spanned::Spanned;
 use syn::{Ident, ItemFn};
 
 use crate::errors::respan;
-use crate::validate::{Plan, Strategy, TransitionArg};
+use crate::validate::{Plan, Strategy, TransitionArg, UniquePlan};
 
 pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
     let fn_name = func.sig.ident.to_string();
-    let ex = Expansion { plan: &plan, fn_name };
+    let receiver = func.sig.receiver().is_some();
+    let params = func
+        .sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            syn::FnArg::Typed(pt) => match &*pt.pat {
+                syn::Pat::Ident(pi) => Some(pi.ident.clone()),
+                _ => None,
+            },
+            syn::FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let ex = Expansion { plan: &plan, fn_name, receiver, params };
     let body = match &plan.tx {
         None => ex.without_tx(&func.block),
         Some((tx, tx_ty)) => ex.in_tx(&func.block, tx, tx_ty),
@@ -27,6 +40,10 @@ pub fn guarded(mut func: ItemFn, plan: Plan) -> TokenStream {
 struct Expansion<'p> {
     plan: &'p Plan,
     fn_name: String,
+    /// The function is a method (`self` goes first to a replay function).
+    receiver: bool,
+    /// The named parameters, in order.
+    params: Vec<Ident>,
 }
 
 impl Expansion<'_> {
@@ -226,6 +243,9 @@ impl Expansion<'_> {
         let finish = quote_spanned!(self.ret_span()=> __idem_ticket.finish(#conn, __idem_result).await);
         let body = self.with_locals(block, tx);
         let transition = plan.transition.as_ref().map(|t| self.transition(t));
+        if let Some(unique) = &plan.unique {
+            return self.unique(unique, &conn, body, tx, transition);
+        }
         if plan.strategy.is_lock() {
             // The lock is taken first and held (renewed) while the claim,
             // the body and the completion run in the transaction.
@@ -266,6 +286,75 @@ impl Expansion<'_> {
                 #finish
             }
         }
+    }
+
+    /// `unique` and `unique+state`: the body's insert is the claim; a
+    /// duplicate's answer is the replay function's, called with the
+    /// function's own parameters (the transaction reborrowed) and checked
+    /// at the `replay` argument to answer the function's type.
+    fn unique(
+        &self,
+        unique: &UniquePlan,
+        conn: &TokenStream,
+        body: syn::Block,
+        tx: &Ident,
+        transition: Option<TokenStream>,
+    ) -> TokenStream {
+        let (krate, plan) = (self.krate(), self.plan);
+        let ret = &plan.ret;
+        let ret_span = self.ret_span();
+        let constraint = &unique.constraint;
+        let savepoint = (!unique.savepoint).then(|| quote!(.savepoint(false)));
+        let claim = match plan.strategy {
+            Strategy::UniqueState => {
+                quote_spanned!(ret_span=> unique_state(#conn, #constraint, &__IDEM_TRANSITION))
+            }
+            _ => quote_spanned!(ret_span=> unique(#conn, #constraint)),
+        };
+        let failed = quote_spanned!(ret_span=> ::core::result::Result::Err(::core::convert::From::from(__idem_e)));
+        let finish = quote_spanned!(ret_span=> __idem_ticket.finish(#conn, __idem_result).await);
+        let replay = &unique.replay;
+        let replay_span = replay.span();
+        let args = self.replay_args(tx);
+        let call = match self.receiver() {
+            Some(receiver) if matches!(replay, syn::Expr::Path(p) if p.path.segments.len() == 1) => {
+                quote_spanned!(replay_span=> Self::#replay(#receiver, #(#args),*))
+            }
+            Some(receiver) => quote_spanned!(replay_span=> #replay(#receiver, #(#args),*)),
+            None => quote_spanned!(replay_span=> #replay(#(#args),*)),
+        };
+        let at_replay = self.krate_at(replay_span);
+        let answer = quote_spanned!(replay_span=> #at_replay::__private::replay_answer(#call.await));
+        let guard = self.guard();
+        quote! {
+            {
+                #transition
+                let __idem_replaying = match #guard #savepoint .#claim.await {
+                    ::core::result::Result::Ok(#krate::Claim::Run(__idem_ticket)) => {
+                        let __idem_result: #ret = async #body.await;
+                        match #finish {
+                            #krate::unique::Completed::Answer(__idem_answer) => return __idem_answer,
+                            #krate::unique::Completed::Duplicate(__idem_replaying) => __idem_replaying,
+                        }
+                    }
+                    ::core::result::Result::Ok(#krate::Claim::Replay(__idem_replaying)) => __idem_replaying,
+                    ::core::result::Result::Err(__idem_e) => return #failed,
+                };
+                let __idem_replayed: #ret = #answer;
+                __idem_replaying.answer(__idem_replayed)
+            }
+        }
+    }
+
+    /// `self`, if the function is a method.
+    fn receiver(&self) -> Option<TokenStream> {
+        self.receiver.then(|| quote!(self))
+    }
+
+    /// The function's parameters as the replay function takes them: the
+    /// transaction reborrowed, the others as they are.
+    fn replay_args(&self, tx: &Ident) -> Vec<TokenStream> {
+        self.params.iter().map(|p| if p == tx { quote!(&mut *#p) } else { quote!(#p) }).collect()
     }
 
     /// The strategy method of a guard in the caller's transaction, spanned

@@ -15,6 +15,8 @@ pub enum Strategy {
     LockState,
     Lease,
     Lock,
+    Unique,
+    UniqueState,
 }
 
 /// Whether a strategy needs an argument (or parameter), takes it, or gives
@@ -32,6 +34,10 @@ pub enum Tx {
     Record,
     Status,
     RecordAndStatus,
+    /// Nothing of the guard's: the body's own insert is the claim.
+    Insert,
+    /// Its insert, and the entity's status.
+    InsertAndStatus,
     /// Nothing: it keeps its state in a store of its own. `instead` names
     /// the strategies that write in the transaction; `refuses_tx`, when
     /// set, says why a transaction parameter is an error (its record would
@@ -94,6 +100,9 @@ pub struct Spec {
     pub on_store_error: Use,
     pub precheck: Precheck,
     pub claim: Claim,
+    /// `constraint` and `replay` (and `savepoint`): the body's own insert
+    /// on a unique key is the claim.
+    pub unique: Use,
 }
 
 /// Every `source = "..."`.
@@ -108,6 +117,11 @@ const NO_RECORD: Precheck = Precheck::Refused {
 const STATE_FIRST: Claim = Claim::BeforeOnly { why: "a state change is checked before the body runs" };
 const TOKEN_FIRST: Claim = Claim::BeforeOnly { why: "a token is spent before the body runs" };
 const LOCK_FIRST: Claim = Claim::BeforeOnly { why: "a lock is taken before the body runs" };
+const INSERT_IS_CLAIM: Claim = Claim::Refused { why: "the body's own insert is the claim" };
+const NO_MARKER: Precheck = Precheck::Refused {
+    why: "it keeps no record to confirm a marker against: the business row is the record",
+    help: "remove `precheck`: a repeat's insert meets the row on its unique key at the cost of one insert",
+};
 
 /// The strategy table.
 #[rustfmt::skip]
@@ -117,21 +131,21 @@ pub static STRATEGIES: &[Spec] = &[
         tx: Tx::Record, record: Record::Kept, key: Required, transition: Refused,
         store: None, token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Refused, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Refused,
-        precheck: Precheck::Fits, claim: Claim::BeforeOrAfter,
+        precheck: Precheck::Fits, claim: Claim::BeforeOrAfter, unique: Refused,
     },
     Spec {
         name: "state", strategy: Strategy::State,
         tx: Tx::Status, record: Record::None { instead: "`dedup+state`" }, key: Required, transition: Required,
         store: None, token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Refused, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Refused,
-        precheck: NO_RECORD, claim: STATE_FIRST,
+        precheck: NO_RECORD, claim: STATE_FIRST, unique: Refused,
     },
     Spec {
         name: "dedup+state", strategy: Strategy::DedupState,
         tx: Tx::RecordAndStatus, record: Record::Kept, key: Required, transition: Required,
         store: None, token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Refused, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Refused,
-        precheck: Precheck::Fits, claim: STATE_FIRST,
+        precheck: Precheck::Fits, claim: STATE_FIRST, unique: Refused,
     },
     Spec {
         name: "token", strategy: Strategy::Token,
@@ -139,14 +153,14 @@ pub static STRATEGIES: &[Spec] = &[
         key: Refused, transition: Refused,
         store: Some("token"), token_param: Required, scope: Required, sources: FORMS,
         lease: Refused, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Optional,
-        precheck: NO_RECORD, claim: TOKEN_FIRST,
+        precheck: NO_RECORD, claim: TOKEN_FIRST, unique: Refused,
     },
     Spec {
         name: "token+dedup", strategy: Strategy::TokenDedup,
         tx: Tx::Record, record: Record::Kept, key: Required, transition: Refused,
         store: Some("token"), token_param: Required, scope: Required, sources: FORMS,
         lease: Refused, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Optional,
-        precheck: Precheck::Fits, claim: TOKEN_FIRST,
+        precheck: Precheck::Fits, claim: TOKEN_FIRST, unique: Refused,
     },
     Spec {
         name: "lock+dedup", strategy: Strategy::LockDedup,
@@ -157,7 +171,7 @@ pub static STRATEGIES: &[Spec] = &[
             why: "its record is read only once the lock is held",
             help: "remove `precheck`: the lock already keeps repeats of a key in line",
         },
-        claim: LOCK_FIRST,
+        claim: LOCK_FIRST, unique: Refused,
     },
     Spec {
         name: "lock+state", strategy: Strategy::LockState,
@@ -165,7 +179,7 @@ pub static STRATEGIES: &[Spec] = &[
         key: Required, transition: Required,
         store: Some("lock"), token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Refused, ttl: Required, wait: Optional, concurrency_only: Refused, on_store_error: Refused,
-        precheck: NO_RECORD, claim: LOCK_FIRST,
+        precheck: NO_RECORD, claim: LOCK_FIRST, unique: Refused,
     },
     Spec {
         name: "lease", strategy: Strategy::Lease,
@@ -176,7 +190,7 @@ pub static STRATEGIES: &[Spec] = &[
         store: Some("lease"), token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Optional, ttl: Refused, wait: Optional, concurrency_only: Refused, on_store_error: Refused,
         precheck: Precheck::Fits,
-        claim: Claim::Refused { why: "a lease is always claimed before the body" },
+        claim: Claim::Refused { why: "a lease is always claimed before the body" }, unique: Refused,
     },
     Spec {
         name: "lock", strategy: Strategy::Lock,
@@ -184,7 +198,22 @@ pub static STRATEGIES: &[Spec] = &[
         record: Record::None { instead: "`lock+dedup`" }, key: Required, transition: Refused,
         store: Some("lock"), token_param: Refused, scope: Optional, sources: SOURCES,
         lease: Refused, ttl: Required, wait: Optional, concurrency_only: Required, on_store_error: Refused,
-        precheck: NO_RECORD, claim: LOCK_FIRST,
+        precheck: NO_RECORD, claim: LOCK_FIRST, unique: Refused,
+    },
+    Spec {
+        name: "unique", strategy: Strategy::Unique,
+        tx: Tx::Insert, record: Record::None { instead: "`dedup`" }, key: Optional, transition: Refused,
+        store: None, token_param: Refused, scope: Optional, sources: SOURCES,
+        lease: Refused, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Refused,
+        precheck: NO_MARKER, claim: INSERT_IS_CLAIM, unique: Required,
+    },
+    Spec {
+        name: "unique+state", strategy: Strategy::UniqueState,
+        tx: Tx::InsertAndStatus, record: Record::None { instead: "`dedup+state`" }, key: Required,
+        transition: Required,
+        store: None, token_param: Refused, scope: Optional, sources: SOURCES,
+        lease: Refused, ttl: Refused, wait: Refused, concurrency_only: Refused, on_store_error: Refused,
+        precheck: NO_MARKER, claim: INSERT_IS_CLAIM, unique: Required,
     },
 ];
 

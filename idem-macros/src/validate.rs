@@ -52,9 +52,20 @@ pub struct Plan {
     pub steps: Option<Ident>,
     /// `outbox = "name"`: the outbox handle's binding in the body.
     pub outbox: Option<Ident>,
+    /// `unique` and `unique+state`: the constraint, the replay function
+    /// and whether a savepoint is taken.
+    pub unique: Option<UniquePlan>,
     pub ret: Type,
     /// Where the `idem` crate is (`crate = "..."`, default `::idem`).
     pub krate: syn::Path,
+}
+
+/// What `unique` needs beyond the other strategies.
+pub struct UniquePlan {
+    pub constraint: String,
+    /// The replay function, every token at the `replay` argument's span.
+    pub replay: Expr,
+    pub savepoint: bool,
 }
 
 /// What every check reads: the arguments as written, the function, and the
@@ -89,6 +100,7 @@ struct Checked {
     allow_on_store_error: bool,
     tx: Option<(Ident, Type)>,
     token: Option<Ident>,
+    unique: Option<UniquePlan>,
 }
 
 /// Check the attribute and the function; `None` if anything is wrong (the
@@ -113,8 +125,12 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
     let precheck = input.precheck();
     Some(Plan {
         strategy: spec.strategy,
-        // `token` keys on the token: the expansion adds it as the one part.
-        key: raw.key.unwrap_or(KeyArg { parts: Vec::new(), source: "<token>".to_owned(), span: attr_span }),
+        // `token` keys on the token: the expansion adds it as the one part;
+        // `unique` without one on its constraint (the runtime adds it).
+        key: raw.key.unwrap_or_else(|| {
+            let source = if spec.strategy == Strategy::Token { "<token>" } else { "key" };
+            KeyArg { parts: Vec::new(), source: source.to_owned(), span: attr_span }
+        }),
         scope: raw.scope.map(|s| s.as_str().to_owned()),
         fingerprint: raw.fingerprint.map(|fp| fp.0),
         retention_ms,
@@ -130,6 +146,7 @@ pub fn validate(raw: RawArgs, attr_span: Span, func: &ItemFn, marks: &Marks, err
         wait_ms: checked.wait_ms,
         steps,
         outbox,
+        unique: checked.unique,
         ret,
         krate: raw.krate.unwrap_or_else(|| syn::parse_quote!(::idem)),
     })
@@ -160,7 +177,8 @@ fn check_for_strategy(
     let allow_on_store_error = check_on_store_error(input, spec, errors);
     let tx = signature::check_tx(input.func, &marks.tx, spec, errors);
     let token = signature::check_token_param(sig, &marks.token, spec, errors);
-    Checked { transition, lease_ms, ttl_ms, wait_ms, allow_on_store_error, tx, token }
+    let unique = check_unique(input, spec, errors);
+    Checked { transition, lease_ms, ttl_ms, wait_ms, allow_on_store_error, tx, token, unique }
 }
 
 /// `value`, if the strategy gives its argument a meaning (if not,
@@ -205,6 +223,9 @@ fn check_allowed(input: &Input, spec: &Spec, errors: &mut Errors) {
         ("concurrency_only", raw.concurrency_only.as_ref().map(|v| v.span()), spec.concurrency_only != Use::Refused),
         ("wait", raw.wait.as_ref().map(|v| v.span()), spec.wait != Use::Refused),
         ("on_store_error", raw.on_store_error.as_ref().map(|v| v.span()), spec.on_store_error != Use::Refused),
+        ("constraint", raw.constraint.as_ref().map(|v| v.span()), spec.unique != Use::Refused),
+        ("replay", raw.replay.as_ref().map(|v| v.0.span()), spec.unique != Use::Refused),
+        ("savepoint", raw.savepoint.as_ref().map(|v| v.span()), spec.unique != Use::Refused),
     ];
     for (arg, span, allowed) in arguments {
         if let (Some(span), false) = (span, allowed) {
@@ -235,6 +256,10 @@ fn why_not(arg: &str, spec: &Spec) -> (Option<&'static str>, String) {
             return (None, format!("`{}` already stops repeats (its `{part}` part): remove it", spec.name));
         }
         "concurrency_only" => "`concurrency_only = true` goes with strategy `lock`: remove it",
+        "constraint" | "replay" | "savepoint" => {
+            "`constraint`, `replay` and `savepoint` go with strategy `unique` (the body's own insert is the claim): \
+             remove it"
+        }
         "wait" => "`wait` is how long a `lease` or lock guard waits for the call that holds its key: remove it",
         _ => "`on_store_error` is what a token guard does while its store is down: remove it",
     };
@@ -314,6 +339,66 @@ fn check_concurrency_only(input: &Input, spec: &Spec, errors: &mut Errors) {
     }
 }
 
+/// `unique`: the constraint the body's insert claims on, and the function
+/// that reads the existing row for a duplicate, which takes the guarded
+/// function's parameters (all of them, so each must have a name).
+fn check_unique(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<UniquePlan> {
+    if spec.unique != Use::Required {
+        return None;
+    }
+    let raw = input.raw;
+    let constraint = match &raw.constraint {
+        None => {
+            let what =
+                format!("strategy `{}` needs `constraint`: the unique key whose violation is a duplicate", spec.name);
+            let help = "add the name of the business table's unique constraint (or unique index), e.g. \
+                        `constraint = \"uk_pay_no\"`; on SQLite the index's name, or its columns as `\"table(a, b)\"`";
+            errors.at(input.strategy_span(), what, help);
+            None
+        }
+        Some(c) if c.trim().is_empty() || c.chars().any(|ch| ch.is_whitespace() && ch != ' ') => {
+            errors.at(
+                c.span(),
+                "`constraint` names no constraint",
+                "write its name, e.g. `constraint = \"uk_pay_no\"`",
+            );
+            None
+        }
+        Some(c) => Some(c.as_str().to_owned()),
+    };
+    let replay = match &raw.replay {
+        None => {
+            let what = format!(
+                "strategy `{}` needs `replay`: the function that answers a duplicate from the existing row",
+                spec.name
+            );
+            let help = "add e.g. `replay = \"existing_payment\"`, an async fn taking the same parameters and \
+                        returning the same `Result` (it reads the row in the same transaction)";
+            errors.at(input.strategy_span(), what, help);
+            None
+        }
+        Some(r) if !matches!(r.0, Expr::Path(_)) => {
+            errors.on(
+                &r.0,
+                "`replay` names a function",
+                "write its name or path, e.g. `replay = \"existing_payment\"`",
+            );
+            None
+        }
+        Some(r) => Some(r.0.clone()),
+    };
+    for input in &input.func.sig.inputs {
+        if let syn::FnArg::Typed(pt) = input
+            && !matches!(&*pt.pat, syn::Pat::Ident(_))
+        {
+            let what = format!("strategy `{}` passes every parameter on to the replay function", spec.name);
+            errors.on(&pt.pat, what, "bind this parameter to a name, and destructure it in the body");
+        }
+    }
+    let savepoint = raw.savepoint.as_ref().is_none_or(|s| **s);
+    Some(UniquePlan { constraint: constraint?, replay: replay?, savepoint })
+}
+
 /// `steps = "name"`: on `lease` only, a name the body can bind, and no
 /// step name (a literal in `name.run("...", ...)`) run twice in the body.
 fn check_steps(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<Ident> {
@@ -368,6 +453,12 @@ fn check_outbox(input: &Input, spec: &Spec, errors: &mut Errors) -> Option<Ident
         errors.at(name.span(), what, help);
         return None;
     }
+    if spec.unique == Use::Required {
+        let what = format!("`outbox` is not offered with strategy `{}` yet", spec.name);
+        let help = "use `dedup` (its record gives the messages their id), or write the message in the body";
+        errors.at(name.span(), what, help);
+        return None;
+    }
     bound_name(name, "`outbox` takes the name the body gives its outbox handle", "e.g. `outbox = \"outbox\"`", errors)
 }
 
@@ -407,7 +498,9 @@ fn check_key(input: &Input, errors: &mut Errors) {
             let help = "remove `key`, or use `token+dedup` to also keep a record under it (a retry then replays)";
             errors.at(key.span, "strategy `token` keys on the token itself, not on `key`", help);
         }
-        (None, Use::Refused) => {}
+        // `unique`: the constraint's columns are the key; one given names
+        // the call in logs.
+        (None, Use::Refused | Use::Optional) => {}
         (None, _) => errors.at(input.attr_span, "missing `key`", HELP),
         (Some(key), _) if key.parts.is_empty() => errors.at(key.span, "the key is empty", HELP),
         (Some(key), _) => {

@@ -73,3 +73,25 @@ pub fn settle<T, R, E: GuardError>(claim: Result<Claim<T, R>, Error>) -> Result<
         Err(e) => Err(e.into()),
     }
 }
+
+/// `unique`: the replay function's answer must be the guarded function's.
+#[diagnostic::on_unimplemented(
+    message = "the replay function answers `{Self}`, but the guarded function returns `{R}`",
+    label = "the replay function's answer",
+    note = "a duplicate gets the replay function's answer in place of the body's: give it the guarded function's return type"
+)]
+pub trait ReplayAnswer<R> {
+    /// The answer, as the guarded function's.
+    fn into_answer(self) -> R;
+}
+
+impl<R> ReplayAnswer<R> for R {
+    fn into_answer(self) -> R {
+        self
+    }
+}
+
+/// `unique`: the replay function's answer, checked to be the function's.
+pub fn replay_answer<R, A: ReplayAnswer<R>>(answer: A) -> R {
+    answer.into_answer()
+}

@@ -462,6 +462,33 @@ pub enum Error {
     #[error("idem's stores are already installed; install them once, at start-up (the first configuration stays)")]
     StoresAlreadyInstalled,
 
+    /// `strategy = "unique"` names a constraint the database cannot tell
+    /// apart (SQLite: no index of that name).
+    #[error("unique constraint `{constraint}`: {reason}")]
+    InvalidConstraint {
+        /// The constraint (or index) as the guard names it.
+        constraint: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// `strategy = "unique"` without a savepoint, and the body's plain
+    /// `INSERT` hit the constraint on PostgreSQL: the duplicate aborted the
+    /// transaction, so the existing row cannot be read in it. Roll back;
+    /// then let the guard take its savepoint (the default) or write the
+    /// insert with `idem::unique::insert` (`ON CONFLICT ... DO NOTHING`).
+    #[error(
+        "a duplicate on `{constraint}` in scope `{scope}` aborted the PostgreSQL transaction (the guard took no \
+         savepoint): write the insert with idem::unique::insert (ON CONFLICT ON CONSTRAINT {constraint} DO \
+         NOTHING), or drop `savepoint = false`"
+    )]
+    UniqueAborted {
+        /// Scope of the guard.
+        scope: String,
+        /// The constraint.
+        constraint: String,
+    },
+
     /// Any other database error. Never a duplicate: only a unique-key violation on
     /// the record is treated as one.
     #[error("database error: {0}")]

@@ -89,6 +89,7 @@ pub struct Guard<'s> {
     at_commit: bool,
     precheck: Option<(&'s dyn PrecheckStore, Duration)>,
     on_store_error: OnStoreError,
+    savepoint: bool,
 }
 
 impl<'s> Guard<'s> {
@@ -107,6 +108,7 @@ impl<'s> Guard<'s> {
             at_commit: false,
             precheck: None,
             on_store_error: OnStoreError::Reject,
+            savepoint: true,
         }
     }
 
@@ -184,6 +186,21 @@ impl<'s> Guard<'s> {
         self
     }
 
+    /// `unique` and `unique+state` only: whether the guard takes a savepoint
+    /// before the body (default `true`), to roll a duplicate back to.
+    /// `false` where the body's claiming insert is its first write and
+    /// cannot fail its transaction: on PostgreSQL written with
+    /// [`unique::insert`](crate::unique::insert) (`ON CONFLICT ... DO
+    /// NOTHING`), on MySQL/MariaDB and SQLite a plain `INSERT` (their
+    /// duplicate-key error undoes only its statement). The guard then
+    /// sends nothing of its own. A plain insert's duplicate on PostgreSQL
+    /// without it is [`Error::UniqueAborted`].
+    #[cfg(feature = "sql")]
+    pub fn savepoint(mut self, take: bool) -> Guard<'s> {
+        self.savepoint = take;
+        self
+    }
+
     /// The key as written in the attribute (`"event.trade_no, event.user"`),
     /// so that an invalid part is named in the error.
     #[doc(hidden)]
@@ -210,6 +227,16 @@ impl<'s> Guard<'s> {
 
     pub(crate) fn precheck_store(&self) -> Option<(&'s dyn PrecheckStore, Duration)> {
         self.precheck
+    }
+
+    #[cfg(feature = "sql")]
+    pub(crate) fn takes_savepoint(&self) -> bool {
+        self.savepoint
+    }
+
+    #[cfg(feature = "sql")]
+    pub(crate) fn has_key(&self) -> bool {
+        !self.key.is_empty()
     }
 
     pub(crate) fn store_error_policy(&self) -> OnStoreError {
@@ -275,6 +302,7 @@ impl std::fmt::Debug for Guard<'_> {
             .field("at_commit", &self.at_commit)
             .field("precheck", &self.precheck.map(|(store, ttl)| (store.kind(), ttl)))
             .field("on_store_error", &self.on_store_error)
+            .field("savepoint", &self.savepoint)
             .finish_non_exhaustive()
     }
 }

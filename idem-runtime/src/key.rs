@@ -423,6 +423,12 @@ impl KeyBuilder {
         self.error = Some(format!("{source} {reason}"));
     }
 
+    /// No part was added.
+    #[cfg(feature = "sql")]
+    pub fn is_empty(&self) -> bool {
+        self.index == 0
+    }
+
     /// The finished key, or [`Error::InvalidKey`] naming the bad part.
     pub fn finish(self, scope: &str) -> Result<Key, Error> {
         self.finish_with_entity(scope).map(|(key, _)| key)

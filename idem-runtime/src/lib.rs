@@ -93,6 +93,8 @@ pub mod testing;
 pub mod token;
 #[cfg(feature = "tx")]
 mod tx;
+#[cfg(feature = "sql")]
+pub mod unique;
 
 // One path per public item, the facade's (`idem-guard`): what a module
 // does not list here is reachable only inside this crate. Only `Key`,

@@ -68,6 +68,7 @@ pub(crate) mod schema;
 mod sqlite;
 mod steps;
 pub(crate) mod texts;
+pub(crate) mod unique;
 
 pub use lease::SqlStore;
 pub use schema::{PurgeOptions, PurgeReport, find_record, migrate, migrator, purge_expired};
@@ -143,7 +144,13 @@ pub enum ReadMode {
     note = "supported databases: sqlx::Postgres, sqlx::MySql (MySQL and MariaDB) and sqlx::Sqlite, each behind the idem feature of the same name"
 )]
 pub trait SqlBackend:
-    sqlx::Database + dialect::Dialect + lease::LeaseClaimSql + schema::PurgeSql + texts::TxSql + OutboxSql
+    sqlx::Database
+    + dialect::Dialect
+    + lease::LeaseClaimSql
+    + schema::PurgeSql
+    + texts::TxSql
+    + unique::UniqueSql
+    + OutboxSql
 {
     /// The schema, as shipped in `idem-runtime/migrations/<NAME>/`.
     const SCHEMA: &'static str;

@@ -332,3 +332,29 @@ fn seq_list(rows: &[sqlx::mysql::MySqlRow]) -> Result<String, sqlx::Error> {
     let seqs = rows.iter().map(|row| MySql::int(row, 0).map(|seq| seq.to_string())).collect::<Result<Vec<_>, _>>()?;
     Ok(seqs.join(", "))
 }
+
+/// A duplicate is error 1062 (`ER_DUP_ENTRY`), whose message ends with the
+/// key's name: `... for key 'uk_pay_no'` (MariaDB before 10.5, MySQL
+/// before 8.0.19) or `... for key 'payment_record.uk_pay_no'` (newer).
+/// The entry's value comes earlier in the message, so only its end is read.
+impl super::unique::UniqueSql for MySql {
+    fn violation(error: &dyn sqlx::error::DatabaseError) -> Option<super::unique::Violation> {
+        let mysql = error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()?;
+        (mysql.number() == 1062).then(|| {
+            let message = mysql.message();
+            let named = message
+                .rfind(" for key '")
+                .and_then(|at| message[at + " for key '".len()..].strip_suffix('\''))
+                .map(|key| key.rsplit_once('.').map_or(key, |(_, name)| name).to_owned());
+            super::unique::Violation { named, message: message.to_owned() }
+        })
+    }
+
+    fn is_on<'a>(
+        _: &'a mut MySqlConnection,
+        violation: &'a super::unique::Violation,
+        constraint: &'a str,
+    ) -> crate::future::BoxFuture<'a, Result<bool, crate::error::Error>> {
+        Box::pin(std::future::ready(Ok(violation.named.as_deref() == Some(constraint))))
+    }
+}

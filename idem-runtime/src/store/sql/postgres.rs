@@ -241,3 +241,24 @@ async fn listen(pool: &sqlx::PgPool, channel: &str, wake: &tokio::sync::Notify) 
         wake.notify_one();
     }
 }
+
+/// A unique violation is SQLSTATE 23505, and the server names the
+/// constraint (or unique index) in its own field: no message is parsed.
+impl super::unique::UniqueSql for Postgres {
+    const ERROR_ABORTS: bool = true;
+
+    fn violation(error: &dyn sqlx::error::DatabaseError) -> Option<super::unique::Violation> {
+        (error.code().as_deref() == Some("23505")).then(|| super::unique::Violation {
+            named: error.constraint().map(str::to_owned),
+            message: error.message().to_owned(),
+        })
+    }
+
+    fn is_on<'a>(
+        _: &'a mut PgConnection,
+        violation: &'a super::unique::Violation,
+        constraint: &'a str,
+    ) -> crate::future::BoxFuture<'a, Result<bool, crate::error::Error>> {
+        Box::pin(std::future::ready(Ok(violation.named.as_deref() == Some(constraint))))
+    }
+}

@@ -184,3 +184,63 @@ impl super::outbox::OutboxSql for Sqlite {
         format!("DELETE FROM {o} WHERE seq IN (SELECT seq FROM {o} WHERE {condition} LIMIT $1)")
     }
 }
+
+/// A duplicate is `SQLITE_CONSTRAINT_UNIQUE` (2067) or
+/// `SQLITE_CONSTRAINT_PRIMARYKEY` (1555), whose message names no index,
+/// only its columns: `UNIQUE constraint failed: payment_record.pay_no`.
+/// So the guard's index is looked up once (`sqlite_master` for its table,
+/// `pragma_index_info` for its columns, in order) and its columns kept by
+/// name; `table(a, b)` names the columns directly.
+impl super::unique::UniqueSql for Sqlite {
+    fn violation(error: &dyn sqlx::error::DatabaseError) -> Option<super::unique::Violation> {
+        matches!(error.code().as_deref(), Some("2067" | "1555"))
+            .then(|| super::unique::Violation { named: None, message: error.message().to_owned() })
+    }
+
+    fn is_on<'a>(
+        conn: &'a mut SqliteConnection,
+        violation: &'a super::unique::Violation,
+        constraint: &'a str,
+    ) -> crate::future::BoxFuture<'a, Result<bool, crate::error::Error>> {
+        Box::pin(async move {
+            let columns = index_columns(conn, constraint).await?;
+            let failed = violation.message.strip_prefix("UNIQUE constraint failed: ");
+            Ok(failed == Some(columns.as_str()))
+        })
+    }
+}
+
+/// The columns of the index `constraint` as SQLite's message lists them
+/// (`t.a, t.b`), or of `t(a, b)` as written.
+async fn index_columns(conn: &mut SqliteConnection, constraint: &str) -> Result<String, crate::error::Error> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static KNOWN: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some((table, columns)) = constraint.trim_end().strip_suffix(')').and_then(|c| c.split_once('(')) {
+        let table = table.trim();
+        return Ok(columns.split(',').map(|c| format!("{table}.{}", c.trim())).collect::<Vec<_>>().join(", "));
+    }
+    if let Some(columns) = known.lock().unwrap_or_else(|e| e.into_inner()).get(constraint) {
+        return Ok(columns.clone());
+    }
+    let invalid = |reason: String| crate::error::Error::InvalidConstraint { constraint: constraint.to_owned(), reason };
+    let table: Option<String> =
+        sqlx::query_scalar("SELECT tbl_name FROM sqlite_master WHERE type = 'index' AND name = ?1")
+            .bind(constraint)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let Some(table) = table else {
+        return Err(invalid("this database has no index of that name (on SQLite, name the unique index, or write the columns as `table(a, b)`)".to_owned()));
+    };
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_index_info(?1) ORDER BY seqno")
+        .bind(constraint)
+        .fetch_all(&mut *conn)
+        .await?;
+    if names.is_empty() {
+        return Err(invalid("the index covers an expression, not columns SQLite could name".to_owned()));
+    }
+    let columns = names.iter().map(|c| format!("{table}.{c}")).collect::<Vec<_>>().join(", ");
+    known.lock().unwrap_or_else(|e| e.into_inner()).insert(constraint.to_owned(), columns.clone());
+    Ok(columns)
+}
