@@ -11,7 +11,8 @@
 //! [`REQUIRED_WAIT`].
 //!
 //! [`redis_server`]: Redis servers a test starts for itself, to kill or
-//! restart them.
+//! restart them; [`etcd_cluster`]: etcd clusters likewise, and one shared
+//! by the suites of a test binary.
 
 // The runtime under the facade's name, as the tests write it (the facade
 // re-exports its types): `idem::Tx` is `idem_runtime::Tx`.
@@ -25,6 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
+pub mod etcd_cluster;
 pub mod redis_server;
 
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";

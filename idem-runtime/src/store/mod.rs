@@ -14,6 +14,8 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod keyspace;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
@@ -24,6 +26,8 @@ pub(crate) mod routed;
 pub(crate) mod sql;
 pub(crate) mod waiters;
 
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdStore;
 pub use keyspace::RecordKind;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -1,0 +1,1 @@
+//! Operating the lease records on etcd (filled in below).
