@@ -13,7 +13,8 @@ macro_rules! links {
             $crate::doc_links::tx_links!(),
             $crate::doc_links::sql_links!(),
             $crate::doc_links::admin_links!(),
-            $crate::doc_links::redis_links!()
+            $crate::doc_links::redis_links!(),
+            $crate::doc_links::etcd_links!()
         )
     };
 }
@@ -69,4 +70,10 @@ group!(
     redis_links,
     ("crate::store::RedisStore", "crate::store::RedisStore", "store/struct.RedisStore.html"),
     ("crate::store::RedisStore::key", "crate::store::RedisStore::key", "store/struct.RedisStore.html#method.key"),
+);
+
+group!(
+    feature = "etcd",
+    etcd_links,
+    ("crate::store::EtcdStore", "crate::store::EtcdStore", "store/struct.EtcdStore.html"),
 );

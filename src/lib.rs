@@ -170,6 +170,8 @@ pub mod batch {
 pub mod store {
     #![doc = include_str!("../docs/stores.md")]
     #![doc = links!()]
+    #[cfg(feature = "etcd")]
+    pub use idem_runtime::store::EtcdStore;
     #[cfg(feature = "sql")]
     pub use idem_runtime::store::SqlStore;
     pub use idem_runtime::store::{BoxFuture, DEFAULT_TIMEOUT, MemoryStore, RecordKind, Routed};
