@@ -53,7 +53,7 @@ group!(
 );
 
 group!(
-    any(feature = "sql", feature = "redis"),
+    any(feature = "sql", feature = "redis", feature = "etcd"),
     admin_links,
     ("crate::admin::Record::steps", "crate::admin::Record::steps", "admin/struct.Record.html#structfield.steps"),
     (

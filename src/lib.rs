@@ -240,7 +240,7 @@ pub mod grpc {
 
 /// Operating idem's records: look one up, list the stuck ones, release one
 /// (the `idem` command's calls, as functions).
-#[cfg(any(feature = "sql", feature = "redis"))]
+#[cfg(any(feature = "sql", feature = "redis", feature = "etcd"))]
 pub use idem_runtime::admin;
 
 #[doc(hidden)]
