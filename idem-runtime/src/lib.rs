@@ -17,7 +17,7 @@
 //! - `tx`: `Tx` (feature `tx`), which overrides the transaction's steps
 //!   to send the claim with `BEGIN` and the answer with `COMMIT`;
 //! - [`store`]: the stores, one folder each (`memory`, `redis` with its Lua
-//!   in `.lua` files, `store/sql`: the SQL of each concern written once
+//!   in `.lua` files, `etcd` with its transactions, `store/sql`: the SQL of each concern written once
 //!   over a dialect per database (PostgreSQL, MySQL/MariaDB, SQLite), and
 //!   the SQL lease store), `routed`, and the record names of key-value
 //!   stores (`keyspace`); a store implements the strategies' store traits

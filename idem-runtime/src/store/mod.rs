@@ -1,6 +1,7 @@
 //! The stores behind the guards, one module per store: [`MemoryStore`]
-//! (one process) and, with the `redis` feature,
-//! [`RedisStore`][crate::store::RedisStore]. Each holds every kind of
+//! (one process), with the `redis` feature
+//! [`RedisStore`][crate::store::RedisStore], and with the `etcd` feature
+//! [`EtcdStore`][crate::store::EtcdStore]. Each holds every kind of
 //! record a guard keeps outside your transaction: lease records, one-time
 //! tokens, locks with their fencing counters, and precheck markers. (Dedup
 //! and state records live in your SQL transaction; lease records can also

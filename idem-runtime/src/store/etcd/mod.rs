@@ -73,7 +73,9 @@ mod token;
 /// ```
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: etcd_client::Client,
+    /// Boxed: a client is some 3.6 KB, and a store is held in enums and
+    /// futures.
+    client: Box<etcd_client::Client>,
     /// The endpoints, for errors.
     endpoints: Arc<str>,
     timeout: Duration,
@@ -131,7 +133,7 @@ impl EtcdStore {
     pub fn from_client(client: etcd_client::Client, endpoints: impl Into<String>) -> EtcdStore {
         let prefix = "idem/".to_owned();
         EtcdStore {
-            client,
+            client: Box::new(client),
             endpoints: endpoints.into().into(),
             timeout: super::DEFAULT_TIMEOUT,
             names: Keyspace::new(&prefix),
@@ -171,7 +173,7 @@ impl EtcdStore {
     /// The client, for tests and operators (a clone: it shares the
     /// connections).
     pub fn client(&self) -> etcd_client::Client {
-        self.client.clone()
+        (*self.client).clone()
     }
 
     /// `op` within this store's timeout; `op` gets a client and says, with
@@ -187,7 +189,7 @@ impl EtcdStore {
         let mut pause = Duration::from_millis(20);
         let mut last: Option<etcd_client::Error> = None;
         loop {
-            match tokio::time::timeout_at(deadline, op(self.client.clone())).await {
+            match tokio::time::timeout_at(deadline, op(self.client())).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(e)) if repeatable && transient(&e) => {
                     tracing::debug!(target: "idem", error = %e, "etcd call failed; trying again");
