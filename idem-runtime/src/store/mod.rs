@@ -71,6 +71,24 @@ pub(crate) fn no_answer(store: &'static str, timeout: Duration) -> crate::error:
     crate::error::Error::Store { store, source: format!("no answer within {timeout:?}").into() }
 }
 
+/// `store`'s release of a lock, sent from a task of its own (its holder
+/// was dropped, where nothing can be awaited); without a Tokio runtime,
+/// none: the lock frees itself when its TTL passes.
+#[cfg(any(feature = "redis", feature = "etcd"))]
+pub(crate) fn release_in_background<S>(store: &S, scope: &str, key: &str, owner: &str)
+where
+    S: crate::lock::store::LockStore + Clone + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let (store, scope, key, owner) = (store.clone(), scope.to_owned(), key.to_owned(), owner.to_owned());
+    runtime.spawn(async move {
+        if let Err(e) = store.release(&scope, &key, &owner).await {
+            tracing::warn!(target: "idem", error = %e,
+                "could not release a lock whose holder was dropped; it frees itself when its TTL passes");
+        }
+    });
+}
+
 /// Microseconds since the Unix epoch on this machine's clock.
 pub(crate) fn clock_micros() -> i64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();

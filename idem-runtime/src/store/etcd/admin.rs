@@ -140,12 +140,7 @@ impl EtcdStore {
             let txn = etcd_client::Txn::new()
                 .when([etcd_client::Compare::mod_revision(name.as_str(), etcd_client::CompareOp::Equal, revision)])
                 .and_then([etcd_client::TxnOp::delete(name.as_str(), None)]);
-            let answer = self
-                .run(true, |mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await?;
+            let answer = self.txn(txn, true).await?;
             if answer.succeeded() {
                 return Ok(Release::Released(record));
             }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
-use super::{EtcdStore, got, lease_not_found, revision, seconds};
+use super::{EtcdStore, got, revision, seconds};
 use crate::error::Error;
 use crate::lease::store::{HeldLease, LeaseClaim, LeaseRequest, LeaseStore};
 use crate::lease::store::{NewStep, Resolve, StepLog, StepOutcome};
@@ -130,15 +130,6 @@ impl EtcdStore {
         self.message(&format!("{name} does not hold an idem lease record"))
     }
 
-    /// `txn` (safe to repeat: it compares a revision it read); its answer.
-    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, Error> {
-        self.run(true, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await
-    }
-
     /// Write `value` to `name` if its `mod_revision` is still `seen` (0: if
     /// there is no key), attached to a lease keeping it `keep`; `Ok(None)`
     /// when written (its revision then), or the key as it is now.
@@ -149,25 +140,20 @@ impl EtcdStore {
         value: Vec<u8>,
         keep: Duration,
     ) -> Result<Result<i64, Option<etcd_client::KeyValue>>, Error> {
-        for _ in 0..2 {
-            let kept_by = self.keep_lease(keep).await?;
-            let when = if seen == 0 {
-                Compare::create_revision(name, CompareOp::Equal, 0)
-            } else {
-                Compare::mod_revision(name, CompareOp::Equal, seen)
-            };
-            let txn = Txn::new()
-                .when([when])
-                .and_then([TxnOp::put(name, value.clone(), Some(PutOptions::new().with_lease(kept_by)))])
-                .or_else([TxnOp::get(name, None)]);
-            match self.txn(txn).await {
-                Ok(answer) if answer.succeeded() => return Ok(Ok(revision(&answer))),
-                Ok(answer) => return Ok(Err(got(&answer))),
-                Err(e) if lease_not_found(&e) => self.forget_keep_leases(),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(self.message("the lease a record was to be kept by expired twice in a row"))
+        let when = if seen == 0 {
+            Compare::create_revision(name, CompareOp::Equal, 0)
+        } else {
+            Compare::mod_revision(name, CompareOp::Equal, seen)
+        };
+        let answer = self
+            .txn_kept(keep, |kept_by| {
+                Txn::new()
+                    .when([when.clone()])
+                    .and_then([TxnOp::put(name, value.clone(), Some(PutOptions::new().with_lease(kept_by)))])
+                    .or_else([TxnOp::get(name, None)])
+            })
+            .await?;
+        Ok(if answer.succeeded() { Ok(revision(&answer)) } else { Err(got(&answer)) })
     }
 
     /// Delete `name` if its `mod_revision` is still `seen`.
@@ -175,7 +161,7 @@ impl EtcdStore {
         let txn = Txn::new()
             .when([Compare::mod_revision(name, CompareOp::Equal, seen)])
             .and_then([TxnOp::delete(name, None)]);
-        Ok(self.txn(txn).await?.succeeded())
+        Ok(self.txn(txn, true).await?.succeeded())
     }
 
     async fn claim_record(&self, req: &LeaseRequest<'_>) -> Result<LeaseClaim, Error> {

@@ -29,12 +29,7 @@ impl EtcdStore {
                     .or_else([TxnOp::get(name, None)]);
                 // Safe to repeat: a repeat finds the lock its first attempt
                 // took, this owner's, and is granted again with its fence.
-                let answer = self
-                    .run(true, |mut c| {
-                        let txn = txn.clone();
-                        async move { c.txn(txn).await }
-                    })
-                    .await?;
+                let answer = self.txn(txn, true).await?;
                 if answer.succeeded() {
                     return Ok(LockAttempt::Acquired { fence: revision(&answer) });
                 }
@@ -81,12 +76,7 @@ impl LockStore for EtcdStore {
             // Not repeated: if the first attempt deleted the lock, a second
             // would find it gone and report it lost. A release that did not
             // happen frees itself when etcd expires the lock's lease.
-            let answer = self
-                .run(false, |mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await?;
+            let answer = self.txn(txn, false).await?;
             Ok(answer.succeeded())
         })
     }
@@ -109,16 +99,7 @@ impl LockStore for EtcdStore {
     }
 
     fn release_detached(&self, scope: &str, key: &str, owner: &str) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime to send it on: the lock frees itself at its TTL
-        };
-        let (store, scope, key, owner) = (self.clone(), scope.to_owned(), key.to_owned(), owner.to_owned());
-        runtime.spawn(async move {
-            if let Err(e) = LockStore::release(&store, &scope, &key, &owner).await {
-                tracing::warn!(target: "idem", error = %e,
-                    "could not release a lock whose holder was dropped; it frees itself when its TTL passes");
-            }
-        });
+        crate::store::release_in_background(self, scope, key, owner);
     }
 
     fn shared(&self) -> Option<std::sync::Arc<dyn LockStore>> {

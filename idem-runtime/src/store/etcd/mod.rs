@@ -227,7 +227,7 @@ impl EtcdStore {
 
     /// Forget the shared leases (one was not found: expired or revoked by
     /// hand); the next write grants anew.
-    pub(crate) fn forget_keep_leases(&self) {
+    fn forget_keep_leases(&self) {
         self.retention_leases.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
@@ -265,6 +265,37 @@ impl EtcdStore {
         .await
     }
 
+    /// `txn`'s answer; sent again after a transient failure if
+    /// `repeatable` (it compares what it read, so a repeat of one that
+    /// landed finds its own write and fails its comparison, or is
+    /// harmless).
+    pub(crate) async fn txn(&self, txn: etcd_client::Txn, repeatable: bool) -> Result<etcd_client::TxnResponse, Error> {
+        self.run(repeatable, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// `txn(kept_by)`, a transaction whose writes are attached to a lease
+    /// that keeps them at least `keep` (see [`keep_lease`](Self::keep_lease));
+    /// if that lease is gone meanwhile (expired, revoked by hand), once more
+    /// on a new one.
+    pub(crate) async fn txn_kept(
+        &self,
+        keep: Duration,
+        txn: impl Fn(i64) -> etcd_client::Txn,
+    ) -> Result<etcd_client::TxnResponse, Error> {
+        for _ in 0..2 {
+            let kept_by = self.keep_lease(keep).await?;
+            match self.txn(txn(kept_by), true).await {
+                Err(e) if lease_not_found(&e) => self.forget_keep_leases(),
+                answer => return answer,
+            }
+        }
+        Err(self.message("the lease a record was to be kept by expired twice in a row"))
+    }
+
     /// The key's value, if there is one.
     pub(crate) async fn get(&self, name: &str) -> Result<Option<etcd_client::KeyValue>, Error> {
         let mut got = self.run(true, |mut c| async move { c.get(name, None).await }).await?;
@@ -299,7 +330,7 @@ fn transient(e: &etcd_client::Error) -> bool {
 }
 
 /// Whether `e` says a lease a write named does not exist (expired, revoked).
-pub(crate) fn lease_not_found(e: &Error) -> bool {
+fn lease_not_found(e: &Error) -> bool {
     matches!(e, Error::Store { store: "etcd", source } if source.to_string().contains("requested lease not found"))
 }
 

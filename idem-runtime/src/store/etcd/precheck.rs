@@ -19,26 +19,16 @@ impl PrecheckStore for EtcdStore {
     fn mark<'a>(&'a self, scope: &'a str, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let name = self.key(RecordKind::Seen, scope, key);
-            for _ in 0..2 {
-                let lease = self.keep_lease(ttl).await?;
-                let txn = Txn::new()
-                    .when([Compare::create_revision(name.as_str(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(name.as_str(), "1", Some(PutOptions::new().with_lease(lease)))]);
-                // A repeat of a write that landed reports the marker seen:
-                // the record then decides, as for any repeat.
-                let sent = self
-                    .run(true, |mut c| {
-                        let txn = txn.clone();
-                        async move { c.txn(txn).await }
-                    })
-                    .await;
-                match sent {
-                    Ok(answer) => return Ok(answer.succeeded()),
-                    Err(e) if super::lease_not_found(&e) => self.forget_keep_leases(),
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(self.message("the lease a marker was to be kept by expired twice in a row"))
+            // A repeat of a write that landed reports the marker seen: the
+            // record then decides, as for any repeat.
+            let answer = self
+                .txn_kept(ttl, |lease| {
+                    Txn::new()
+                        .when([Compare::create_revision(name.as_str(), CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(name.as_str(), "1", Some(PutOptions::new().with_lease(lease)))])
+                })
+                .await?;
+            Ok(answer.succeeded())
         })
     }
 }

@@ -74,12 +74,7 @@ impl EtcdStore {
 
     async fn snapshot(&self, record: &str, steps: &str) -> Result<Snapshot, Error> {
         let txn = Txn::new().and_then([TxnOp::get(record, None), TxnOp::get(steps, None)]);
-        let answer = self
-            .run(true, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let answer = self.txn(txn, true).await?;
         let mut kvs = answer.op_responses().into_iter().map(|op| match op {
             TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
             _ => None,
@@ -112,24 +107,14 @@ impl EtcdStore {
         keep: std::time::Duration,
     ) -> Result<bool, Error> {
         let value = serde_json::to_vec(steps).expect("steps serialize");
-        for _ in 0..2 {
-            let kept_by = self.keep_lease(keep).await?;
-            let txn = Txn::new()
-                .when([unchanged(record, seen.record_revision), unchanged(name, seen.steps_revision)])
-                .and_then([TxnOp::put(name, value.clone(), Some(PutOptions::new().with_lease(kept_by)))]);
-            let sent = self
-                .run(true, |mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await;
-            match sent {
-                Ok(answer) => return Ok(answer.succeeded()),
-                Err(e) if super::lease_not_found(&e) => self.forget_keep_leases(),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(self.message("the lease the steps were to be kept by expired twice in a row"))
+        let answer = self
+            .txn_kept(keep, |kept_by| {
+                Txn::new()
+                    .when([unchanged(record, seen.record_revision), unchanged(name, seen.steps_revision)])
+                    .and_then([TxnOp::put(name, value.clone(), Some(PutOptions::new().with_lease(kept_by)))])
+            })
+            .await?;
+        Ok(answer.succeeded())
     }
 
     pub(super) async fn read_steps(&self, scope: &str, key: &str) -> Result<StepLog, Error> {

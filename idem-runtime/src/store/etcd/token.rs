@@ -27,11 +27,7 @@ impl TokenStore for EtcdStore {
             let txn = Txn::new()
                 .when([Compare::create_revision(name.as_str(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(name.as_str(), "1", Some(PutOptions::new().with_lease(lease)))]);
-            self.run(true, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+            self.txn(txn, true).await?;
             Ok(())
         })
     }
