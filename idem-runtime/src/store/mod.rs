@@ -41,7 +41,7 @@ pub use crate::future::BoxFuture;
 
 /// How long a store of idem's own
 /// ([`RedisStore`][crate::store::RedisStore],
-/// [`SqlStore`][crate::store::SqlStore]) waits for one call (a connection from its pool included) before the
+/// [`SqlStore`][crate::store::SqlStore], [`EtcdStore`][crate::store::EtcdStore]) waits for one call (a connection from its pool included) before the
 /// guard fails with a retryable error ([`Error::Store`](crate::Error::Store),
 /// or a pool time-out): 3 s, unless the store is given another with its
 /// `timeout` method. A store that is down is reported within it, not after

@@ -163,7 +163,7 @@ impl EtcdStore {
 
     /// The etcd key of the record of `kind` for `scope` and `key`, both as
     /// stored: `<prefix>{<key>}<kind>:<scope>` (as
-    /// [`RedisStore::key`][crate::store::RedisStore::key] names them). For
+    /// [`RedisStore`][crate::store::RedisStore] names them). For
     /// operators and tests.
     #[doc = links!()]
     pub fn key(&self, kind: RecordKind, scope: &str, key: &str) -> String {
