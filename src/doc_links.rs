@@ -16,7 +16,8 @@ macro_rules! links {
             $crate::doc_links::redis_links!(),
             $crate::doc_links::rabbitmq_links!(),
             $crate::doc_links::nats_links!(),
-            $crate::doc_links::consumer_links!()
+            $crate::doc_links::consumer_links!(),
+            $crate::doc_links::etcd_links!()
         )
     };
 }
@@ -56,7 +57,7 @@ group!(
 );
 
 group!(
-    any(feature = "sql", feature = "redis"),
+    any(feature = "sql", feature = "redis", feature = "etcd"),
     admin_links,
     ("crate::admin::Record::steps", "crate::admin::Record::steps", "admin/struct.Record.html#structfield.steps"),
     (
@@ -137,4 +138,10 @@ group!(
         "outbox/consumer/fn.message_id.html"
     ),
     ("crate::Error::NoMessageId", "crate::Error::NoMessageId", "enum.Error.html#variant.NoMessageId"),
+);
+
+group!(
+    feature = "etcd",
+    etcd_links,
+    ("crate::store::EtcdStore", "crate::store::EtcdStore", "store/struct.EtcdStore.html"),
 );

@@ -184,6 +184,8 @@ pub mod batch {
 pub mod store {
     #![doc = include_str!("../docs/stores.md")]
     #![doc = links!()]
+    #[cfg(feature = "etcd")]
+    pub use idem_runtime::store::EtcdStore;
     #[cfg(feature = "sql")]
     pub use idem_runtime::store::SqlStore;
     pub use idem_runtime::store::{BoxFuture, DEFAULT_TIMEOUT, MemoryStore, RecordKind, Routed};
@@ -263,7 +265,7 @@ pub mod grpc {
 
 /// Operating idem's records: look one up, list the stuck ones, release one
 /// (the `idem` command's calls, as functions).
-#[cfg(any(feature = "sql", feature = "redis"))]
+#[cfg(any(feature = "sql", feature = "redis", feature = "etcd"))]
 pub use idem_runtime::admin;
 
 #[doc(hidden)]

@@ -1,5 +1,5 @@
 //! `precheck = "redis"` in front of `dedup` and `lease`: the marker is a
-//! hint, the record decides. Against a real Redis, Redis Cluster (and
+//! hint, the record decides. Against a real Redis, Redis Cluster, etcd (and
 //! memory), with SQLite and PostgreSQL records.
 
 use idem_test_support as common;
@@ -75,6 +75,7 @@ fn install_markers() {
 enum Conn {
     Single(redis::aio::ConnectionManager),
     Cluster(redis::cluster_async::ClusterConnection),
+    Etcd(idem::store::EtcdStore),
 }
 
 /// Markers in Redis under a prefix of their own, so a test can flush them.
@@ -91,6 +92,13 @@ async fn cluster_marks() -> Option<(idem::store::RedisStore<redis::cluster_async
     Some((idem::store::RedisStore::new(conn.clone(), prefix.clone()), Conn::Cluster(conn), prefix))
 }
 
+/// The same on the test binary's etcd cluster.
+async fn etcd_marks() -> Option<(idem::store::EtcdStore, Conn, String)> {
+    let prefix = format!("{}/", unique("idem-precheck"));
+    let store = common::etcd_cluster::shared().await?.store(&prefix).await;
+    Some((store.clone(), Conn::Etcd(store), prefix))
+}
+
 /// Delete every marker under `prefix`: with `SCAN` on the shared
 /// standalone server (never `KEYS`, which blocks it on a big keyspace); on
 /// the test cluster, which holds only test keys, `KEYS` (the cluster client
@@ -104,6 +112,10 @@ async fn flush(conn: &Conn, prefix: &str) {
                 let _: () = redis::cmd("DEL").arg(k).query_async(&mut c).await.unwrap();
             }
             keys.len()
+        }
+        Conn::Etcd(store) => {
+            let options = etcd_client::DeleteOptions::new().with_prefix();
+            store.client().delete(prefix, Some(options)).await.unwrap().deleted() as usize
         }
     };
     assert!(flushed > 0, "markers were written under {prefix}");
@@ -205,6 +217,13 @@ dedup_suite! {
 dedup_suite! {
     mod mysql;
     pool = common::mysql().await;
+}
+
+// Markers on etcd, records in SQLite.
+dedup_suite! {
+    mod sqlite_etcd_marks;
+    pool = common::sqlite().await;
+    marks = etcd_marks();
 }
 
 // Markers on the Redis Cluster, records in SQLite.

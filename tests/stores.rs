@@ -80,6 +80,18 @@ async fn a_guard_without_a_store_fails_until_one_is_installed_and_installing_twi
     assert_eq!(with_stores(&value, &id, &runs).await.unwrap(), 1, "replayed from the value's lease store");
     assert!(matches!(value.lock(), Err(Error::NoStore { role: "lock" })));
 
+    // etcd takes every role, as a value too.
+    if let Some(etcd) = common::etcd_cluster::store().await {
+        let value = Stores::builder().all(etcd).build();
+        let (id, etcd_runs) = (unique("e"), AtomicUsize::new(0));
+        assert_eq!(with_stores(&value, &id, &etcd_runs).await.unwrap(), 1);
+        assert_eq!(with_stores(&value, &id, &etcd_runs).await.unwrap(), 1, "replayed from etcd");
+        assert_eq!(value.lease().unwrap().kind(), "etcd");
+        assert_eq!(value.lock().unwrap().kind(), "etcd");
+        assert_eq!(value.token().unwrap().kind(), "etcd");
+        assert_eq!(value.precheck().unwrap().kind(), "etcd");
+    }
+
     // Installed: leases and tokens in memory, no lock store.
     let memory = std::sync::Arc::new(idem::store::MemoryStore::new());
     let installed = Stores::builder().lease(memory.clone()).token(memory.clone()).install().unwrap();

@@ -21,6 +21,10 @@ pub(crate) async fn each(given: &StoreArgs) -> Result<Vec<Store>, Failure> {
     if let Some(url) = &given.redis_url {
         stores.push(Store::Redis(RedisStore::new(connect_redis(url).await?, &given.redis_prefix)));
     }
+    #[cfg(feature = "etcd")]
+    if let Some(url) = &given.etcd_url {
+        stores.push(Store::Etcd(connect_etcd(url).await?.prefix(&given.etcd_prefix)));
+    }
     Ok(stores)
 }
 
@@ -94,6 +98,20 @@ async fn connect_redis(url: &str) -> Result<redis::aio::ConnectionManager, Failu
     redis::aio::ConnectionManager::new_with_config(client, config)
         .await
         .map_err(|e| Failure::error(format!("cannot connect to Redis at {shown}: {e}")))
+}
+
+/// The etcd cluster of `etcd://host:port[,host:port...]`.
+#[cfg(feature = "etcd")]
+async fn connect_etcd(url: &str) -> Result<idem_runtime::store::EtcdStore, Failure> {
+    let shown = redact(url);
+    let hosts = url
+        .strip_prefix("etcd://")
+        .filter(|h| !h.is_empty() && !h.contains(['/', '@']))
+        .ok_or_else(|| Failure::usage(format!("--etcd-url {shown}: write it etcd://host:port[,host:port...]")))?;
+    let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
+    idem_runtime::store::EtcdStore::connect(&endpoints, None)
+        .await
+        .map_err(|e| Failure::error(format!("cannot connect to etcd at {shown}: {e}")))
 }
 
 /// `url` with its password, if any, written `***`.

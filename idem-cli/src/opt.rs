@@ -87,6 +87,16 @@ pub(crate) struct StoreArgs {
         hide_env_values = true
     )]
     pub(crate) redis_prefix: String,
+
+    /// The etcd cluster holding lease records: etcd://host:port[,host:port...].
+    #[cfg(feature = "etcd")]
+    #[arg(long, env = "IDEM_ETCD_URL", global = true, value_name = "URL", hide_env_values = true)]
+    pub(crate) etcd_url: Option<String>,
+
+    /// The key prefix of the application's EtcdStore (`EtcdStore::prefix`).
+    #[cfg(feature = "etcd")]
+    #[arg(long, env = "IDEM_ETCD_PREFIX", global = true, value_name = "PREFIX", default_value = "idem/")]
+    pub(crate) etcd_prefix: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -405,10 +415,14 @@ impl StoreArgs {
 
     /// That some store is given, for a command that acts on each.
     pub(crate) fn any(&self) -> Result<(), Failure> {
-        if self.database_url.is_none() && self.redis_url.is_none() {
+        #[cfg(feature = "etcd")]
+        let etcd = self.etcd_url.is_some();
+        #[cfg(not(feature = "etcd"))]
+        let etcd = false;
+        if self.database_url.is_none() && self.redis_url.is_none() && !etcd {
             return Err(Failure::usage(
                 "no store given: pass --database-url URL and/or --redis-url URL (or set IDEM_DATABASE_URL / \
-                 IDEM_REDIS_URL)",
+                 IDEM_REDIS_URL; with etcd, --etcd-url etcd://host:port or IDEM_ETCD_URL)",
             ));
         }
         Ok(())

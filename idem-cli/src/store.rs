@@ -10,12 +10,18 @@ use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use crate::error::{Failure, store_failure};
 
-/// One store given: the SQL database of `--database-url`, or the Redis
-/// server of `--redis-url`.
+/// One store given: the SQL database of `--database-url`, the Redis
+/// server of `--redis-url`, or the etcd cluster of `--etcd-url`.
 pub(crate) enum Store {
     Sql(Sql),
     Redis(RedisStore),
+    #[cfg(feature = "etcd")]
+    Etcd(idem_runtime::store::EtcdStore),
 }
+
+/// etcd's name in the output.
+#[cfg(feature = "etcd")]
+const ETCD: &str = "etcd";
 
 /// The SQL database of `--database-url`.
 pub(crate) enum Sql {
@@ -45,6 +51,8 @@ impl Store {
         match self {
             Store::Sql(sql) => sql.name(),
             Store::Redis(_) => REDIS,
+            #[cfg(feature = "etcd")]
+            Store::Etcd(_) => ETCD,
         }
     }
 
@@ -53,6 +61,8 @@ impl Store {
         match self {
             Store::Sql(sql) => sql.inspect(id).await,
             Store::Redis(redis) => redis.inspect_lease(id).await.map_err(|e| store_failure(REDIS, e)),
+            #[cfg(feature = "etcd")]
+            Store::Etcd(etcd) => etcd.inspect_lease(id).await.map_err(|e| store_failure(ETCD, e)),
         }
     }
 
@@ -66,6 +76,8 @@ impl Store {
                 sql.stuck(&StuckQuery { scope: scope.map(str::to_owned), limit, after: None }).await
             }
             Store::Redis(redis) => redis.stuck_leases(scope, limit).await.map_err(|e| store_failure(REDIS, e)),
+            #[cfg(feature = "etcd")]
+            Store::Etcd(etcd) => etcd.stuck_leases(scope, limit).await.map_err(|e| store_failure(ETCD, e)),
         }
     }
 
@@ -74,6 +86,8 @@ impl Store {
         match self {
             Store::Sql(sql) => sql.release(id, fence).await,
             Store::Redis(redis) => redis.release_lease(id, fence).await.map_err(|e| store_failure(REDIS, e)),
+            #[cfg(feature = "etcd")]
+            Store::Etcd(etcd) => etcd.release_lease(id, fence).await.map_err(|e| store_failure(ETCD, e)),
         }
     }
 
@@ -82,6 +96,8 @@ impl Store {
         let read = match self {
             Store::Sql(sql) => on_pool!(sql, |pool| SqlStore::new(pool.clone()).steps(id.scope(), id.key()).await),
             Store::Redis(redis) => redis.steps(id.scope(), id.key()).await,
+            #[cfg(feature = "etcd")]
+            Store::Etcd(etcd) => etcd.steps(id.scope(), id.key()).await,
         };
         read.map_err(|e| store_failure(self.name(), e))
     }
@@ -99,6 +115,8 @@ impl Store {
                 on_pool!(sql, |pool| SqlStore::new(pool.clone()).resolve_step(scope, key, step, outcome).await)
             }
             Store::Redis(redis) => redis.resolve_step(scope, key, step, outcome).await,
+            #[cfg(feature = "etcd")]
+            Store::Etcd(etcd) => etcd.resolve_step(scope, key, step, outcome).await,
         };
         resolved.map_err(|e| store_failure(self.name(), e))
     }

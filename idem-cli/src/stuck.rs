@@ -62,7 +62,7 @@ async fn list(store: &Store, args: &StuckArgs) -> Result<Listed, Failure> {
     records.truncate(limit);
     let outbox = match store {
         Store::Sql(sql) => Outbox::Waiting(sql.outbox_waiting(args.scope.as_deref()).await?),
-        Store::Redis(_) => Outbox::NotSql,
+        _ => Outbox::NotSql,
     };
     Ok(Listed { store: store.name(), records, more, outbox })
 }

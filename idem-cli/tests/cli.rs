@@ -41,6 +41,7 @@ const SHORT_LEASE: Duration = Duration::from_secs(5);
 enum Store<'a> {
     Sql(&'a str),
     Redis { url: &'a str, prefix: &'a str },
+    Etcd { url: &'a str, prefix: &'a str },
 }
 
 /// Run `idem` with `args` on `store`, stdin not a terminal, and no store
@@ -48,9 +49,11 @@ enum Store<'a> {
 fn idem(store: &Store<'_>, args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
     cmd.env_remove("IDEM_DATABASE_URL").env_remove("IDEM_REDIS_URL").env_remove("IDEM_REDIS_PREFIX");
+    cmd.env_remove("IDEM_ETCD_URL").env_remove("IDEM_ETCD_PREFIX");
     match store {
         Store::Sql(url) => cmd.args(["--database-url", url]),
         Store::Redis { url, prefix } => cmd.args(["--redis-url", url, "--redis-prefix", prefix]),
+        Store::Etcd { url, prefix } => cmd.args(["--etcd-url", url, "--etcd-prefix", prefix]),
     };
     cmd.args(args).stdin(Stdio::null()).output().expect("run the idem binary")
 }
@@ -304,7 +307,10 @@ async fn lease_lifecycle(store: &dyn LeaseStore, cli: &Store<'_>) {
     let none = idem_json(cli, &["stuck", "--scope", &scope], 0);
     assert_eq!(none["stores"][0]["records"].as_array().unwrap().len(), 0, "{none}");
 
-    tokio::time::sleep(SHORT_LEASE + Duration::from_millis(300)).await;
+    // etcd's leases end when its leader finds them expired (it checks every
+    // 500 ms), in whole seconds.
+    let slack = if store.kind() == "etcd" { Duration::from_millis(1500) } else { Duration::ZERO };
+    tokio::time::sleep(SHORT_LEASE + Duration::from_millis(300) + slack).await;
 
     // inspect, by the business key as the guard was given it.
     let doc = idem_json(cli, &["inspect", "--scope", &scope, "--key", &crashed], 0);
@@ -1484,5 +1490,21 @@ mod redis_cluster {
         for name in [names(&stopped), names(&done)].concat() {
             let _: i64 = redis::cmd("UNLINK").arg(&name).query_async(&mut conn).await.unwrap();
         }
+    }
+}
+
+/// The lease records of an etcd cluster of the test binary's own, under a
+/// prefix of the test's own, through `--etcd-url etcd://host:port,...`.
+mod etcd {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_crashed_lease_is_inspected_listed_and_released_and_then_runs_again() {
+        let Some(cluster) = common::etcd_cluster::shared().await else { return };
+        let prefix = format!("{}/", unique("cli"));
+        let store = cluster.store(&prefix).await;
+        let hosts: Vec<String> = cluster.members.iter().map(|m| format!("127.0.0.1:{}", m.client_port)).collect();
+        let url = format!("etcd://{}", hosts.join(","));
+        lease_lifecycle(&store, &Store::Etcd { url: &url, prefix: &prefix }).await;
     }
 }

@@ -43,7 +43,8 @@ macro_rules! links {
             "\n\n",
             $crate::doc_links::tx_links!(),
             $crate::doc_links::sql_links!(),
-            $crate::doc_links::redis_links!()
+            $crate::doc_links::redis_links!(),
+            $crate::doc_links::etcd_links!()
         )
     };
 }
@@ -73,4 +74,10 @@ __doc_link_group!(
     feature = "redis",
     redis_links,
     ("crate::store::RedisStore", "crate::store::RedisStore", "store/struct.RedisStore.html"),
+);
+
+__doc_link_group!(
+    feature = "etcd",
+    etcd_links,
+    ("crate::store::EtcdStore", "crate::store::EtcdStore", "store/struct.EtcdStore.html"),
 );

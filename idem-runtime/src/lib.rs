@@ -17,7 +17,7 @@
 //! - `tx`: `Tx` (feature `tx`), which overrides the transaction's steps
 //!   to send the claim with `BEGIN` and the answer with `COMMIT`;
 //! - [`store`]: the stores, one folder each (`memory`, `redis` with its Lua
-//!   in `.lua` files, `store/sql`: the SQL of each concern written once
+//!   in `.lua` files, `etcd` with its transactions, `store/sql`: the SQL of each concern written once
 //!   over a dialect per database (PostgreSQL, MySQL/MariaDB, SQLite), and
 //!   the SQL lease store), `routed`, and the record names of key-value
 //!   stores (`keyspace`); a store implements the strategies' store traits
@@ -79,7 +79,7 @@ mod machine;
 #[cfg(feature = "outbox")]
 pub mod outbox;
 pub mod precheck;
-#[cfg(any(feature = "sql", feature = "redis"))]
+#[cfg(any(feature = "sql", feature = "redis", feature = "etcd"))]
 mod record;
 mod replay;
 pub mod state;
@@ -127,10 +127,11 @@ pub use tx::{Tx, begin};
 #[cfg(feature = "sql")]
 pub use store::sql::admin;
 
-/// Operating idem's lease records in Redis: the record types that
-/// `RedisStore::inspect_lease`, `stuck_leases` and `release_lease` take and
-/// return (with a SQL feature, this module also holds the SQL functions).
-#[cfg(all(feature = "redis", not(feature = "sql")))]
+/// Operating idem's lease records in Redis or etcd: the record types that
+/// `RedisStore::inspect_lease` (`EtcdStore::inspect_lease`), `stuck_leases`
+/// and `release_lease` take and return (with a SQL feature, this module
+/// also holds the SQL functions).
+#[cfg(all(any(feature = "redis", feature = "etcd"), not(feature = "sql")))]
 pub mod admin {
     pub use crate::record::{InFlightStep, Record, RecordId, RecordState, RecordStatus, RecordStep, Release};
 }

@@ -12,8 +12,10 @@
 //! [`REQUIRED_WAIT`].
 //!
 //! [`redis_server`]: Redis servers a test starts for itself, to kill or
-//! restart them. [`proxy`]: a TCP proxy to a shared server, cut and
-//! restored by a test (a broker out of reach, the server left running).
+//! restart them; [`etcd_cluster`]: etcd clusters likewise, and one shared
+//! by the suites of a test binary. [`proxy`]: a TCP proxy to a shared
+//! server, cut and restored by a test (a broker out of reach, the server
+//! left running).
 
 // The runtime under the facade's name, as the tests write it (the facade
 // re-exports its types): `idem::Tx` is `idem_runtime::Tx`.
@@ -27,6 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
+pub mod etcd_cluster;
 pub mod proxy;
 pub mod redis_server;
 

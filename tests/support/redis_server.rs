@@ -175,7 +175,7 @@ impl Drop for RedisServer {
 /// In the child between fork and exec: close every descriptor but stdin,
 /// stdout and stderr, whether or not it is marked close-on-exec (those the
 /// test process inherited are not). Only system calls here: no allocation.
-fn close_inherited_descriptors() -> std::io::Result<()> {
+pub(crate) fn close_inherited_descriptors() -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     // SAFETY: close_range(2) on descriptors this process will not use again.
     if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) } == 0 {

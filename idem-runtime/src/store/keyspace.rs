@@ -67,7 +67,7 @@ impl RecordKind {
         }
     }
 
-    #[cfg(any(test, feature = "redis"))]
+    #[cfg(any(test, feature = "redis", feature = "etcd"))]
     fn from_word(word: &str) -> Option<RecordKind> {
         RecordKind::ALL.into_iter().find(|k| k.word() == word)
     }
@@ -124,7 +124,7 @@ fn escape(text: &str, out: &mut String) {
     }
 }
 
-#[cfg(any(test, feature = "redis"))]
+#[cfg(any(test, feature = "redis", feature = "etcd"))]
 fn unescape(text: &str) -> Option<String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -151,7 +151,7 @@ pub(crate) fn parse(prefix: &str, name: &str) -> Option<(RecordKind, String, Str
     Keyspace::new(prefix).read(name)
 }
 
-#[cfg(any(test, feature = "redis"))]
+#[cfg(any(test, feature = "redis", feature = "etcd"))]
 impl Keyspace {
     /// Read a name of this keyspace back into its kind, scope and key (both
     /// as stored); `None` for anything that is not such a name (a record of

@@ -1,6 +1,7 @@
 //! The stores behind the guards, one module per store: [`MemoryStore`]
-//! (one process) and, with the `redis` feature,
-//! [`RedisStore`][crate::store::RedisStore]. Each holds every kind of
+//! (one process), with the `redis` feature
+//! [`RedisStore`][crate::store::RedisStore], and with the `etcd` feature
+//! [`EtcdStore`][crate::store::EtcdStore]. Each holds every kind of
 //! record a guard keeps outside your transaction: lease records, one-time
 //! tokens, locks with their fencing counters, and precheck markers. (Dedup
 //! and state records live in your SQL transaction; lease records can also
@@ -14,6 +15,8 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod keyspace;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
@@ -24,6 +27,8 @@ pub(crate) mod routed;
 pub(crate) mod sql;
 pub(crate) mod waiters;
 
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdStore;
 pub use keyspace::RecordKind;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
@@ -36,7 +41,7 @@ pub use crate::future::BoxFuture;
 
 /// How long a store of idem's own
 /// ([`RedisStore`][crate::store::RedisStore],
-/// [`SqlStore`][crate::store::SqlStore]) waits for one call (a connection from its pool included) before the
+/// [`SqlStore`][crate::store::SqlStore], [`EtcdStore`][crate::store::EtcdStore]) waits for one call (a connection from its pool included) before the
 /// guard fails with a retryable error ([`Error::Store`](crate::Error::Store),
 /// or a pool time-out): 3 s, unless the store is given another with its
 /// `timeout` method. A store that is down is reported within it, not after
@@ -64,6 +69,24 @@ pub(crate) async fn within<T>(
 #[cfg(any(feature = "redis", feature = "sql"))]
 pub(crate) fn no_answer(store: &'static str, timeout: Duration) -> crate::error::Error {
     crate::error::Error::Store { store, source: format!("no answer within {timeout:?}").into() }
+}
+
+/// `store`'s release of a lock, sent from a task of its own (its holder
+/// was dropped, where nothing can be awaited); without a Tokio runtime,
+/// none: the lock frees itself when its TTL passes.
+#[cfg(any(feature = "redis", feature = "etcd"))]
+pub(crate) fn release_in_background<S>(store: &S, scope: &str, key: &str, owner: &str)
+where
+    S: crate::lock::store::LockStore + Clone + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let (store, scope, key, owner) = (store.clone(), scope.to_owned(), key.to_owned(), owner.to_owned());
+    runtime.spawn(async move {
+        if let Err(e) = store.release(&scope, &key, &owner).await {
+            tracing::warn!(target: "idem", error = %e,
+                "could not release a lock whose holder was dropped; it frees itself when its TTL passes");
+        }
+    });
 }
 
 /// Microseconds since the Unix epoch on this machine's clock.

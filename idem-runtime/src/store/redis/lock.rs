@@ -91,16 +91,7 @@ where
     }
 
     fn release_detached(&self, scope: &str, key: &str, owner: &str) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime to send it on: the lock frees itself at its TTL
-        };
-        let (store, scope, key, owner) = (self.clone(), scope.to_owned(), key.to_owned(), owner.to_owned());
-        runtime.spawn(async move {
-            if let Err(e) = LockStore::release(&store, &scope, &key, &owner).await {
-                tracing::warn!(target: "idem", error = %e,
-                    "could not release a lock whose holder was dropped; it frees itself when its TTL passes");
-            }
-        });
+        crate::store::release_in_background(self, scope, key, owner);
     }
 
     fn extend<'a>(
