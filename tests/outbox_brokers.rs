@@ -442,6 +442,18 @@ macro_rules! broker_suite {
                 let topic = bus.topic.clone();
                 let before = call(&pool, &scope, "K-0", &[(&topic, b"before")], End::Commit).await.unwrap();
                 assert_eq!(bus.receive(1, Duration::from_secs(10)).await.len(), 1, "the path works");
+                // Its confirmation back too (delivered is not yet confirmed:
+                // cut before the relay had it, it would fail as well).
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while idem::outbox::list_messages(&pool, &everything(&scope))
+                    .await
+                    .unwrap()
+                    .iter()
+                    .any(|e| e.state != MessageState::Sent)
+                {
+                    assert!(Instant::now() < deadline, "the first message was not marked sent");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 proxy.cut();
                 let down = Instant::now();
                 let mut ids: HashSet<MessageId> = HashSet::new();

@@ -114,8 +114,8 @@ pub fn check_tx(func: &ItemFn, marked: &[(Ident, Span)], spec: &Spec, errors: &m
         Tx::Record => "writes its record in your transaction",
         Tx::Status => "moves the entity's status in your transaction",
         Tx::RecordAndStatus => "writes its record and moves the entity's status in your transaction",
-        Tx::Insert => "claims the key with your body's own insert, in your transaction",
-        Tx::InsertAndStatus => "moves the entity's status and claims with your body's own insert, in your transaction",
+        Tx::Insert => "claims with your body's own insert, in your transaction",
+        Tx::InsertAndStatus => "moves the status and claims with your insert, in your transaction",
         Tx::Outside { instead, refuses_tx } => {
             let mut refused = Vec::new();
             if let Some(why) = refuses_tx {

@@ -119,7 +119,7 @@ const TOKEN_FIRST: Claim = Claim::BeforeOnly { why: "a token is spent before the
 const LOCK_FIRST: Claim = Claim::BeforeOnly { why: "a lock is taken before the body runs" };
 const INSERT_IS_CLAIM: Claim = Claim::Refused { why: "the body's own insert is the claim" };
 const NO_MARKER: Precheck = Precheck::Refused {
-    why: "it keeps no record to confirm a marker against: the business row is the record",
+    why: "it keeps no record: the business row is the record",
     help: "remove `precheck`: a repeat's insert meets the row on its unique key at the cost of one insert",
 };
 
