@@ -20,6 +20,8 @@ mod migrate;
 mod opt;
 mod outbox;
 mod purge;
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+mod relay;
 mod release;
 mod render;
 mod resolve;
@@ -103,6 +105,12 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
             use_table(&table)?;
             command.check()?;
             outbox::run(&connect::sql(url, false).await?, command, &out).await
+        }
+        #[cfg(any(feature = "rabbitmq", feature = "nats"))]
+        Command::Relay(args) => {
+            let url = given.outbox_database_url()?;
+            use_table(&table)?;
+            relay::run(&connect::sql(url, false).await?, &args, &out).await
         }
     }
 }

@@ -23,7 +23,7 @@ Exit codes:
 Stores: --database-url (postgres://, postgresql://, mysql://, mariadb://,
 sqlite:) and/or --redis-url (redis://, rediss://); or IDEM_DATABASE_URL and
 IDEM_REDIS_URL. inspect, stuck, release and steps resolve act on each
-store given; migrate, purge and outbox on the database.
+store given; migrate, purge, outbox and relay on the database.
 
 HTTP records (the Idempotency-Key layer, idem::http): the scope is the
 layer's (default `http`); --key is the header's key without its quotes;
@@ -151,6 +151,66 @@ pub(crate) enum Command {
     /// the relay again. SQL only: the outbox lives in the database.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+
+    /// Run the outbox's relay, as a sidecar of a service that does not run
+    /// one itself: hand the messages committed in the database's outbox to
+    /// RabbitMQ (--amqp-url) or NATS JetStream (--nats-url), each to the
+    /// broker's confirmation, then mark them sent; retry a failed one with
+    /// backoff, dead-letter one the broker refuses. Several relays (this
+    /// command, or services' own) share the work safely. Runs until
+    /// SIGINT/SIGTERM (the round in progress finishes, its messages marked),
+    /// or with --once until nothing is due. Logs warnings to stderr.
+    #[cfg(any(feature = "rabbitmq", feature = "nats"))]
+    Relay(RelayArgs),
+}
+
+/// The arguments of `idem relay`.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("broker").required(true).args(["amqp_url", "nats_url"]))]
+pub(crate) struct RelayArgs {
+    /// RabbitMQ: amqp://user:password@host:port/vhost. Publisher confirms,
+    /// mandatory, persistent; the message id as AMQP message_id.
+    #[cfg(feature = "rabbitmq")]
+    #[arg(long, env = "IDEM_AMQP_URL", value_name = "URL", hide_env_values = true)]
+    pub(crate) amqp_url: Option<String>,
+    /// RabbitMQ: the exchange to publish to, each message's topic the routing
+    /// key (default: the default exchange, which routes to the queue named
+    /// as the topic).
+    #[cfg(feature = "rabbitmq")]
+    #[arg(long, requires = "amqp_url", value_name = "EXCHANGE")]
+    pub(crate) exchange: Option<String>,
+    /// NATS JetStream: nats://host:port. The message id as Nats-Msg-Id (the
+    /// stream's duplicate window drops a re-send); each message's topic the
+    /// subject, after --subject-prefix.
+    #[cfg(feature = "nats")]
+    #[arg(long, env = "IDEM_NATS_URL", value_name = "URL", hide_env_values = true)]
+    pub(crate) nats_url: Option<String>,
+    /// NATS: put this before each message's topic to make its subject.
+    #[cfg(feature = "nats")]
+    #[arg(long, requires = "nats_url", value_name = "PREFIX")]
+    pub(crate) subject_prefix: Option<String>,
+    /// Relay only this scope's messages, as the guard names it (repeat it
+    /// for more; none: every scope's).
+    #[arg(long = "scope", value_name = "SCOPE")]
+    pub(crate) scopes: Vec<String>,
+    /// Messages claimed a round.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) batch_size: u32,
+    /// How often an idle relay looks (on PostgreSQL a commit wakes it sooner).
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_pause)]
+    pub(crate) poll_interval: Duration,
+    /// Tries before a message is dead-lettered.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
+    /// How long a claim keeps a message from other relays, and how long the
+    /// broker may take to confirm one.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) claim_lease: Duration,
+    /// Relay what is due now, then exit (what was sent, retried and
+    /// dead-lettered is printed; exit code 1 if any was dead-lettered).
+    #[arg(long)]
+    pub(crate) once: bool,
 }
 
 #[derive(Subcommand, Debug)]

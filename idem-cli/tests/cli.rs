@@ -50,6 +50,8 @@ fn idem(store: &Store<'_>, args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
     cmd.env_remove("IDEM_DATABASE_URL").env_remove("IDEM_REDIS_URL").env_remove("IDEM_REDIS_PREFIX");
     cmd.env_remove("IDEM_ETCD_URL").env_remove("IDEM_ETCD_PREFIX");
+    // The tests' broker URLs are `idem relay`'s too: a test gives them.
+    cmd.env_remove("IDEM_AMQP_URL").env_remove("IDEM_NATS_URL");
     match store {
         Store::Sql(url) => cmd.args(["--database-url", url]),
         Store::Redis { url, prefix } => cmd.args(["--redis-url", url, "--redis-prefix", prefix]),
@@ -641,6 +643,11 @@ fn every_message(scope: &str) -> idem::outbox::MessageQuery {
     }
 }
 
+/// `url` as the command shows it: its password hidden.
+fn redacted(url: &str) -> String {
+    url.replacen("guest:guest@", "guest:***@", 1)
+}
+
 /// The `messages` of a `--json` `outbox list`: (id, state) each.
 fn listed(doc: &Value) -> Vec<(String, String)> {
     let messages = doc["stores"][0]["messages"].as_array().unwrap_or_else(|| panic!("{doc}"));
@@ -866,6 +873,103 @@ macro_rules! sql_tests {
             /// dead rows are never purged).
             async fn forget_messages(pool: &Pool, scope: &str) {
                 sqlx::query($forget_messages).bind(idem::key::stored_scope(scope).as_ref()).execute(pool).await.unwrap();
+            }
+
+            /// `idem relay --once` hands the outbox's messages to RabbitMQ
+            /// and to NATS JetStream, each to the broker's confirmation, and
+            /// marks them sent; a message the broker refuses is dead-lettered
+            /// and the command exits 1 saying where to look.
+            #[tokio::test]
+            async fn the_relay_hands_the_outbox_to_rabbitmq_and_jetstream() {
+                use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+                let Some((pool, url)) = setup().await else { return };
+                let (Some(amqp), Some(nats)) = (common::amqp().await, common::nats().await) else { return };
+                let cli = Store::Sql(&url);
+
+                // RabbitMQ: the default exchange routes a topic to the queue of its name.
+                let scope = unique("cli.relay");
+                let queue = unique("idem-cli-relay");
+                let conn = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await.unwrap();
+                let channel = conn.create_channel().await.unwrap();
+                channel.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
+                publish(&pool, &scope, "T-1", &[(&queue, b"grant T-1"), (&queue, b"grant T-1, again")]).await;
+                let doc = idem_json(&cli, &["relay", "--once", "--amqp-url", &amqp, "--scope", &scope], 0);
+                assert_eq!((doc["sent"].as_u64(), doc["dead"].as_u64(), doc["broker"].as_str()), (Some(2), Some(0), Some(redacted(&amqp).as_str())), "{doc}");
+                let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+                let held = channel.queue_declare(queue.as_str().into(), passive, Default::default()).await.unwrap();
+                assert_eq!(held.message_count(), 2);
+                let states: Vec<_> = idem::outbox::list_messages(&pool, &every_message(&scope)).await.unwrap().into_iter().map(|m| m.state).collect();
+                assert_eq!(states, [idem::outbox::MessageState::Sent; 2]);
+
+                // A topic no queue takes: refused (mandatory), dead, exit 1.
+                publish(&pool, &scope, "T-2", &[(&format!("{queue}.nowhere"), b"lost?")]).await;
+                let out = idem(&cli, &["relay", "--once", "--amqp-url", &amqp, "--scope", &scope]);
+                assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+                assert!(stdout(&out).contains("1 dead-lettered"), "{}", stdout(&out));
+                assert!(stderr(&out).contains("idem outbox list --state dead"), "{}", stderr(&out));
+                channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+                forget_messages(&pool, &scope).await;
+
+                // NATS JetStream: a stream of the test's own captures the prefixed subject.
+                let scope = unique("cli.relay");
+                let stream = unique("idemcli").replace(['-', '.'], "_");
+                let js = async_nats::jetstream::new(async_nats::connect(&nats).await.unwrap());
+                let config = async_nats::jetstream::stream::Config {
+                    name: stream.clone(),
+                    subjects: vec![format!("{stream}.>")],
+                    ..Default::default()
+                };
+                js.get_or_create_stream(config).await.unwrap();
+                publish(&pool, &scope, "T-3", &[("coupons", b"grant T-3")]).await;
+                let prefix = format!("{stream}.");
+                let args = ["relay", "--once", "--nats-url", &nats, "--subject-prefix", &prefix, "--scope", &scope];
+                let doc = idem_json(&cli, &args, 0);
+                assert_eq!(doc["sent"].as_u64(), Some(1), "{doc}");
+                let info = js.get_stream(&stream).await.unwrap().get_info().await.unwrap();
+                assert_eq!(info.state.messages, 1);
+                js.delete_stream(&stream).await.unwrap();
+                forget_messages(&pool, &scope).await;
+            }
+
+            /// `idem relay` without --once runs until SIGTERM: a message
+            /// committed while it runs goes out; then it stops after its
+            /// round and says what it did.
+            #[tokio::test]
+            async fn the_relay_runs_until_sigterm() {
+                use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+                let Some((pool, url)) = setup().await else { return };
+                let Some(amqp) = common::amqp().await else { return };
+                let scope = unique("cli.relay");
+                let queue = unique("idem-cli-relay");
+                let conn = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await.unwrap();
+                let channel = conn.create_channel().await.unwrap();
+                channel.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
+                let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+                    .env_remove("IDEM_AMQP_URL")
+                    .env_remove("IDEM_NATS_URL")
+                    .args(["--database-url", &url, "relay", "--amqp-url", &amqp, "--scope", &scope, "--poll-interval", "50ms"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                publish(&pool, &scope, "T-1", &[(&queue, b"grant T-1")]).await;
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                loop {
+                    let messages = idem::outbox::list_messages(&pool, &every_message(&scope)).await.unwrap();
+                    if messages.iter().all(|m| m.state == idem::outbox::MessageState::Sent) {
+                        break;
+                    }
+                    assert!(std::time::Instant::now() < deadline, "not sent: {messages:?}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+                assert!(term.success());
+                let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                assert!(stdout(&out).contains("1 sent to"), "{}", stdout(&out));
+                assert!(stderr(&out).contains("until stopped"), "{}", stderr(&out));
+                channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+                forget_messages(&pool, &scope).await;
             }
 
             /// Messages published through guarded calls, some refused by
@@ -1137,6 +1241,24 @@ fn a_database_that_does_not_exist_yet_is_not_created_but_by_migrate() {
 
 /// The outbox is a table of the database: on Redis alone, `idem outbox`
 /// asks for the database.
+#[test]
+fn the_relay_asks_for_a_database_and_a_broker_and_names_one_out_of_reach() {
+    let out = idem(&Store::Sql("sqlite::memory:"), &["relay", "--once"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--amqp-url"), "{}", stderr(&out));
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env_remove("IDEM_DATABASE_URL")
+        .args(["relay", "--nats-url", "nats://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--database-url"), "{}", stderr(&out));
+    let out = idem(&Store::Sql("sqlite::memory:"), &["relay", "--once", "--amqp-url", "amqp://guest:secret@127.0.0.1:1/%2f"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot connect to amqp://guest:***@127.0.0.1:1"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("secret"), "{}", stderr(&out));
+}
+
 #[test]
 fn the_outbox_asks_for_the_database() {
     let out = idem(&Store::Redis { url: "redis://127.0.0.1:1/", prefix: "x:" }, &["outbox", "list"]);

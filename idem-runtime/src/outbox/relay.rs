@@ -246,8 +246,10 @@ impl<DB: SqlBackend> Relay<DB> {
         let listener = if relay.listen { DB::wake_on_commit(&relay.pool, relay.outbox(), wake.clone()) } else { None };
         let listening = listener.is_some();
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(async move { relay.run(wake, listening, stopped).await });
-        RelayHandle { stop, task: Some(task), listener }
+        let total = Arc::new(std::sync::Mutex::new(RelayReport::default()));
+        let sum = total.clone();
+        let task = tokio::spawn(async move { relay.run(wake, listening, stopped, &sum).await });
+        RelayHandle { stop, task: Some(task), listener, total }
     }
 
     /// Rounds until stopped. `listening`: commits wake it; then, for
@@ -260,10 +262,15 @@ impl<DB: SqlBackend> Relay<DB> {
         wake: Arc<tokio::sync::Notify>,
         listening: bool,
         mut stopped: tokio::sync::watch::Receiver<bool>,
+        total: &std::sync::Mutex<RelayReport>,
     ) {
         let mut hot_until = None;
         while !*stopped.borrow() {
-            match self.run_once().await {
+            let round = self.run_once().await;
+            if let Ok(round) = &round {
+                *total.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += *round;
+            }
+            match round {
                 Ok(round) if round.claimed > 0 => {
                     hot_until = listening.then(|| Instant::now() + HOT_FOR);
                     if round.sent > 0 {
@@ -351,9 +358,15 @@ pub struct RelayHandle {
     stop: tokio::sync::watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
     listener: Option<tokio::task::JoinHandle<()>>,
+    total: Arc<std::sync::Mutex<RelayReport>>,
 }
 
 impl RelayHandle {
+    /// What its rounds did so far, added up.
+    pub fn report(&self) -> RelayReport {
+        *self.total.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Stop after the round in progress (its messages marked), and wait
     /// for it.
     pub async fn stop(mut self) {
