@@ -944,7 +944,7 @@ macro_rules! sql_tests {
                 let conn = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await.unwrap();
                 let channel = conn.create_channel().await.unwrap();
                 channel.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
-                let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+                let child = Command::new(env!("CARGO_BIN_EXE_idem"))
                     .env_remove("IDEM_AMQP_URL")
                     .env_remove("IDEM_NATS_URL")
                     .args(["--database-url", &url, "relay", "--amqp-url", &amqp, "--scope", &scope, "--poll-interval", "50ms"])
@@ -1248,12 +1248,17 @@ fn the_relay_asks_for_a_database_and_a_broker_and_names_one_out_of_reach() {
     assert!(stderr(&out).contains("--amqp-url"), "{}", stderr(&out));
     let out = Command::new(env!("CARGO_BIN_EXE_idem"))
         .env_remove("IDEM_DATABASE_URL")
+        .env_remove("IDEM_REDIS_URL")
+        .env_remove("IDEM_ETCD_URL")
+        .env_remove("IDEM_AMQP_URL")
+        .env_remove("IDEM_NATS_URL")
         .args(["relay", "--nats-url", "nats://127.0.0.1:1"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--database-url"), "{}", stderr(&out));
-    let out = idem(&Store::Sql("sqlite::memory:"), &["relay", "--once", "--amqp-url", "amqp://guest:secret@127.0.0.1:1/%2f"]);
+    let out =
+        idem(&Store::Sql("sqlite::memory:"), &["relay", "--once", "--amqp-url", "amqp://guest:secret@127.0.0.1:1/%2f"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("cannot connect to amqp://guest:***@127.0.0.1:1"), "{}", stderr(&out));
     assert!(!stderr(&out).contains("secret"), "{}", stderr(&out));
