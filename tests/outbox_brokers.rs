@@ -526,13 +526,13 @@ macro_rules! broker_suite {
 broker_suite! {
     mod sqlite_rabbitmq;
     db = sqlx::Sqlite; placeholder = "?"; pool = common::sqlite(); broker = Broker::Rabbit;
-    fleet = (100, 20); down = Duration::from_secs(3);
+    fleet = (500, 20); down = Duration::from_secs(10);
 }
 
 broker_suite! {
     mod sqlite_nats;
     db = sqlx::Sqlite; placeholder = "?"; pool = common::sqlite(); broker = Broker::Nats;
-    fleet = (100, 20); down = Duration::from_secs(3);
+    fleet = (500, 20); down = Duration::from_secs(10);
 }
 
 broker_suite! {
@@ -544,19 +544,19 @@ broker_suite! {
 broker_suite! {
     mod postgres_nats;
     db = sqlx::Postgres; placeholder = "$1"; pool = common::postgres(); broker = Broker::Nats;
-    fleet = (100, 20); down = Duration::from_secs(10);
+    fleet = (500, 20); down = Duration::from_secs(10);
 }
 
 broker_suite! {
     mod mysql_rabbitmq;
     db = sqlx::MySql; placeholder = "?"; pool = common::mysql(); broker = Broker::Rabbit;
-    fleet = (100, 20); down = Duration::from_secs(3);
+    fleet = (500, 20); down = Duration::from_secs(10);
 }
 
 broker_suite! {
     mod mysql_nats;
     db = sqlx::MySql; placeholder = "?"; pool = common::mysql(); broker = Broker::Nats;
-    fleet = (100, 20); down = Duration::from_secs(3);
+    fleet = (500, 20); down = Duration::from_secs(10);
 }
 
 /// A delivery whose producer set no id cannot be deduplicated by id: the
