@@ -266,8 +266,9 @@ struct Args {
     /// `relay`: messages relayed per side and round.
     #[arg(long, default_value_t = 20_000)]
     messages: usize,
-    /// `relay`: the messages' keys (a key's messages go out in order, one a round).
-    #[arg(long, default_value_t = 1_000)]
+    /// `relay`: the messages' keys: calls, each publishing messages / keys
+    /// (a key's messages go out in order, one a round).
+    #[arg(long, default_value_t = 10_000)]
     keys: usize,
     /// `relay`: relay to this RabbitMQ, beside publishing to it directly.
     #[arg(long)]

@@ -193,10 +193,13 @@ where
             // warmer broker.
             for side in if round % 2 == 0 { ["relay", "raw"] } else { ["raw", "relay"] } {
                 place.empty().await?;
+                // Keys of this broker's round alone: a key once published
+                // replays (its call is recorded) and publishes nothing.
+                let tag = format!("{broker}-{round}");
                 let tps = if side == "relay" {
-                    relay_round(pool, publisher.clone(), round, messages, keys, options.clients).await?
+                    relay_round(pool, publisher.clone(), &tag, messages, keys, options.clients).await?
                 } else {
-                    raw_round(&*publisher, round, messages, keys).await?
+                    raw_round(&*publisher, &tag, messages, keys).await?
                 };
                 eprintln!("{broker} round {round}: {side} {tps:.0} msg/s");
                 if side == "relay" { relay_tps.push(tps) } else { raw_tps.push(tps) }
@@ -219,7 +222,7 @@ where
 async fn relay_round<DB: Shop>(
     pool: &sqlx::Pool<DB>,
     publisher: Arc<dyn Publisher>,
-    round: usize,
+    tag: &str,
     messages: usize,
     keys: usize,
     clients: usize,
@@ -229,9 +232,10 @@ where
 {
     let per_key = messages.div_ceil(keys);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tag = tag.to_owned();
     let mut fillers = Vec::new();
     for _ in 0..clients.max(1) {
-        let (pool, next) = (pool.clone(), next.clone());
+        let (pool, next, tag) = (pool.clone(), next.clone(), tag.clone());
         fillers.push(tokio::spawn(async move {
             loop {
                 let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -240,7 +244,7 @@ where
                 }
                 let count = per_key.min(messages.saturating_sub(k * per_key));
                 let mut tx = pool.begin().await?;
-                fill::<DB>(&mut tx, &format!("R{round}-{k}"), count).await?;
+                fill::<DB>(&mut tx, &format!("R{tag}-{k}"), count).await?;
                 tx.commit().await?;
             }
         }));
@@ -259,12 +263,12 @@ where
 }
 
 /// The same number of messages, handed to the publisher directly.
-async fn raw_round(publisher: &dyn Publisher, round: usize, messages: usize, keys: usize) -> Result<f64, BoxError> {
+async fn raw_round(publisher: &dyn Publisher, tag: &str, messages: usize, keys: usize) -> Result<f64, BoxError> {
     let per_key = messages.div_ceil(keys);
     let all: Vec<Message> = (0..messages)
         .map(|i| {
             let (k, n) = (i % keys, i / keys);
-            let key = format!("W{round}-{k}");
+            let key = format!("W{tag}-{k}");
             let mut m = Message::new(MessageId::for_call(SCOPE, &key, n as u32), TOPIC, payload(&key, n));
             (m.scope, m.key) = (SCOPE.to_owned(), key);
             debug_assert!(n < per_key);
